@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Idempotent set-up of mrc-emu on a fresh Debian 12 / Ubuntu 24.04, as root:
+# the system packages the fabric needs, a virtual environment in .venv, the project in it.
+# Safe to run again: apt and pip skip what is already there.
+set -euo pipefail
+
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+venv="${MRC_EMU_VENV:-$repo/.venv}"
+
+if [ "$(id -u)" -ne 0 ]; then
+    echo "install.sh: needs root (it installs apt packages); run it with sudo" >&2
+    exit 1
+fi
+
+apt_packages=(
+    mininet          # ships /usr/bin/mnexec, which Mininet's Python module runs
+    net-tools        # ifconfig, which Mininet calls
+    iproute2         # ip, for the few things netlink via pyroute2 cannot say
+    ethtool tcpdump tshark nftables
+    python3 python3-venv
+)
+missing=()
+for pkg in "${apt_packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+    echo "install.sh: apt-get install ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+python="${MRC_EMU_PYTHON:-python3}"
+if [ ! -x "$venv/bin/python" ]; then
+    echo "install.sh: creating virtual environment $venv"
+    "$python" -m venv "$venv"
+fi
+stamp="$venv/.mrc-emu-installed"
+if [ ! -f "$stamp" ] || [ "$repo/pyproject.toml" -nt "$stamp" ]; then
+    echo "install.sh: installing mrc-emu into $venv"
+    "$venv/bin/pip" install -q --upgrade pip
+    "$venv/bin/pip" install -q -e "$repo[test]"
+    touch "$stamp"
+fi
+echo "install.sh: ready ($venv/bin/mrc-emu)"
