@@ -1,0 +1,92 @@
+"""The addressing plan: every address and SID of a fabric, derived from node and link IDs.
+
+Why it exists: one source of truth for addresses, shared by the fabric (which installs them)
+and the wire format and transport (which put them in packets). Pure functions, no kernel.
+The plan is documented in docs/addressing.md; change both together.
+
+    fc00:0:N::/48        uN of node N: End with NEXT-C-SID (32-bit block, 16-bit node IDs),
+                         also the plain End SID of N in a full SRH
+    fc00:0:N:f0d6::/64   uDT6 of host N: decapsulate, look the inner packet up in table main
+    fc00:1:N:M::/64      End.X of node N towards neighbour M (pins the link N->M)
+    fc00:2:L:I::1/128    address of host number I under leaf index L (on lo)
+    fc00:f:K::1, ::2/64  the two ends of link K (a = lower tier = ::1)
+"""
+
+from __future__ import annotations
+
+import ipaddress
+
+from .model import Link, Topology
+
+USID_BLOCK = 0xFC000000  # 32-bit locator block of uN / uDT6 SIDs (fc00:0::/32)
+USID_BLOCK_BITS = 32
+USID_BITS = 16
+USID_DT6_FUNCTION = 0xF0D6  # above MAX_NODE_ID, so it can never be read as a node's uSID
+MAX_USIDS = (128 - USID_BLOCK_BITS) // USID_BITS  # 6 uSIDs fit one carrier
+
+
+def _v6(value: int) -> str:
+    return str(ipaddress.IPv6Address(value))
+
+
+def _addr(*groups: int) -> str:
+    """fc00-style address from leading 16-bit groups, zero-filled."""
+    value = 0
+    for g in groups:
+        value = (value << 16) | g
+    return _v6(value << (16 * (8 - len(groups))))
+
+
+def usid_prefix(node_id: int) -> str:
+    return _addr(0xFC00, 0, node_id) + "/48"
+
+
+def end_sid(node_id: int) -> str:
+    return _addr(0xFC00, 0, node_id)
+
+
+def dt6_sid(node_id: int) -> str:
+    return _addr(0xFC00, 0, node_id, USID_DT6_FUNCTION)
+
+
+def dt6_prefix(node_id: int) -> str:
+    return dt6_sid(node_id) + "/64"
+
+
+def endx_sid(node_id: int, neighbour_id: int) -> str:
+    return _addr(0xFC00, 1, node_id, neighbour_id)
+
+
+def endx_prefix(node_id: int, neighbour_id: int) -> str:
+    return endx_sid(node_id, neighbour_id) + "/64"
+
+
+def endx_block(node_id: int) -> str:
+    """Every End.X SID of a node: what a neighbour routes towards it."""
+    return _addr(0xFC00, 1, node_id) + "/48"
+
+
+def host_address(topo: Topology, host: str) -> str:
+    node = topo.node(host)
+    leaf, index = divmod(node.index, topo.hosts_per_leaf)
+    return _addr(0xFC00, 2, leaf, index, 0, 0, 0, 1)
+
+
+def link_address(link: Link, node: str) -> str:
+    """The address of `node`'s end of `link` (without prefix length: it is /64)."""
+    return _addr(0xFC00, 0xF, link.link_id, 0, 0, 0, 0, 1 if node == link.a else 2)
+
+
+def link_prefix(link: Link) -> str:
+    return _addr(0xFC00, 0xF, link.link_id) + "/64"
+
+
+def usid_carrier(node_ids: list[int], final_function: int | None = None) -> str:
+    """A NEXT-C-SID carrier: the block then each uSID in path order, then a local function."""
+    usids = list(node_ids) + ([final_function] if final_function is not None else [])
+    if not usids or len(usids) > MAX_USIDS:
+        raise ValueError(f"a uSID carrier holds 1..{MAX_USIDS} uSIDs, not {len(usids)}")
+    value = USID_BLOCK
+    for u in usids:
+        value = (value << USID_BITS) | u
+    return _v6(value << (128 - USID_BLOCK_BITS - USID_BITS * len(usids)))
