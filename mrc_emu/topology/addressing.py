@@ -4,10 +4,11 @@ Why it exists: one source of truth for addresses, shared by the fabric (which in
 and the wire format and transport (which put them in packets). Pure functions, no kernel.
 The plan is documented in docs/addressing.md; change both together.
 
-    fc00:0:N::/48        uN of node N: End with NEXT-C-SID (32-bit block, 16-bit node IDs),
+    fc00:0:N::/48        every SID of node N; a neighbour needs one route to reach them all
+    fc00:0:N::           uN of node N: End with NEXT-C-SID (32-bit block, 16-bit node IDs),
                          also the plain End SID of N in a full SRH
+    fc00:0:N:e00K::/64   End.X of node N out of its port K (N-ethK): pins that exact link
     fc00:0:N:f0d6::/64   uDT6 of host N: decapsulate, look the inner packet up in table main
-    fc00:1:N:M::/64      End.X of node N towards neighbour M (pins the link N->M)
     fc00:2:L:I::1/128    address of host number I under leaf index L (on lo)
     fc00:f:K::1, ::2/64  the two ends of link K (a = lower tier = ::1)
 """
@@ -21,7 +22,8 @@ from .model import Link, Topology
 USID_BLOCK = 0xFC000000  # 32-bit locator block of uN / uDT6 SIDs (fc00:0::/32)
 USID_BLOCK_BITS = 32
 USID_BITS = 16
-USID_DT6_FUNCTION = 0xF0D6  # above MAX_NODE_ID, so it can never be read as a node's uSID
+USID_DT6_FUNCTION = 0xF0D6  # local functions lie above MAX_NODE_ID: never read as a node's uSID
+ENDX_FUNCTION_BASE = 0xE000  # End.X of port K is function 0xE000 + K
 MAX_USIDS = (128 - USID_BLOCK_BITS) // USID_BITS  # 6 uSIDs fit one carrier
 
 
@@ -53,17 +55,17 @@ def dt6_prefix(node_id: int) -> str:
     return dt6_sid(node_id) + "/64"
 
 
-def endx_sid(node_id: int, neighbour_id: int) -> str:
-    return _addr(0xFC00, 1, node_id, neighbour_id)
+def endx_sid(node_id: int, port: int) -> str:
+    return _addr(0xFC00, 0, node_id, ENDX_FUNCTION_BASE + port)
 
 
-def endx_prefix(node_id: int, neighbour_id: int) -> str:
-    return endx_sid(node_id, neighbour_id) + "/64"
+def endx_prefix(node_id: int, port: int) -> str:
+    return endx_sid(node_id, port) + "/64"
 
 
-def endx_block(node_id: int) -> str:
-    """Every End.X SID of a node: what a neighbour routes towards it."""
-    return _addr(0xFC00, 1, node_id) + "/48"
+def port_of(intf: str) -> int:
+    """'p0l1-eth3' -> 3."""
+    return int(intf.rsplit("eth", 1)[1])
 
 
 def host_address(topo: Topology, host: str) -> str:

@@ -60,10 +60,13 @@ UDP_SPORT_BASE = 0xC000  # RoCEv2 source ports come from the dynamic range
 
 
 def _segments(topo: Topology, hops: list[str]) -> tuple[str, ...]:
-    """End.X of every hop that forwards, then the destination host's uDT6."""
-    ids = [topo.node(h).node_id for h in hops]
-    segs = [ad.endx_sid(ids[i], ids[i + 1]) for i in range(1, len(ids) - 1)]
-    return tuple(segs) + (ad.dt6_sid(ids[-1]),)
+    """End.X of every hop that forwards (out of the port towards the next hop), then uDT6."""
+    segs = []
+    for here, nxt in zip(hops[1:-1], hops[2:]):
+        (link,) = topo.links_between(here, nxt)
+        _, own_intf, _ = topo.peer(link, here)
+        segs.append(ad.endx_sid(topo.node(here).node_id, ad.port_of(own_intf)))
+    return tuple(segs) + (ad.dt6_sid(topo.node(hops[-1]).node_id),)
 
 
 def evs_between(topo: Topology, src: str, dst: str) -> list[Ev]:

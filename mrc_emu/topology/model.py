@@ -33,7 +33,7 @@ from typing import Any
 
 import yaml
 
-MAX_NODE_ID = 0xEFFF  # node IDs live in 16-bit uSIDs; 0xF000.. is kept for local functions
+MAX_NODE_ID = 0xDFFF  # node IDs live in 16-bit uSIDs; 0xE000.. is kept for local functions
 MIN_MTU = 1280  # IPv6 minimum link MTU
 MAX_MTU = 9000
 _RATE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(kbit|mbit|gbit)\s*$", re.IGNORECASE)

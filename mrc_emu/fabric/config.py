@@ -1,0 +1,107 @@
+"""What the kernel of each node is told: sysctls, addresses, SIDs and routes.
+
+Why it exists: the configuration of a node is a pure function of the topology (`plan`),
+applied in one netlink batch inside the node's namespace (`apply`). Re-applying is safe
+(every request is create-or-replace), which is how a link brought back up gets its
+addresses and routes again. Every node routes only to its direct neighbours: every hop of
+every EV is a segment, so no node needs to know more than one hop.
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass, field
+
+from ..topology import Role, Topology
+from ..topology import addressing as ad
+from . import netns
+from .netlink import Batch, Seg6Local
+
+NEXT_CSID = (ad.USID_BLOCK_BITS, ad.USID_BITS)
+
+# Written before the node's interfaces exist, so every interface inherits them.
+NAMESPACE_SYSCTLS = [
+    (f"net.ipv6.conf.{scope}.{key}", value)
+    for scope in ("all", "default")
+    for key, value in (
+        ("forwarding", 1),  # End on a host forwards too (EV probes turn around there)
+        ("seg6_enabled", 1),
+        ("accept_dad", 0),  # no tentative addresses: a node is usable the moment it is up
+        ("accept_ra", 0),
+        ("router_solicitations", 0),
+        ("keep_addr_on_down", 1),
+    )
+] + [("net.ipv6.icmp.ratelimit", 0)]
+
+
+@dataclass
+class Route:
+    prefix: str
+    intf: str  # 'lo' or one of the node's interfaces
+    gateway: str | None = None
+    seg6local: Seg6Local | None = None
+
+
+@dataclass
+class NodePlan:
+    node: str
+    intfs: list[str] = field(default_factory=list)
+    addresses: list[tuple[str, str, int]] = field(default_factory=list)  # (intf, address, prefixlen)
+    routes: list[Route] = field(default_factory=list)
+
+
+def plan(topo: Topology, name: str) -> NodePlan:
+    node = topo.node(name)
+    result = NodePlan(name)
+    result.routes.append(
+        Route(ad.end_sid(node.node_id) + "/48", "lo", seg6local=Seg6Local("End", next_csid=NEXT_CSID))
+    )
+    if node.role is Role.HOST:
+        result.addresses.append(("lo", ad.host_address(topo, name), 128))
+        result.routes.append(Route(ad.dt6_prefix(node.node_id), "lo", seg6local=Seg6Local("End.DT6", table=254)))
+    for link in topo.links_of(name):
+        peer, intf, _ = topo.peer(link, name)
+        peer_addr = ad.link_address(link, peer)
+        result.intfs.append(intf)
+        result.addresses.append((intf, ad.link_address(link, name), 64))
+        result.routes.append(Route(ad.usid_prefix(topo.node(peer).node_id), intf, gateway=peer_addr))
+        result.routes.append(
+            Route(
+                ad.endx_prefix(node.node_id, ad.port_of(intf)),
+                intf,
+                seg6local=Seg6Local("End.X", nh6=peer_addr),
+            )
+        )
+    return result
+
+
+def batch(node_plan: NodePlan, indexes: dict[str, int], skip: frozenset[str] = frozenset()) -> Batch:
+    """The netlink requests for a plan; interfaces in `skip` (failed links) are left alone."""
+    out = Batch()
+    out.link_up(indexes["lo"], what="lo up")
+    for intf in node_plan.intfs:
+        if intf not in skip:
+            out.link_up(indexes[intf], what=f"{intf} up")
+    for intf, address, prefixlen in node_plan.addresses:
+        if intf not in skip:
+            out.addr(indexes[intf], address, prefixlen)
+    for route in node_plan.routes:
+        if route.intf not in skip:
+            out.route(route.prefix, indexes[route.intf], route.gateway, route.seg6local)
+    return out
+
+
+def interface_indexes() -> dict[str, int]:
+    """ifname -> ifindex of the namespace this thread is in."""
+    return {name: index for index, name in socket.if_nameindex()}
+
+
+def apply(node_plan: NodePlan, path: str, skip: frozenset[str] = frozenset()) -> None:
+    with netns.entered(path):
+        batch(node_plan, interface_indexes(), skip).send()
+
+
+def prepare_namespace(path: str) -> None:
+    with netns.entered(path):
+        for name, value in NAMESPACE_SYSCTLS:
+            netns.write_sysctl(name, value)
