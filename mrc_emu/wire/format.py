@@ -1,0 +1,145 @@
+"""Constants and records of the MRC wire format (one source of truth; docs/wire-format.md).
+
+Why it exists: the scapy definitions (layers.py), the fast encoder/decoder (fast.py) and
+the transport all speak of the same opcodes, syndromes and fields; they take them from
+here. Pure data: no sockets, no scapy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum, IntEnum
+
+ROCE_UDP_PORT = 4791
+DEFAULT_PKEY = 0xFFFF
+BTH_LEN = 12
+RETH_LEN = 16
+AETH_LEN = 4
+IMMDT_LEN = 4
+ICRC_LEN = 4
+IPV6_LEN = 40
+UDP_LEN = 8
+SRH_FIXED_LEN = 8
+MRCX_HEADER_LEN = 4
+SACK_FIXED_LEN = 16  # MRCX header, base PSN, echo PSN, echo EV + reserved; then the bitmap
+PROBE_LEN = 20
+PSN_MASK = 0xFFFFFF
+QPN_MASK = 0xFFFFFF
+INNER_HOP_LIMIT = 64
+OUTER_HOP_LIMIT = 64
+TRAFFIC_CLASS = 0x02  # ECN ECT(0): RoCEv2 traffic is ECN-capable
+
+
+class Opcode(IntEnum):
+    """The RC opcodes MRC uses (MRC has no READ, SEND, ATOMIC)."""
+
+    RDMA_WRITE_ONLY = 0x0A
+    RDMA_WRITE_ONLY_WITH_IMMEDIATE = 0x0B
+    ACKNOWLEDGE = 0x11
+    CNP = 0x81
+
+
+DATA_OPCODES = (Opcode.RDMA_WRITE_ONLY, Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE)
+
+
+class Syndrome(IntEnum):
+    """AETH syndrome: bits 6:5 = 00 ACK, 11 NAK with the code in the low bits."""
+
+    ACK = 0x00
+    NAK_PSN_SEQUENCE = 0x60
+    NAK_INVALID_REQUEST = 0x61
+    NAK_REMOTE_ACCESS = 0x62
+    NAK_REMOTE_OPERATIONAL = 0x63
+
+
+class MrcxType(IntEnum):
+    """Type of the MRC extension header carried after AETH in an ACKNOWLEDGE."""
+
+    SACK = 1
+    PROBE = 2
+
+
+class DropReason(str, Enum):
+    """Why a received frame was not handed to the transport (counted, never raised)."""
+
+    TRUNCATED = "truncated"
+    NOT_IPV6 = "not_ipv6"
+    BAD_IP_LENGTH = "bad_ip_length"
+    BAD_SRH = "bad_srh"
+    NOT_UDP = "not_udp"
+    NOT_ROCE_PORT = "not_roce_port"
+    BAD_UDP_LENGTH = "bad_udp_length"
+    BAD_UDP_CHECKSUM = "bad_udp_checksum"
+    BAD_ICRC = "bad_icrc"
+    UNKNOWN_OPCODE = "unknown_opcode"
+    BAD_VERSION = "bad_transport_version"
+    BAD_LENGTH = "bad_length"
+    BAD_EXTENSION = "bad_extension"
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    """Inner addressing of a packet: what the ICRC and UDP checksum cover."""
+
+    src: str
+    dst: str
+    sport: int
+    dport: int = ROCE_UDP_PORT
+
+
+@dataclass(frozen=True)
+class DataPacket:
+    """An RDMA WRITE packet: carries its own address, so it is placed on its own."""
+
+    dest_qp: int
+    psn: int
+    va: int
+    rkey: int
+    payload: bytes
+    ack_req: bool = False
+    imm: int | None = None  # set on the last packet of a WRITE_WITH_IMM
+    pkey: int = DEFAULT_PKEY
+    ecn_ce: bool = False
+
+    @property
+    def opcode(self) -> Opcode:
+        return Opcode.RDMA_WRITE_ONLY if self.imm is None else Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE
+
+
+@dataclass(frozen=True)
+class AckPacket:
+    """ACKNOWLEDGE: cumulative PSN, AETH, and the MRC SACK extension.
+
+    psn: every PSN up to and including this one has arrived (the RoCE meaning).
+    sack_bitmap: bit i set <=> PSN sack_base + i has arrived (bytes, MSB first).
+    echo_psn / echo_ev: the data packet that triggered this ACK, for per-EV RTT.
+    """
+
+    dest_qp: int
+    psn: int
+    syndrome: int = Syndrome.ACK
+    msn: int = 0
+    sack_base: int = 0
+    echo_psn: int = 0
+    echo_ev: int = 0
+    ecn_echo: bool = False
+    sack_bitmap: bytes = b""
+    pkey: int = DEFAULT_PKEY
+
+    @property
+    def is_nak(self) -> bool:
+        return (self.syndrome & 0x60) == 0x60
+
+
+@dataclass(frozen=True)
+class ProbePacket:
+    """An EV probe: an ACKNOWLEDGE that travels out along an EV and back to its sender."""
+
+    dest_qp: int
+    probe_id: int
+    ev: int
+    send_time_ns: int
+    pkey: int = DEFAULT_PKEY
+
+
+RocePacket = DataPacket | AckPacket | ProbePacket

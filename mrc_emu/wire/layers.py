@@ -1,0 +1,162 @@
+"""scapy definitions of every packet MRC sends: the reference the fast path is checked against.
+
+Why it exists: scapy 2.8's RoCE support has BTH and AETH but no RETH, ImmDt or our
+SACK/probe extension, and it computes ICRC only when UDP sits right on the IPv6 header
+that carries it. We add the missing layers, bind them so any frame or pcap dissects to the
+full stack, and build frames in the encapsulation model (outer IPv6 [+ SRH] / inner IPv6 /
+UDP / BTH ...), where the ICRC covers the inner headers that SRv6 hops never rewrite.
+Slow (about 1k packets/s): never on the data path.
+"""
+
+from __future__ import annotations
+
+from scapy.contrib.roce import AETH, BTH
+from scapy.fields import (
+    BitField,
+    ByteEnumField,
+    ByteField,
+    IntField,
+    ShortField,
+    StrLenField,
+    XIntField,
+    XLongField,
+)
+from scapy.layers.inet import UDP
+from scapy.layers.inet6 import IPv6, IPv6ExtHdrSegmentRouting
+from scapy.packet import Packet, Raw, bind_layers
+
+from . import format as fmt
+
+
+class RETH(Packet):
+    """RDMA Extended Transport Header: where this packet's bytes go."""
+
+    name = "RETH"
+    fields_desc = [XLongField("va", 0), XIntField("rkey", 0), IntField("dma_len", 0)]
+
+
+class ImmDt(Packet):
+    """Immediate data of a WRITE_WITH_IMM, delivered with its completion."""
+
+    name = "ImmDt"
+    fields_desc = [XIntField("imm", 0)]
+
+
+class MRCX(Packet):
+    """MRC extension header after AETH: a SACK bitmap or an EV probe (docs/wire-format.md)."""
+
+    name = "MRCX"
+    fields_desc = [
+        ByteEnumField("ext_type", fmt.MrcxType.SACK, {t.value: t.name for t in fmt.MrcxType}),
+        ByteField("flags", 0),
+        ShortField("length", None),
+    ]
+
+    def post_build(self, p: bytes, pay: bytes) -> bytes:
+        if self.length is None:
+            p = p[:2] + (len(p) + len(pay)).to_bytes(2, "big") + p[4:]
+        return p + pay
+
+    def guess_payload_class(self, payload: bytes):
+        return {fmt.MrcxType.SACK: MRCXSack, fmt.MrcxType.PROBE: MRCXProbe}.get(self.ext_type, Packet)
+
+
+class MRCXSack(Packet):
+    name = "MRCX SACK"
+    fields_desc = [
+        BitField("resv_base", 0, 8),
+        BitField("sack_base", 0, 24),
+        BitField("resv_echo", 0, 8),
+        BitField("echo_psn", 0, 24),
+        ShortField("echo_ev", 0),
+        ShortField("resv", 0),
+        StrLenField("bitmap", b"", length_from=lambda pkt: pkt.underlayer.length - fmt.SACK_FIXED_LEN
+                    if pkt.underlayer is not None and pkt.underlayer.length else 0),
+    ]
+
+
+class MRCXProbe(Packet):
+    name = "MRCX Probe"
+    fields_desc = [
+        XIntField("probe_id", 0),
+        ShortField("ev", 0),
+        ShortField("resv", 0),
+        XLongField("send_time_ns", 0),
+    ]
+
+
+def _reth_payload(self: RETH, payload: bytes):
+    bth = self.underlayer
+    if isinstance(bth, BTH) and bth.opcode == fmt.Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE:
+        return ImmDt
+    return Packet.guess_payload_class(self, payload)
+
+
+RETH.guess_payload_class = _reth_payload
+bind_layers(BTH, RETH, opcode=fmt.Opcode.RDMA_WRITE_ONLY)
+bind_layers(BTH, RETH, opcode=fmt.Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE)
+bind_layers(AETH, MRCX)
+
+
+# ---- building frames -----------------------------------------------------------------------
+
+def roce_layers(packet: fmt.RocePacket) -> Packet:
+    """BTH and what follows it, for one packet record (ICRC left for scapy to compute)."""
+    if isinstance(packet, fmt.DataPacket):
+        pad = -len(packet.payload) % 4  # IBA: payload padded to 4 bytes, PadCnt says how many
+        bth = BTH(opcode=int(packet.opcode), padcount=pad, pkey=packet.pkey, dqpn=packet.dest_qp,
+                  ackreq=int(packet.ack_req), psn=packet.psn)
+        body = bth / RETH(va=packet.va, rkey=packet.rkey, dma_len=len(packet.payload))
+        if packet.imm is not None:
+            body = body / ImmDt(imm=packet.imm)
+        padded = packet.payload + b"\0" * pad
+        return body / Raw(padded) if padded else body
+    if isinstance(packet, fmt.AckPacket):
+        return (
+            BTH(opcode=fmt.Opcode.ACKNOWLEDGE, pkey=packet.pkey, dqpn=packet.dest_qp, psn=packet.psn)
+            / AETH(syndrome=packet.syndrome, msn=packet.msn)
+            / MRCX(ext_type=fmt.MrcxType.SACK, flags=int(packet.ecn_echo))
+            / MRCXSack(sack_base=packet.sack_base, echo_psn=packet.echo_psn, echo_ev=packet.echo_ev,
+                       bitmap=packet.sack_bitmap)
+        )
+    if isinstance(packet, fmt.ProbePacket):
+        return (
+            BTH(opcode=fmt.Opcode.ACKNOWLEDGE, pkey=packet.pkey, dqpn=packet.dest_qp, psn=0)
+            / AETH(syndrome=fmt.Syndrome.ACK, msn=0)
+            / MRCX(ext_type=fmt.MrcxType.PROBE)
+            / MRCXProbe(probe_id=packet.probe_id, ev=packet.ev, send_time_ns=packet.send_time_ns)
+        )
+    raise TypeError(f"not a packet record: {packet!r}")
+
+
+def inner(packet: fmt.RocePacket, ends: fmt.Endpoints, flow_label: int = 0) -> Packet:
+    """Inner IPv6 / UDP / RoCE: what the ICRC covers and the destination host receives."""
+    return (
+        IPv6(src=ends.src, dst=ends.dst, tc=fmt.TRAFFIC_CLASS | (3 if getattr(packet, "ecn_ce", False) else 0),
+             fl=flow_label, hlim=fmt.INNER_HOP_LIMIT)
+        / UDP(sport=ends.sport, dport=ends.dport)
+        / roce_layers(packet)
+    )
+
+
+def srv6_frame(packet: fmt.RocePacket, ends: fmt.Endpoints, segments: list[str], flow_label: int = 0) -> Packet:
+    """SRV6 EV format: outer IPv6 + SRH (segments in path order; the SRH stores them reversed)."""
+    return (
+        IPv6(src=ends.src, dst=segments[0], tc=fmt.TRAFFIC_CLASS, fl=flow_label, hlim=fmt.OUTER_HOP_LIMIT)
+        / IPv6ExtHdrSegmentRouting(addresses=list(reversed(segments)), segleft=len(segments) - 1,
+                                   lastentry=len(segments) - 1, nh=41)
+        / inner(packet, ends, flow_label)
+    )
+
+
+def usid_frame(packet: fmt.RocePacket, ends: fmt.Endpoints, carrier: str, flow_label: int = 0) -> Packet:
+    """SRV6_USID EV format: the outer destination is the NEXT-C-SID carrier; no SRH."""
+    return (
+        IPv6(src=ends.src, dst=carrier, tc=fmt.TRAFFIC_CLASS, fl=flow_label, hlim=fmt.OUTER_HOP_LIMIT, nh=41)
+        / inner(packet, ends, flow_label)
+    )
+
+
+def udp_frame(packet: fmt.RocePacket, ends: fmt.Endpoints, flow_label: int = 0) -> Packet:
+    """UDP EV format: plain RoCEv2, the fabric's hash on the source port picks the path."""
+    return inner(packet, ends, flow_label)
