@@ -50,7 +50,7 @@ def test_ev_paths_cross_distinct_spines_and_planes():
     for ev in evs:
         assert ev.hops[0] == "h0" and ev.hops[-1] == "h3"
         assert len(ev.segments) == 4
-        assert ev.segments[-1] == ad.dt6_sid(topo.node("h3").node_id)
+        assert ev.segments[-1] == ad.decap_sid(topo.node("h3").node_id)
 
 
 def test_same_leaf_evs_turn_at_leaf():
@@ -67,7 +67,7 @@ def test_usid_carrier_packs_path():
     assert carrier >> 96 == ad.USID_BLOCK
     for k, node_id in enumerate(ids):
         assert (carrier >> (80 - 16 * k)) & 0xFFFF == node_id
-    assert (carrier >> (80 - 16 * len(ids))) & 0xFFFF == ad.USID_DT6_FUNCTION
+    assert (carrier >> (80 - 16 * len(ids))) & 0xFFFF == ad.USID_DECAP_FUNCTION
 
 
 def test_probe_segments_go_out_and_back():
@@ -75,7 +75,7 @@ def test_probe_segments_go_out_and_back():
     ev = evs_between(topo, "h0", "h2")[0]
     segs = probe_segments(topo, ev)
     assert segs[3] == ad.end_sid(topo.node("h2").node_id)
-    assert segs[-1] == ad.dt6_sid(topo.node("h0").node_id)
+    assert segs[-1] == ad.decap_sid(topo.node("h0").node_id)
     assert len(segs) == 8
 
 

@@ -96,6 +96,9 @@ def _create_links(topo: Topology, name: str) -> None:
         for node_name in topo.nodes:
             fds[node_name] = os.open(netns.netns_path(name, node_name), os.O_RDONLY)
         with IPRoute() as ipr:
+            for node_name in topo.nodes:
+                ipr.link("add", ifname=config.SID_ANCHOR, kind="veth", net_ns_fd=fds[node_name],
+                         peer={"ifname": config.SID_ANCHOR_PEER, "net_ns_fd": fds[node_name]})
             for link in topo.links:
                 ipr.link(
                     "add",

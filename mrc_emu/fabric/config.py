@@ -18,6 +18,11 @@ from . import netns
 from .netlink import Batch, Seg6Local
 
 NEXT_CSID = (ad.USID_BLOCK_BITS, ad.USID_BITS)
+# The End SID hangs off a veth pair kept inside the node. Not lo: the kernel's End looks the
+# next segment up with local delivery disabled, and a seg6local route on a loopback device
+# then yields no route (seen on 6.18). No dummy devices here. No link failure touches it.
+SID_ANCHOR = "sid0"
+SID_ANCHOR_PEER = "sid1"
 
 # Written before the node's interfaces exist, so every interface inherits them.
 NAMESPACE_SYSCTLS = [
@@ -53,12 +58,13 @@ class NodePlan:
 def plan(topo: Topology, name: str) -> NodePlan:
     node = topo.node(name)
     result = NodePlan(name)
+    result.intfs.append(SID_ANCHOR)
     result.routes.append(
-        Route(ad.end_sid(node.node_id) + "/48", "lo", seg6local=Seg6Local("End", next_csid=NEXT_CSID))
+        Route(ad.end_sid(node.node_id) + "/48", SID_ANCHOR, seg6local=Seg6Local("End", next_csid=NEXT_CSID))
     )
     if node.role is Role.HOST:
         result.addresses.append(("lo", ad.host_address(topo, name), 128))
-        result.routes.append(Route(ad.dt6_prefix(node.node_id), "lo", seg6local=Seg6Local("End.DT6", table=254)))
+        result.addresses.append(("lo", ad.decap_sid(node.node_id), 128))
     for link in topo.links_of(name):
         peer, intf, _ = topo.peer(link, name)
         peer_addr = ad.link_address(link, peer)
@@ -79,6 +85,8 @@ def batch(node_plan: NodePlan, indexes: dict[str, int], skip: frozenset[str] = f
     """The netlink requests for a plan; interfaces in `skip` (failed links) are left alone."""
     out = Batch()
     out.link_up(indexes["lo"], what="lo up")
+    if SID_ANCHOR_PEER in indexes:
+        out.link_up(indexes[SID_ANCHOR_PEER], what=f"{SID_ANCHOR_PEER} up")
     for intf in node_plan.intfs:
         if intf not in skip:
             out.link_up(indexes[intf], what=f"{intf} up")

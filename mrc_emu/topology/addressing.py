@@ -8,7 +8,9 @@ The plan is documented in docs/addressing.md; change both together.
     fc00:0:N::           uN of node N: End with NEXT-C-SID (32-bit block, 16-bit node IDs),
                          also the plain End SID of N in a full SRH
     fc00:0:N:e00K::/64   End.X of node N out of its port K (N-ethK): pins that exact link
-    fc00:0:N:f0d6::/64   uDT6 of host N: decapsulate, look the inner packet up in table main
+    fc00:0:N:f0d6::      decapsulation address of host N (a local address on lo): a packet
+                         whose SRH reaches Segments Left 0 there is decapsulated by the
+                         kernel's own SRH processing and the inner packet delivered
     fc00:2:L:I::1/128    address of host number I under leaf index L (on lo)
     fc00:f:K::1, ::2/64  the two ends of link K (a = lower tier = ::1)
 """
@@ -22,7 +24,7 @@ from .model import Link, Topology
 USID_BLOCK = 0xFC000000  # 32-bit locator block of uN / uDT6 SIDs (fc00:0::/32)
 USID_BLOCK_BITS = 32
 USID_BITS = 16
-USID_DT6_FUNCTION = 0xF0D6  # local functions lie above MAX_NODE_ID: never read as a node's uSID
+USID_DECAP_FUNCTION = 0xF0D6  # local functions lie above MAX_NODE_ID: never read as a node's uSID
 ENDX_FUNCTION_BASE = 0xE000  # End.X of port K is function 0xE000 + K
 MAX_USIDS = (128 - USID_BLOCK_BITS) // USID_BITS  # 6 uSIDs fit one carrier
 
@@ -47,12 +49,9 @@ def end_sid(node_id: int) -> str:
     return _addr(0xFC00, 0, node_id)
 
 
-def dt6_sid(node_id: int) -> str:
-    return _addr(0xFC00, 0, node_id, USID_DT6_FUNCTION)
+def decap_sid(node_id: int) -> str:
+    return _addr(0xFC00, 0, node_id, USID_DECAP_FUNCTION)
 
-
-def dt6_prefix(node_id: int) -> str:
-    return dt6_sid(node_id) + "/64"
 
 
 def endx_sid(node_id: int, port: int) -> str:

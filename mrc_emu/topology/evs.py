@@ -20,7 +20,7 @@ from .model import Topology, TopologyError
 class EvFormat(str, Enum):
     """How an EV is carried on the wire (names from the OCP companion API)."""
 
-    SRV6 = "SRV6"  # outer IPv6 + SRH holding the segment list (End.X SIDs, then uDT6)
+    SRV6 = "SRV6"  # outer IPv6 + SRH holding the segment list (End.X SIDs, then decapsulation address)
     SRV6_USID = "SRV6_USID"  # outer destination is a NEXT-C-SID carrier, no SRH
     UDP = "UDP"  # no SRv6: the EV is the UDP source port, the fabric's hash picks the path
 
@@ -60,13 +60,13 @@ UDP_SPORT_BASE = 0xC000  # RoCEv2 source ports come from the dynamic range
 
 
 def _segments(topo: Topology, hops: list[str]) -> tuple[str, ...]:
-    """End.X of every hop that forwards (out of the port towards the next hop), then uDT6."""
+    """End.X of every hop that forwards (out of the port towards the next hop), then decapsulation address."""
     segs = []
     for here, nxt in zip(hops[1:-1], hops[2:]):
         (link,) = topo.links_between(here, nxt)
         _, own_intf, _ = topo.peer(link, here)
         segs.append(ad.endx_sid(topo.node(here).node_id, ad.port_of(own_intf)))
-    return tuple(segs) + (ad.dt6_sid(topo.node(hops[-1]).node_id),)
+    return tuple(segs) + (ad.decap_sid(topo.node(hops[-1]).node_id),)
 
 
 def evs_between(topo: Topology, src: str, dst: str) -> list[Ev]:
@@ -94,7 +94,7 @@ def evs_between(topo: Topology, src: str, dst: str) -> list[Ev]:
                     spine=spine,
                     hops=tuple(hops),
                     segments=_segments(topo, hops),
-                    usid_carrier=ad.usid_carrier(ids[1:], ad.USID_DT6_FUNCTION),
+                    usid_carrier=ad.usid_carrier(ids[1:], ad.USID_DECAP_FUNCTION),
                     udp_sport=UDP_SPORT_BASE + index,
                 )
             )

@@ -87,10 +87,13 @@ class Encap:
         return cls(ipv6 + srh, len(srh))
 
     @classmethod
-    def usid(cls, src: str, carrier: str, flow_label: int = 0) -> Encap:
-        ipv6 = _IPV6.pack((6 << 28) | (fmt.TRAFFIC_CLASS << 20) | flow_label, 0, NH_IPV6,
+    def usid(cls, src: str, carrier: str, final: str, flow_label: int = 0) -> Encap:
+        """Carrier in the destination, plus a one-segment SRH (Segments Left 0) naming `final`,
+        so the destination host's kernel decapsulates it like any spent SRH."""
+        srh = _SRH.pack(NH_IPV6, 2, 4, 0, 0, 0, 0) + _packed(final)
+        ipv6 = _IPV6.pack((6 << 28) | (fmt.TRAFFIC_CLASS << 20) | flow_label, 0, NH_ROUTING,
                           fmt.OUTER_HOP_LIMIT, _packed(src), _packed(carrier))
-        return cls(ipv6, 0)
+        return cls(ipv6 + srh, len(srh))
 
     @classmethod
     def udp(cls) -> Encap:

@@ -149,10 +149,13 @@ def srv6_frame(packet: fmt.RocePacket, ends: fmt.Endpoints, segments: list[str],
     )
 
 
-def usid_frame(packet: fmt.RocePacket, ends: fmt.Endpoints, carrier: str, flow_label: int = 0) -> Packet:
-    """SRV6_USID EV format: the outer destination is the NEXT-C-SID carrier; no SRH."""
+def usid_frame(packet: fmt.RocePacket, ends: fmt.Endpoints, carrier: str, final: str,
+               flow_label: int = 0) -> Packet:
+    """SRV6_USID EV format: the outer destination is the NEXT-C-SID carrier, plus the optional
+    single-segment SRH (Segments Left 0) that lets the last host decapsulate natively."""
     return (
-        IPv6(src=ends.src, dst=carrier, tc=fmt.TRAFFIC_CLASS, fl=flow_label, hlim=fmt.OUTER_HOP_LIMIT, nh=41)
+        IPv6(src=ends.src, dst=carrier, tc=fmt.TRAFFIC_CLASS, fl=flow_label, hlim=fmt.OUTER_HOP_LIMIT)
+        / IPv6ExtHdrSegmentRouting(addresses=[final], segleft=0, lastentry=0, nh=41)
         / inner(packet, ends, flow_label)
     )
 
