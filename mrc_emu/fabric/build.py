@@ -35,9 +35,14 @@ def _quiet(_: str) -> None:
     pass
 
 
-def up(topo: Topology, name: str = "mrc", progress: Progress = _quiet) -> UpResult:
+def up(topo: Topology, name: str = "mrc", progress: Progress | None = None) -> UpResult:
+    progress = progress or _quiet
     registry.check_name(name)
     check_prerequisites()
+    if registry.journal_path(name).exists():
+        raise registry.RegistryError(
+            f"a fabric named {name!r} is already up: 'mrc-emu down --name {name}' first, or choose another --name"
+        )
     clashes = [p for n in topo.nodes if (p := netns.netns_path(name, n)).exists()]
     if clashes:
         raise registry.RegistryError(

@@ -7,6 +7,7 @@ Everything here acts only on namespaces that the fabric's journal records.
 from __future__ import annotations
 
 import os
+import select
 import shutil
 import signal
 import socket
@@ -99,45 +100,67 @@ class CaptureResult:
     interfaces: list[str]
 
 
+class Capture:
+    """tcpdump running in a node's namespace, recorded in the journal; `stop` ends it."""
+
+    def __init__(self, name: str, node: str, out: str, iface: str | None = None) -> None:
+        path = node_path(name, node)
+        topo: Topology = load_topology(name)
+        intfs = [topo.peer(link, node)[1] for link in topo.links_of(node)]
+        if iface is not None and iface not in intfs + ["lo"]:
+            raise FabricSetupError(f"{node} has no interface {iface!r} (it has: {', '.join(intfs)})")
+        tcpdump = shutil.which("tcpdump")
+        if tcpdump is None:
+            raise FabricSetupError("tcpdump not found: apt-get install tcpdump (or run scripts/install.sh)")
+        self.name = name
+        self.interfaces = [iface] if iface else intfs
+        self.path = Path(out).resolve()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDONLY)
+        cmd = [tcpdump, "-i", iface or "any", "-U", "-Z", "root", "-s", "0", "-w", str(self.path)]
+        try:
+            self.proc = subprocess.Popen(cmd, preexec_fn=lambda: netns.setns(fd), stdout=subprocess.DEVNULL,
+                                         stderr=subprocess.PIPE)
+        finally:
+            os.close(fd)
+        with registry.Journal.open(name) as journal:
+            journal.process(self.proc.pid, f"tcpdump in {node}")
+        self._stderr = b""
+        self._wait_listening(timeout=10.0)
+
+    def _wait_listening(self, timeout: float) -> None:
+        """tcpdump says 'listening on' once its socket is open: from then on nothing is missed."""
+        deadline = time.monotonic() + timeout
+        while b"listening on" not in self._stderr:
+            left = deadline - time.monotonic()
+            ready, _, _ = select.select([self.proc.stderr], [], [], max(0.0, left))
+            chunk = os.read(self.proc.stderr.fileno(), 4096) if ready else b""
+            if not chunk:
+                self.stop()
+                raise FabricSetupError(f"tcpdump did not start: {self._stderr.decode(errors='replace').strip()}")
+            self._stderr += chunk
+
+    def stop(self) -> CaptureResult:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+        _, err = self.proc.communicate(timeout=10)
+        self._stderr += err or b""
+        with registry.Journal.open(self.name) as journal:
+            journal.process_ended(self.proc.pid)
+        packets = None
+        for line in self._stderr.decode(errors="replace").splitlines():
+            if "packets captured" in line:
+                packets = int(line.split()[0])
+        return CaptureResult(str(self.path), packets, self.interfaces)
+
+
 def capture(name: str, node: str, out: str, duration: float, iface: str | None = None) -> CaptureResult:
     """Record a pcap of one node's interfaces (all of them, in one file, without `iface`)."""
-    path = node_path(name, node)
-    topo: Topology = load_topology(name)
-    intfs = [topo.peer(link, node)[1] for link in topo.links_of(node)]
-    if iface is not None and iface not in intfs + ["lo"]:
-        raise FabricSetupError(f"{node} has no interface {iface!r} (it has: {', '.join(intfs)})")
-    tcpdump = shutil.which("tcpdump")
-    if tcpdump is None:
-        raise FabricSetupError("tcpdump not found: apt-get install tcpdump (or run scripts/install.sh)")
-    out_path = Path(out).resolve()
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDONLY)
-
-    def enter() -> None:
-        netns.setns(fd)
-
-    cmd = [tcpdump, "-i", iface or "any", "-U", "-Z", "root", "-s", "0", "-w", str(out_path)]
-    proc = subprocess.Popen(cmd, preexec_fn=enter, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    os.close(fd)
-    with registry.Journal.open(name) as journal:
-        journal.process(proc.pid, f"tcpdump in {node}")
+    cap = Capture(name, node, out, iface)
     try:
-        deadline = time.monotonic() + duration
-        while time.monotonic() < deadline and proc.poll() is None:
-            try:
-                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                break
+        cap.proc.wait(timeout=duration)  # the capture's length is the point of waiting here
+    except subprocess.TimeoutExpired:
+        pass
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=10)
-        with registry.Journal.open(name) as journal:
-            journal.process_ended(proc.pid)
-    packets = None
-    for line in err.decode(errors="replace").splitlines():
-        if "packets captured" in line:
-            packets = int(line.split()[0])
-    if proc.returncode not in (0, -signal.SIGINT) and packets is None:
-        raise FabricSetupError(f"tcpdump failed: {err.decode(errors='replace').strip()}")
-    return CaptureResult(str(out_path), packets, [iface] if iface else intfs)
+        result = cap.stop()
+    return result

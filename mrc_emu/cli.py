@@ -1,0 +1,289 @@
+"""The mrc-emu command line: thin wrappers over the fabric, probes and captures.
+
+Why it exists: users drive everything from here. It holds no logic a test cannot call
+directly; it turns arguments into calls, results into text or JSON, and every known
+error into one clear line and exit code 1.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+import time
+from typing import Any
+
+import click
+
+from .topology import TopologyError, evs_between, resolve
+
+NAME_OPTION = click.option("--name", "-n", default="mrc", show_default=True, help="Fabric name (namespaces are <name>-<node>).")
+JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+
+
+def _known_errors() -> tuple[type[BaseException], ...]:
+    from .fabric.netlink import NetlinkError
+    from .fabric.nodes import FabricSetupError
+    from .fabric.registry import RegistryError
+
+    return (TopologyError, FabricSetupError, RegistryError, NetlinkError, ValueError, PermissionError)
+
+
+def friendly(func):
+    """Print known errors as one line, exit 1; Ctrl-C exits 130 after cleanup ran."""
+
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        try:
+            return func(*args, **kwargs)
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            sys.exit(130)
+        except _known_errors() as exc:
+            click.echo(f"mrc-emu: error: {exc}", err=True)
+            sys.exit(1)
+
+    return wrapper
+
+
+def _emit(data: Any, as_json: bool, text: str) -> None:
+    click.echo(json.dumps(data, indent=2) if as_json else text)
+
+
+def _progress(message: str) -> None:
+    click.echo(f"  .. {message}", err=True)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="mrc-emu")
+def main() -> None:
+    """mrc-emu: MRC (Multipath Reliable Connection) on a multi-plane SRv6 fabric in namespaces.
+
+    Typical session: `up`, `status`, `paths h0 h2`, `probe h0 h2 --all`, `link down p0l0 p0s1`,
+    `capture p0s0 -o spine.pcap`, `down`. Needs root for everything that touches the fabric.
+    """
+
+
+@main.command()
+@click.option("--topology", "-t", "topology", default=None, help="Topology YAML file or built-in name (default: the built-in default).")
+@NAME_OPTION
+@JSON_OPTION
+@friendly
+def up(topology: str | None, name: str, as_json: bool) -> None:
+    """Build the fabric and leave it running."""
+    from .fabric import build
+    from .topology import ev_count
+
+    topo = resolve(topology)
+    result = build.up(topo, name, progress=None if as_json else _progress)
+    data = {"name": name, "seconds": round(result.seconds, 3), "phases": result.phases,
+            "topology": topo.summary(), "ev_count": ev_count(topo)}
+    s = topo.summary()
+    _emit(data, as_json,
+          f"fabric {name!r} up in {result.seconds:.2f} s: {s['planes']} planes, {s['hosts']} hosts, "
+          f"{s['nodes']} nodes, {s['links']} links, {ev_count(topo)} EVs between hosts on different leaves\n"
+          f"try: mrc-emu paths h0 h{s['hosts'] - 1} --name {name}")
+
+
+@main.command()
+@NAME_OPTION
+@JSON_OPTION
+@friendly
+def down(name: str, as_json: bool) -> None:
+    """Tear the fabric down: every namespace, veth and process it made."""
+    from .fabric import build
+
+    start = time.monotonic()
+    record = build.down(name)
+    seconds = time.monotonic() - start
+    _emit({"name": name, "namespaces_removed": len(record.namespaces), "seconds": round(seconds, 3)},
+          as_json, f"fabric {name!r} down: {len(record.namespaces)} namespaces removed in {seconds:.2f} s")
+
+
+@main.command()
+@JSON_OPTION
+@friendly
+def clean(as_json: bool) -> None:
+    """Remove what crashed or killed runs left, as their journals record it."""
+    from .fabric import build
+
+    removed = build.clean()
+    _emit({"removed": removed}, as_json, f"removed fabrics: {', '.join(removed)}" if removed else "nothing to clean")
+
+
+@main.command()
+@NAME_OPTION
+@JSON_OPTION
+@friendly
+def status(name: str, as_json: bool) -> None:
+    """Nodes with role and plane, links with ends and state, the EV count."""
+    from .fabric import ops
+
+    data = ops.status(name)
+    lines = [f"fabric {name!r} ({data['topology']['source']}): {len(data['nodes'])} nodes, "
+             f"{len(data['links'])} links, {data['ev_count']} EVs between hosts on different leaves"]
+    lines.append("nodes:")
+    for node in data["nodes"]:
+        plane = "all" if node["plane"] is None else node["plane"]
+        lines.append(f"  {node['name']:<8} {node['role']:<6} plane {plane}")
+    lines.append("links:")
+    for link in data["links"]:
+        lines.append(f"  {link['a']:>6} {link['a_intf']:<12} <-> {link['b_intf']:>12} {link['b']:<6} "
+                     f"plane {link['plane']}  {link['state']}")
+    if data["missing_namespaces"]:
+        lines.append(f"missing namespaces: {', '.join(data['missing_namespaces'])} (run 'mrc-emu clean')")
+    _emit(data, as_json, "\n".join(lines))
+
+
+@main.command(name="exec", context_settings={"ignore_unknown_options": True})
+@click.argument("node")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@NAME_OPTION
+@friendly
+def exec_(node: str, command: tuple[str, ...], name: str) -> None:
+    """Run COMMAND inside NODE's namespace: mrc-emu exec h0 -- ip -6 route."""
+    from .fabric import ops
+
+    ops.exec_in(name, node, command)
+
+
+@main.command()
+@click.argument("src")
+@click.argument("dst")
+@NAME_OPTION
+@JSON_OPTION
+@friendly
+def paths(src: str, dst: str, name: str, as_json: bool) -> None:
+    """The EVs between two hosts, with their segment lists."""
+    from .fabric.build import load_topology
+
+    evs = evs_between(load_topology(name), src, dst)
+    lines = [f"{len(evs)} EVs from {src} to {dst}:"]
+    for ev in evs:
+        lines.append(f"  EV {ev.index:<3} plane {ev.plane}  {' > '.join(ev.hops)}")
+        lines.append(f"         SRH:  {', '.join(ev.segments)}")
+        lines.append(f"         uSID: {ev.usid_carrier}")
+    _emit({"src": src, "dst": dst, "evs": [ev.to_dict() for ev in evs]}, as_json, "\n".join(lines))
+
+
+@main.command()
+@click.argument("src")
+@click.argument("dst")
+@click.option("--ev", "ev_index", type=int, default=None, help="Probe this EV only.")
+@click.option("--all", "all_evs", is_flag=True, help="Probe every EV (the default when --ev is not given).")
+@click.option("--timeout", type=float, default=1.0, show_default=True, help="Seconds to wait for probes.")
+@NAME_OPTION
+@JSON_OPTION
+@friendly
+def probe(src: str, dst: str, ev_index: int | None, all_evs: bool, timeout: float, name: str, as_json: bool) -> None:
+    """EV probes: send along exactly each EV and back; report reachable and rtt_ns."""
+    from .experiments.probes import probe_evs
+
+    if ev_index is not None and all_evs:
+        raise click.UsageError("give --ev K or --all, not both")
+    results = probe_evs(name, src, dst, None if ev_index is None else [ev_index], timeout)
+    ok = sum(r.reachable for r in results)
+    lines = [f"{ok}/{len(results)} EVs from {src} to {dst} reachable"]
+    for r in results:
+        rtt = f"{r.rtt_ns / 1000:.1f} us" if r.rtt_ns is not None else "-"
+        lines.append(f"  EV {r.ev:<3} {'reachable' if r.reachable else 'UNREACHABLE':<12} rtt {rtt}")
+    _emit({"src": src, "dst": dst, "evs": [r.to_dict() for r in results]}, as_json, "\n".join(lines))
+
+
+@main.group()
+def link() -> None:
+    """Fail and restore links (configuration is kept: after up, the same EVs work)."""
+
+
+def _link_command(up_: bool):
+    @click.argument("a")
+    @click.argument("b")
+    @click.option("--plane", type=int, default=None, help="Only the link of this plane.")
+    @NAME_OPTION
+    @JSON_OPTION
+    @friendly
+    def command(a: str, b: str, plane: int | None, name: str, as_json: bool) -> None:
+        from .fabric import build
+
+        ids = build.set_link(name, a, b, up_, plane)
+        state = "up" if up_ else "down"
+        _emit({"a": a, "b": b, "links": ids, "state": state}, as_json, f"link {a} <-> {b} {state}")
+
+    command.__doc__ = f"Take the link between A and B {'up' if up_ else 'down'}."
+    return command
+
+
+link.command(name="down")(_link_command(False))
+link.command(name="up")(_link_command(True))
+
+
+@link.command()
+@click.argument("a")
+@click.argument("b")
+@click.option("--period", type=float, required=True, help="Milliseconds of one down+up cycle.")
+@click.option("--count", type=int, default=3, show_default=True, help="How many cycles.")
+@click.option("--plane", type=int, default=None, help="Only the link of this plane.")
+@NAME_OPTION
+@friendly
+def flap(a: str, b: str, period: float, count: int, plane: int | None, name: str) -> None:
+    """Take the link down and up COUNT times, half a PERIOD each."""
+    from .fabric import build
+
+    if period <= 0 or count < 1:
+        raise click.UsageError("--period must be above 0 and --count at least 1")
+    next_at = time.monotonic()
+    for cycle in range(count):
+        for up_ in (False, True):
+            next_at += period / 2000
+            build.set_link(name, a, b, up_, plane)
+            time.sleep(max(0.0, next_at - time.monotonic()))  # the flap's period is the point
+        click.echo(f"  cycle {cycle + 1}/{count} done", err=True)
+    click.echo(f"link {a} <-> {b} flapped {count} times, now up")
+
+
+@main.command()
+@click.argument("node")
+@click.option("--iface", "-i", default=None, help="One interface (default: every interface of the node).")
+@click.option("--duration", "-d", type=float, default=5.0, show_default=True, help="Seconds to capture.")
+@click.option("--output", "-o", required=True, help="pcap file to write.")
+@NAME_OPTION
+@JSON_OPTION
+@friendly
+def capture(node: str, iface: str | None, duration: float, output: str, name: str, as_json: bool) -> None:
+    """Capture a node's traffic to a pcap that Wireshark opens."""
+    from .fabric import ops
+
+    if duration <= 0:
+        raise click.UsageError("--duration must be above 0")
+    if not as_json:
+        _progress(f"capturing on {node} for {duration:g} s")
+    result = ops.capture(name, node, output, duration, iface)
+    _emit({"path": result.path, "packets": result.packets, "interfaces": result.interfaces}, as_json,
+          f"wrote {result.path}: {result.packets} packets from {', '.join(result.interfaces)}")
+
+
+@main.command()
+@click.option("--topology", "-t", "topology", default=None, help="Topology YAML file or built-in name (default: the built-in default).")
+@click.option("--max-pairs", type=int, default=None, help="Probe at most this many host pairs.")
+@NAME_OPTION
+@JSON_OPTION
+@friendly
+def check(topology: str | None, max_pairs: int | None, name: str, as_json: bool) -> None:
+    """Bring a fabric up, probe every EV between every pair of hosts, take it down."""
+    from .experiments.fabric_check import check as run_check
+
+    topo = resolve(topology)
+    result = run_check(topo, name, None if as_json else _progress, max_pairs)
+    median = f"{result.rtt_ns_median / 1000:.0f} us" if result.rtt_ns_median else "-"
+    text = (f"{'OK' if result.ok else 'FAILED'}: {result.evs - len(result.unreachable)}/{result.evs} EVs reachable "
+            f"over {result.pairs} host pairs (median probe RTT {median}); "
+            f"up {result.up_seconds:.2f} s, down {result.down_seconds:.2f} s")
+    for miss in result.unreachable[:10]:
+        text += f"\n  unreachable: {miss['src']} -> {miss['dst']} EV {miss['ev']}"
+    _emit(result.to_dict(), as_json, text)
+    if not result.ok:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
