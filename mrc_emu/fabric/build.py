@@ -9,6 +9,7 @@ it fast. Neither ever touches a resource the journal does not name.
 
 from __future__ import annotations
 
+import select
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -78,6 +79,7 @@ def up(topo: Topology, name: str = "mrc", progress: Progress | None = None) -> U
             config.apply(config.plan(topo, node_name), str(netns.netns_path(name, node_name)))
         phases["routes"] = time.monotonic() - mark
 
+        wait_operational(name, topo, topo.links, timeout=30.0)
         for node in nodes:
             node.stop_shell()
             journal.process_ended(node.pid)
@@ -167,6 +169,7 @@ def set_link(name: str, a: str, b: str, up_: bool, plane: int | None = None) -> 
                     (index,) = ipr.link_lookup(ifname=intf)
                     ipr.link("set", index=index, state="up" if up_ else "down")
     if up_:
+        wait_operational(name, topo, links)
         down_links = record.down_links - {link.link_id for link in links}
         for node_name in {n for link in links for n in (link.a, link.b)}:
             skip = frozenset(
@@ -174,6 +177,29 @@ def set_link(name: str, a: str, b: str, up_: bool, plane: int | None = None) -> 
             )
             config.apply(config.plan(topo, node_name), str(netns.netns_path(name, node_name)), skip)
     return [link.link_id for link in links]
+
+
+def _operational(name: str, node_name: str, intfs: set[str]) -> set[str]:
+    with netns.entered(netns.netns_path(name, node_name)), IPRoute() as ipr:
+        return {link.get("ifname") for link in ipr.get_links() if link.get("ifname") in intfs
+                and link.get("operstate") == "UP"}
+
+
+def wait_operational(name: str, topo: Topology, links: list, timeout: float = 5.0) -> None:
+    """Wait until both ends of every link report carrier: the kernel raises it asynchronously
+    (linkwatch, up to a second later), and a frame sent before then is dropped."""
+    wanted: dict[str, set[str]] = {}
+    for link in links:
+        wanted.setdefault(link.a, set()).add(link.a_intf)
+        wanted.setdefault(link.b, set()).add(link.b_intf)
+    deadline = time.monotonic() + timeout
+    while wanted:
+        wanted = {n: rest for n, intfs in wanted.items() if (rest := intfs - _operational(name, n, intfs))}
+        if not wanted:
+            return
+        if time.monotonic() > deadline:
+            raise FabricSetupError(f"links did not come up within {timeout:.0f} s: {wanted}")
+        select.select([], [], [], 0.01)
 
 
 def namespace_of(name: str, node: str) -> Path:

@@ -117,7 +117,7 @@ class Capture:
         self.path = Path(out).resolve()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_RDONLY)
-        cmd = [tcpdump, "-i", iface or "any", "-U", "-Z", "root", "-s", "0", "-w", str(self.path)]
+        cmd = [tcpdump, "-i", iface or "any", "-U", "--immediate-mode", "-Z", "root", "-s", "0", "-w", str(self.path)]
         try:
             self.proc = subprocess.Popen(cmd, preexec_fn=lambda: netns.setns(fd), stdout=subprocess.DEVNULL,
                                          stderr=subprocess.PIPE)

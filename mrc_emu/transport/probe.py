@@ -47,7 +47,10 @@ def probe(send_sock: socket.socket, recv_sock: socket.socket, requests: list[Pro
         probe_id = next(_ids) & 0xFFFFFFFF
         sent = time.monotonic_ns()
         frame = req.template.encode(ProbePacket(dest_qp, probe_id, req.ev, sent))
-        send_sock.sendto(frame, (req.first_hop, 0))
+        try:
+            send_sock.sendto(frame, (req.first_hop, 0))
+        except OSError:
+            continue  # no route out (the host's own link is down): the EV is unreachable
         pending[probe_id] = (req.ev, sent)
     rtts: dict[int, int] = {}
     deadline = time.monotonic() + timeout

@@ -1,0 +1,88 @@
+"""CLI behaviour that needs no root: help, clear errors, nothing created on bad input."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from mrc_emu import cli
+from mrc_emu.fabric import nodes, registry
+
+
+@pytest.fixture
+def state_dir(tmp_path, monkeypatch):
+    monkeypatch.setattr(registry, "STATE_DIR", tmp_path / "state")
+    return tmp_path / "state"
+
+
+def run(*args):
+    return CliRunner().invoke(cli.main, list(args))
+
+
+@pytest.mark.parametrize("command", [[], ["up"], ["down"], ["clean"], ["status"], ["exec"], ["paths"], ["probe"],
+                                     ["link"], ["link", "down"], ["link", "flap"], ["capture"], ["check"]])
+def test_every_command_has_help(command):
+    result = run(*command, "--help")
+    assert result.exit_code == 0 and "Usage:" in result.output
+
+
+def test_non_root_gets_one_clear_line(monkeypatch, state_dir):
+    monkeypatch.setattr(nodes.os, "geteuid", lambda: 1000)
+    result = run("up", "--name", "nr")
+    assert result.exit_code == 1
+    assert "needs root" in result.output and "sudo" in result.output
+    assert not state_dir.exists() or not any(state_dir.iterdir())
+
+
+def test_missing_mnexec_gets_one_clear_line(monkeypatch, state_dir):
+    monkeypatch.setattr(nodes.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(nodes.shutil, "which", lambda program: None)
+    result = run("up", "--name", "nm")
+    assert result.exit_code == 1
+    assert "'mnexec' not found" in result.output and "apt-get install mininet" in result.output
+    assert not state_dir.exists() or not any(state_dir.iterdir())
+
+
+def test_invalid_topology_named(tmp_path, state_dir):
+    bad = tmp_path / "t.yaml"
+    bad.write_text("planes: 2\n")
+    result = run("up", "-t", str(bad))
+    assert result.exit_code == 1
+    assert "t.yaml" in result.output and "spines_per_plane" in result.output
+
+
+def test_bad_fabric_name(state_dir):
+    result = run("status", "--name", "Bad Name!")
+    assert result.exit_code == 1 and "fabric name" in result.output
+
+
+def test_status_of_absent_fabric(state_dir):
+    result = run("status", "--name", "absent")
+    assert result.exit_code == 1 and "no fabric named 'absent'" in result.output
+
+
+def test_registry_journal_replay(state_dir):
+    from pathlib import Path
+
+    with registry.Journal.create("jr", {"topology": {}, "source": "x"}) as journal:
+        journal.namespace(Path("/run/netns/jr-h0"))
+        journal.process(999999, "a shell")
+        journal.process_ended(999999)
+        journal.link_state(3, False)
+        journal.link_state(4, False)
+        journal.link_state(3, True)
+    record = registry.read("jr")
+    assert record.namespaces == ["/run/netns/jr-h0"] and not record.processes and record.down_links == {4}
+    with pytest.raises(registry.RegistryError, match="already"):
+        registry.Journal.create("jr", {})
+    # a write cut short by a crash is ignored
+    with open(registry.journal_path("jr"), "a") as f:
+        f.write('{"kind": "netns", "pa')
+    assert registry.read("jr").namespaces == ["/run/netns/jr-h0"]
+    json.dumps(record.topology)
+
+
+def test_kill_recorded_refuses_reused_pid():
+    import os
+
+    assert registry.kill_recorded({"pid": os.getpid(), "start": -1}) is False

@@ -1,0 +1,188 @@
+"""The fabric for real: namespaces, veths and the kernel's SRv6 forwarding (root)."""
+
+import itertools
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from scapy.layers.inet6 import IPv6ExtHdrSegmentRouting
+from scapy.utils import rdpcap
+
+from mrc_emu.experiments.probes import probe_evs
+from mrc_emu.fabric import build, netns, ops, registry
+from mrc_emu.topology import addressing as ad
+from mrc_emu.topology import builtin, evs_between
+from mrc_emu.wire import fast
+from mrc_emu.wire.format import DataPacket, Endpoints
+
+pytestmark = pytest.mark.system
+CLI = [sys.executable, "-m", "mrc_emu.cli"]
+
+
+def wait_for(condition, timeout=20.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        select.select([], [], [], 0.02)
+
+
+def leftovers(name: str) -> list[str]:
+    found = [str(p) for p in netns.NETNS_DIR.glob(f"{name}-*")] if netns.NETNS_DIR.exists() else []
+    found += [line for line in Path("/proc/mounts").read_text().splitlines() if f"/run/netns/{name}-" in line]
+    if registry.journal_path(name).exists():
+        found.append(str(registry.journal_path(name)))
+    return found
+
+
+def test_every_ev_of_every_pair_reachable(default_fabric):
+    name, topo = default_fabric
+    for src, dst in itertools.permutations([h.name for h in topo.hosts], 2):
+        results = probe_evs(name, src, dst)
+        assert len(results) == len(evs_between(topo, src, dst))
+        assert all(r.reachable and r.rtt_ns > 0 for r in results), (src, dst, results)
+
+
+def test_link_down_fails_exactly_the_evs_through_it(default_fabric):
+    name, topo = default_fabric
+    evs = evs_between(topo, "h0", "h2")
+    through = {ev.index for ev in evs if ev.crosses("p0l0", "p0s1")}
+    assert len(through) == 1
+    build.set_link(name, "p0l0", "p0s1", False)
+    for src, dst in (("h0", "h2"), ("h2", "h0"), ("h1", "h3")):
+        failed = {r.ev for r in probe_evs(name, src, dst, timeout=0.5) if not r.reachable}
+        expect = {ev.index for ev in evs_between(topo, src, dst) if ev.crosses("p0l0", "p0s1")}
+        assert failed == expect, (src, dst)
+    state = {(link["a"], link["b"]): link["state"] for link in ops.status(name)["links"]}
+    assert state[("p0l0", "p0s1")] == "down" and state[("p0l0", "p0s0")] == "up"
+    build.set_link(name, "p0l0", "p0s1", True)
+    assert all(r.reachable for r in probe_evs(name, "h0", "h2"))
+    assert all(r.reachable for r in probe_evs(name, "h2", "h0"))
+
+
+def test_host_link_down_keeps_other_plane(default_fabric):
+    name, topo = default_fabric
+    build.set_link(name, "h0", "p0l0", False)
+    results = probe_evs(name, "h0", "h3", timeout=0.5)
+    planes = {ev.index: ev.plane for ev in evs_between(topo, "h0", "h3")}
+    assert {r.ev for r in results if r.reachable} == {k for k, p in planes.items() if p == 1}
+    build.set_link(name, "h0", "p0l0", True)
+    assert all(r.reachable for r in probe_evs(name, "h0", "h3"))
+
+
+def test_capture_on_spine_shows_kernel_forwarded_srh(default_fabric, tmp_path):
+    name, topo = default_fabric
+    out = tmp_path / "spine.pcap"
+    cap = ops.Capture(name, "p0s0", str(out))
+    try:
+        assert all(r.reachable for r in probe_evs(name, "h0", "h2", [0]))
+        wait_for(lambda: out.stat().st_size > 200, timeout=5, what="packets in the pcap")
+    finally:
+        result = cap.stop()
+    assert result.packets and result.packets > 0
+    srh = [p[IPv6ExtHdrSegmentRouting] for p in rdpcap(str(out)) if IPv6ExtHdrSegmentRouting in p]
+    assert srh, "no SRH packet seen on the spine"
+    # the spine received it with one Segments Left and sent it on with one less
+    lefts = sorted({h.segleft for h in srh})
+    assert any(b == a - 1 for a in lefts for b in lefts)
+
+
+def test_usid_carrier_delivers_to_destination(default_fabric):
+    """SRV6_USID format: the carrier alone steers the packet, the destination decapsulates."""
+    name, topo = default_fabric
+    ev = evs_between(topo, "h0", "h2")[5]
+    src, dst = ad.host_address(topo, "h0"), ad.host_address(topo, "h2")
+    ends = Endpoints(src, dst, ev.udp_sport)
+    template = fast.FrameTemplate(ends, fast.Encap.usid(src, ev.usid_carrier, ev.segments[-1]))
+    send, _ = ops.host_sockets(name, "h0")
+    _, recv = ops.host_sockets(name, "h2")
+    packet = DataPacket(7, 42, 0x1000, 0x99, b"placed by address")
+    try:
+        send.sendto(template.data(packet), (ev.usid_carrier, 0))
+        ready, _, _ = select.select([recv], [], [], 2.0)
+        assert ready, "uSID packet did not arrive"
+        data, addr = recv.recvfrom(65535)
+        got = fast.decode_roce(data[8:], Endpoints(addr[0], dst, ev.udp_sport))
+        assert got == packet
+    finally:
+        send.close()
+        recv.close()
+
+
+def test_down_leaves_nothing(fabric_name):
+    build.up(builtin(), fabric_name)
+    record = registry.read(fabric_name)
+    assert len(record.namespaces) == 16 and not record.processes
+    build.down(fabric_name)
+    assert leftovers(fabric_name) == []
+
+
+def test_sigkill_mid_build_then_clean_leaves_nothing(fabric_name):
+    proc = subprocess.Popen(CLI + ["up", "-t", "large", "--name", fabric_name],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    journal = registry.journal_path(fabric_name)
+    wait_for(lambda: journal.exists() and journal.read_text().count('"netns"') >= 40, what="namespaces")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    pids = [json.loads(line)["pid"] for line in journal.read_text().splitlines() if '"process"' in line]
+    result = subprocess.run(CLI + ["clean"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert leftovers(fabric_name) == []
+    wait_for(lambda: not any(Path(f"/proc/{p}").exists() and netns.process_start_time(p) for p in pids
+                             if Path(f"/proc/{p}/cmdline").exists()
+                             and b"mininet:" in Path(f"/proc/{p}/cmdline").read_bytes()),
+             what="recorded shells to exit")
+
+
+def test_name_clash_is_one_clear_error(default_fabric):
+    name, _ = default_fabric
+    result = subprocess.run(CLI + ["up", "--name", name], capture_output=True, text=True)
+    assert result.returncode == 1
+    assert "already up" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert len(registry.read(name).namespaces) == 16
+
+
+def test_invalid_topology_creates_nothing(fabric_name, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("planes: 2\nspines_per_plane: x\nleaves_per_plane: 2\nhosts_per_leaf: 2\n")
+    result = subprocess.run(CLI + ["up", "-t", str(bad), "--name", fabric_name], capture_output=True, text=True)
+    assert result.returncode == 1
+    assert "bad.yaml, line 2, field 'spines_per_plane'" in result.stderr
+    assert leftovers(fabric_name) == []
+
+
+def test_cli_status_paths_probe_json(default_fabric):
+    name, _ = default_fabric
+    status = json.loads(subprocess.run(CLI + ["status", "--name", name, "--json"], capture_output=True,
+                                       text=True, check=True).stdout)
+    assert {n["role"] for n in status["nodes"]} == {"host", "leaf", "spine"}
+    assert status["ev_count"] == 8 and all(link["state"] == "up" for link in status["links"])
+    probe = json.loads(subprocess.run(CLI + ["probe", "h1", "h3", "--all", "--name", name, "--json"],
+                                      capture_output=True, text=True, check=True).stdout)
+    assert len(probe["evs"]) == 8 and all(e["reachable"] for e in probe["evs"])
+    single = json.loads(subprocess.run(CLI + ["probe", "h1", "h3", "--ev", "3", "--name", name, "--json"],
+                                       capture_output=True, text=True, check=True).stdout)
+    assert [e["ev"] for e in single["evs"]] == [3]
+    out = subprocess.run(CLI + ["exec", "--name", name, "p0s0", "--", "ip", "-6", "route"], capture_output=True,
+                         text=True, check=True).stdout
+    assert "seg6local" in out
+
+
+@pytest.mark.slow
+def test_large_comes_up_and_goes_down(fabric_name):
+    topo = builtin("large")
+    result = build.up(topo, fabric_name)
+    try:
+        assert len(registry.read(fabric_name).namespaces) == 320
+        assert all(r.reachable for r in probe_evs(fabric_name, "h0", "h127"))
+    finally:
+        build.down(fabric_name)
+    assert leftovers(fabric_name) == []
+    assert result.seconds > 0
