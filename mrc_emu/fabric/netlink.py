@@ -140,7 +140,7 @@ class Batch:
             body += _nla(RTA_GATEWAY, _v6(gateway))
         if seg6local is not None:
             body += _nla(RTA_ENCAP_TYPE, struct.pack("=H", LWTUNNEL_ENCAP_SEG6_LOCAL))
-            body += _nla(RTA_ENCAP | NLA_F_NESTED, seg6local.encode())
+            body += _nla(RTA_ENCAP, seg6local.encode())  # unflagged, as pyroute2 encodes it
         what = f"route {prefix}" + (f" {seg6local.action}" if seg6local else f" via {gateway}")
         self._add(RTM_NEWROUTE, NLM_F_CREATE | NLM_F_REPLACE, body, what)
 

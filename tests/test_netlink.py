@@ -1,0 +1,65 @@
+"""Our batched netlink messages are byte for byte the ones pyroute2 encodes (no root)."""
+
+from pyroute2.netlink import NLM_F_ACK, NLM_F_CREATE, NLM_F_REPLACE, NLM_F_REQUEST
+from pyroute2.netlink.rtnl import RTM_NEWADDR, RTM_NEWLINK, RTM_NEWROUTE
+from pyroute2.netlink.rtnl.ifaddrmsg import ifaddrmsg
+from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
+from pyroute2.netlink.rtnl.rtmsg import rtmsg
+
+from mrc_emu.fabric import config
+from mrc_emu.fabric.netlink import Batch, Seg6Local
+from mrc_emu.topology import builtin
+
+CREATE = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE
+
+
+def _encode(msg, kind, flags, seq):
+    msg["header"]["type"] = kind
+    msg["header"]["flags"] = flags
+    msg["header"]["sequence_number"] = seq
+    msg["header"]["pid"] = 0
+    msg.encode()
+    return bytes(msg.data)
+
+
+def _route(seq, prefix, plen, oif, extra):
+    msg = rtmsg()
+    msg["family"], msg["dst_len"], msg["table"], msg["proto"], msg["scope"], msg["type"] = 10, plen, 254, 4, 0, 1
+    msg["attrs"] = [("RTA_TABLE", 254), ("RTA_DST", prefix), ("RTA_OIF", oif)] + extra
+    return _encode(msg, RTM_NEWROUTE, CREATE, seq)
+
+
+def test_messages_equal_pyroute2():
+    batch = Batch()
+    batch.link_up(5)
+    batch.addr(5, "fc00:f:1::1", 64)
+    batch.route("fc00:0:9::/48", 5, gateway="fc00:f:1::2")
+    batch.route("fc00:0:5:e002::/64", 5, seg6local=Seg6Local("End.X", nh6="fc00:f:1::2"))
+    ours = batch.messages()
+
+    link = ifinfmsg()
+    link["family"], link["index"], link["flags"], link["change"] = 0, 5, 1, 1
+    link["attrs"] = []
+    addr = ifaddrmsg()
+    addr["family"], addr["prefixlen"], addr["flags"], addr["scope"], addr["index"] = 10, 64, 0x82, 0, 5
+    addr["attrs"] = [("IFA_LOCAL", "fc00:f:1::1"), ("IFA_ADDRESS", "fc00:f:1::1")]
+    theirs = [
+        _encode(link, RTM_NEWLINK, NLM_F_REQUEST | NLM_F_ACK, 1),
+        _encode(addr, RTM_NEWADDR, CREATE, 2),
+        _route(3, "fc00:0:9::", 48, 5, [("RTA_GATEWAY", "fc00:f:1::2")]),
+        _route(4, "fc00:0:5:e002::", 64, 5, [
+            ("RTA_ENCAP_TYPE", 7),
+            ("RTA_ENCAP", {"attrs": [("SEG6_LOCAL_ACTION", {"value": "End.X"}), ("SEG6_LOCAL_NH6", "fc00:f:1::2")]}),
+        ]),
+    ]
+    assert ours == theirs
+
+
+def test_plan_routes_only_to_neighbours():
+    topo = builtin()
+    plan = config.plan(topo, "p0s0")
+    gateways = [r for r in plan.routes if r.gateway]
+    assert len(gateways) == len(topo.links_of("p0s0")) == 2
+    assert sum(r.seg6local is not None and r.seg6local.action == "End.X" for r in plan.routes) == 2
+    (end,) = [r for r in plan.routes if r.seg6local and r.seg6local.action == "End"]
+    assert end.intf == config.SID_ANCHOR and end.seg6local.next_csid == (32, 16)

@@ -1,0 +1,168 @@
+"""Wire format: the fast path equals scapy byte for byte; the decoder survives hostile input."""
+
+import random
+import shutil
+import subprocess
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scapy.compat import raw
+from scapy.packet import fuzz
+from scapy.utils import PcapWriter
+
+from mrc_emu.topology import builtin, evs_between
+from mrc_emu.topology import addressing as ad
+from mrc_emu.wire import fast, layers
+from mrc_emu.wire import format as fmt
+
+TOPO = builtin()
+EV = evs_between(TOPO, "h0", "h2")[3]
+SRC, DST = ad.host_address(TOPO, "h0"), ad.host_address(TOPO, "h2")
+
+u24 = st.integers(0, 0xFFFFFF)
+u32 = st.integers(0, 0xFFFFFFFF)
+data_packets = st.builds(
+    fmt.DataPacket, dest_qp=u24, psn=u24, va=st.integers(0, 2**64 - 1), rkey=u32,
+    payload=st.binary(min_size=0, max_size=1500), ack_req=st.booleans(),
+    imm=st.none() | u32, pkey=st.integers(0, 0xFFFF),
+)
+ack_packets = st.builds(
+    fmt.AckPacket, dest_qp=u24, psn=u24, syndrome=st.sampled_from(list(fmt.Syndrome)), msn=u24,
+    sack_base=u24, echo_psn=u24, echo_ev=st.integers(0, 0xFFFF), ecn_echo=st.booleans(),
+    sack_bitmap=st.integers(0, 8).flatmap(lambda n: st.binary(min_size=4 * n, max_size=4 * n)),
+)
+probe_packets = st.builds(fmt.ProbePacket, dest_qp=u24, probe_id=u32, ev=st.integers(0, 0xFFFF),
+                          send_time_ns=st.integers(0, 2**64 - 1))
+packets = data_packets | ack_packets | probe_packets
+formats = st.sampled_from(["SRV6", "SRV6_USID", "UDP"])
+
+
+def both(packet, ev_format, sport=0xC003, flow_label=0):
+    ends = fmt.Endpoints(SRC, DST, sport)
+    if ev_format == "SRV6":
+        return (layers.srv6_frame(packet, ends, list(EV.segments), flow_label),
+                fast.Encap.srv6(SRC, EV.segments, flow_label), ends)
+    if ev_format == "SRV6_USID":
+        return (layers.usid_frame(packet, ends, EV.usid_carrier, EV.segments[-1], flow_label),
+                fast.Encap.usid(SRC, EV.usid_carrier, EV.segments[-1], flow_label), ends)
+    return layers.udp_frame(packet, ends, flow_label), fast.Encap.udp(), ends
+
+
+@settings(max_examples=300, deadline=None)
+@given(packets, formats, st.integers(0xC000, 0xFFFF), st.integers(0, 0xFFFFF))
+def test_fast_encoder_equals_scapy(packet, ev_format, sport, flow_label):
+    reference, encap, ends = both(packet, ev_format, sport, flow_label)
+    frame = fast.FrameTemplate(ends, encap, flow_label).encode(packet)
+    assert frame == raw(reference)
+
+
+@settings(max_examples=300, deadline=None)
+@given(packets, formats)
+def test_decode_inverts_encode(packet, ev_format):
+    _, encap, ends = both(packet, ev_format)
+    got = fast.decode_frame(fast.FrameTemplate(ends, encap).encode(packet))
+    assert isinstance(got, fast.Received), got
+    assert got.packet == packet and got.ends == ends
+
+
+def test_icrc_is_little_endian_crc32_of_masked_headers():
+    packet = fmt.DataPacket(1, 2, 3, 4, b"abcd")
+    frame = raw(layers.udp_frame(packet, fmt.Endpoints(SRC, DST, 0xC000)))
+    assert frame[-4:] == fast._ICRC.pack(fast.icrc(fast._packed(SRC), fast._packed(DST), 0xC000, 4791,
+                                                    frame[48:-4]))
+
+
+def test_scapy_dissects_full_stack():
+    packet = fmt.DataPacket(9, 77, 0x1000, 0x42, b"xyz", imm=5)
+    frame, _, _ = both(packet, "SRV6")
+    again = layers.IPv6(raw(frame))
+    for layer in (layers.IPv6ExtHdrSegmentRouting, layers.UDP, layers.BTH, layers.RETH, layers.ImmDt):
+        assert layer in again
+    ack, _, _ = both(fmt.AckPacket(1, 2, sack_bitmap=b"\x80\0\0\0"), "SRV6_USID")
+    assert layers.MRCXSack in layers.IPv6(raw(ack))
+
+
+def _valid_frames():
+    rng = random.Random(7)
+    out = []
+    for ev_format in ("SRV6", "SRV6_USID", "UDP"):
+        for packet in (fmt.DataPacket(1, 2, 3, 4, bytes(rng.randrange(256) for _ in range(64)), imm=9),
+                       fmt.AckPacket(1, 2, sack_bitmap=b"\xff\0\0\1"), fmt.ProbePacket(1, 2, 3, 4)):
+            reference, encap, ends = both(packet, ev_format)
+            out.append(fast.FrameTemplate(ends, encap).encode(packet))
+    return out
+
+
+@pytest.mark.parametrize("mutate, reason", [
+    (lambda f: f[:30], fmt.DropReason.TRUNCATED),
+    (lambda f: b"\x45" + f[1:], fmt.DropReason.NOT_IPV6),
+    (lambda f: f + b"\0", fmt.DropReason.BAD_IP_LENGTH),
+    (lambda f: f[:-1] + bytes([f[-1] ^ 1]), fmt.DropReason.BAD_UDP_CHECKSUM),
+])
+def test_typed_drop_reasons(mutate, reason):
+    frame = _valid_frames()[0]
+    assert fast.decode_frame(mutate(frame)) == reason
+
+
+def test_bad_icrc_and_unknown_opcode_and_length():
+    ends = fmt.Endpoints(SRC, DST, 0xC000)
+    tmpl = fast.FrameTemplate(ends, fast.Encap.udp())
+    roce = fast.encode_roce(fmt.DataPacket(1, 2, 3, 4, b"abcd"))
+    good = tmpl.frame(roce)
+    payload = good[48:]
+    assert fast.decode_roce(payload[:-1] + bytes([payload[-1] ^ 0xFF]), ends) == fmt.DropReason.BAD_ICRC
+    assert fast.decode_frame(tmpl.frame(b"\x1f" + roce[1:])) == fmt.DropReason.UNKNOWN_OPCODE
+    wrong_len = roce[:24] + (9999).to_bytes(4, "big") + roce[28:]
+    assert fast.decode_frame(tmpl.frame(wrong_len)) == fmt.DropReason.BAD_LENGTH
+    assert fast.decode_frame(tmpl.frame(roce[:20])) == fmt.DropReason.TRUNCATED
+
+
+def test_fuzz_decoder_never_raises():
+    """At least 10,000 mutated frames: byte flips, truncations, and scapy's fuzz()."""
+    rng = random.Random(1234)
+    seeds = _valid_frames()
+    reasons = set()
+    count = 0
+    for _ in range(9000):
+        frame = bytearray(rng.choice(seeds))
+        for _ in range(rng.randint(1, 6)):
+            frame[rng.randrange(len(frame))] = rng.randrange(256)
+        if rng.random() < 0.2:
+            frame = frame[: rng.randrange(len(frame))]
+        result = fast.decode_frame(bytes(frame))
+        reasons.add(result if isinstance(result, fmt.DropReason) else "decoded")
+        count += 1
+    ends = fmt.Endpoints(SRC, DST, 0xC000)
+    for _ in range(1000):
+        pkt = fuzz(layers.IPv6(src=SRC, dst=DST) / layers.UDP(sport=0xC000, dport=4791) / layers.BTH()
+                   / layers.RETH())
+        result = fast.decode_frame(raw(pkt))
+        reasons.add(result if isinstance(result, fmt.DropReason) else "decoded")
+        fast.decode_roce(raw(pkt)[48:], ends)
+        count += 1
+    assert count >= 10_000
+    assert {fmt.DropReason.BAD_UDP_CHECKSUM, fmt.DropReason.TRUNCATED} <= reasons
+
+
+@pytest.mark.skipif(shutil.which("tshark") is None, reason="tshark not installed (apt-get install tshark)")
+def test_tshark_decodes_every_packet_type(tmp_path):
+    path = tmp_path / "mrc.pcap"
+    writer = PcapWriter(str(path), linktype=229)  # LINKTYPE_IPV6: raw IPv6 frames
+    samples = [fmt.DataPacket(1, 2, 0x1000, 4, b"payload!"), fmt.DataPacket(1, 3, 0x1008, 4, b"last", imm=7),
+               fmt.AckPacket(1, 3, msn=1, sack_base=4, sack_bitmap=b"\xa0\0\0\0"),
+               fmt.AckPacket(1, 3, syndrome=fmt.Syndrome.NAK_REMOTE_ACCESS), fmt.ProbePacket(1, 5, 3, 99)]
+    n = 0
+    for packet in samples:
+        for ev_format in ("SRV6", "SRV6_USID", "UDP"):
+            _, encap, ends = both(packet, ev_format)
+            writer.write(fast.FrameTemplate(ends, encap).encode(packet))
+            n += 1
+    writer.close()
+    out = subprocess.run(["tshark", "-r", str(path), "-V", "-o", "ip.check_checksum:FALSE"],
+                         capture_output=True, text=True, check=True).stdout
+    assert "Malformed" not in out and "Expert Info (Error" not in out
+    assert out.count("Base Transport Header") == n
+    assert out.count("RETH - RDMA Extended Transport Header") == 6
+    assert out.count("AETH - ACK Extended Transport Header") == 9
+    assert out.count("Routing Header for IPv6 (Segment Routing)") == 10
