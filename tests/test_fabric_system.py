@@ -2,10 +2,8 @@
 
 import itertools
 import json
-import os
 import select
 import signal
-import socket
 import subprocess
 import sys
 import time

@@ -11,8 +11,8 @@ from scapy.compat import raw
 from scapy.packet import fuzz
 from scapy.utils import PcapWriter
 
-from mrc_emu.topology import builtin, evs_between
 from mrc_emu.topology import addressing as ad
+from mrc_emu.topology import builtin, evs_between
 from mrc_emu.wire import fast, layers
 from mrc_emu.wire import format as fmt
 

@@ -11,6 +11,7 @@ DropReason, and every read is bounds-checked by struct.
 from __future__ import annotations
 
 import ipaddress
+import socket
 import struct
 import zlib
 from dataclasses import dataclass
@@ -194,15 +195,20 @@ class Received:
 
 def decode_roce(payload: bytes, ends: Endpoints, ecn_ce: bool = False) -> RocePacket | DropReason:
     """Decode the UDP payload of a RoCEv2 packet (what a UDP socket on port 4791 receives)."""
-    n = len(payload)
-    if n < fmt.BTH_LEN + fmt.ICRC_LEN:
-        return DropReason.TRUNCATED
-    body = payload[:-4]
     try:
         src, dst = _packed(ends.src), _packed(ends.dst)
     except ValueError:
         return DropReason.NOT_IPV6
-    if _ICRC.unpack_from(payload, n - 4)[0] != icrc(src, dst, ends.sport, ends.dport, body):
+    return _decode_roce(payload, src, dst, ends.sport, ends.dport, ecn_ce)
+
+
+def _decode_roce(payload: bytes, src: bytes, dst: bytes, sport: int, dport: int,
+                 ecn_ce: bool) -> RocePacket | DropReason:
+    n = len(payload)
+    if n < fmt.BTH_LEN + fmt.ICRC_LEN:
+        return DropReason.TRUNCATED
+    body = payload[:-4]
+    if _ICRC.unpack_from(payload, n - 4)[0] != icrc(src, dst, sport, dport, body):
         return DropReason.BAD_ICRC
     opcode, flags, pkey, qp_word, psn_word = _BTH.unpack_from(body, 0)
     if flags & 0x0F:
@@ -289,13 +295,15 @@ def decode_frame(frame: bytes) -> Received | DropReason:
         return DropReason.NOT_ROCE_PORT
     if ulen != len(frame) - offset:
         return DropReason.BAD_UDP_LENGTH
-    segment = bytearray(frame[offset:])
-    segment[6:8] = b"\0\0"
-    if csum == 0 or udp_checksum(src, dst, bytes(segment)) != csum:
+    segment = frame[offset:]
+    # a correct checksum makes the one's-complement sum over pseudo-header and segment 0xFFFF
+    total = int.from_bytes(src + dst, "big") + ulen + NH_UDP + int.from_bytes(
+        segment + b"\0" if ulen & 1 else segment, "big")
+    if csum == 0 or _ones_sum(total) != 0xFFFF:
         return DropReason.BAD_UDP_CHECKSUM
-    ends = Endpoints(str(ipaddress.IPv6Address(src)), str(ipaddress.IPv6Address(dst)), sport, dport)
     ecn_ce = (word0 >> 20) & 0x3 == 0x3
-    decoded = decode_roce(frame[offset + fmt.UDP_LEN:], ends, ecn_ce)
+    decoded = _decode_roce(segment[fmt.UDP_LEN:], src, dst, sport, dport, ecn_ce)
     if isinstance(decoded, DropReason):
         return decoded
+    ends = Endpoints(socket.inet_ntop(socket.AF_INET6, src), socket.inet_ntop(socket.AF_INET6, dst), sport, dport)
     return Received(decoded, ends, segments_left)
