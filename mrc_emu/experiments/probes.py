@@ -21,14 +21,11 @@ def probe_evs(name: str, src: str, dst: str, ev_indexes: list[int] | None = None
             raise ValueError(f"no EV {unknown[0]} between {src} and {dst} (EVs 0..{len(evs) - 1})")
         evs = [evs[k] for k in ev_indexes]
     me = ad.host_address(topo, src)
-    # the probe returns to its sender: inner source and destination are both `src`
-    ends = Endpoints(me, me, 0xC000)
-    requests = []
+    requests = []  # a probe returns to its sender: inner source and destination are both `src`
     for ev in evs:
         segments = probe_segments(topo, ev)
         template = FrameTemplate(Endpoints(me, me, ev.udp_sport), Encap.srv6(me, segments))
         requests.append(ProbeRequest(ev.index, segments[0], template))
-    del ends
     send, recv = ops.host_sockets(name, src)
     try:
         return probe(send, recv, requests, timeout=timeout)

@@ -9,6 +9,7 @@ it fast. Neither ever touches a resource the journal does not name.
 
 from __future__ import annotations
 
+import os
 import select
 import time
 from collections.abc import Callable
@@ -96,8 +97,6 @@ def up(topo: Topology, name: str = "mrc", progress: Progress | None = None) -> U
 
 def _create_links(topo: Topology, name: str) -> None:
     """Every veth pair, created straight inside its two namespaces, then shaped if asked."""
-    import os
-
     fds: dict[str, int] = {}
     try:
         for node_name in topo.nodes:

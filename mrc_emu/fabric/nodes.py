@@ -9,12 +9,11 @@ wait for every prompt. It never runs a userspace forwarder: a switch is its kern
 from __future__ import annotations
 
 import os
+import pty
 import select
 import shutil
 
 from mininet.node import Node
-
-from . import netns
 
 
 class FabricSetupError(RuntimeError):
@@ -65,8 +64,6 @@ class LinuxRouter(Node):
         opts = (mnopts or "-cd") + ("n" if self.inNamespace else "")
         cmd = ["mnexec", opts, "env", "PS1=" + self.PROMPT, "bash", "--norc", "--noediting",
                "-is", "mininet:" + self.name]
-        import pty
-
         self.master, self.slave = pty.openpty()
         self.shell = self._popen(cmd, stdin=self.slave, stdout=self.slave, stderr=self.slave, close_fds=False)
         os.close(self.slave)
@@ -97,9 +94,3 @@ class LinuxRouter(Node):
         self.inToNode.pop(self.master, None)
         self.shell = None
 
-    @property
-    def netns_inode(self) -> int:
-        return os.stat(f"/proc/{self.pid}/ns/net").st_ino
-
-
-__all__ = ["LinuxRouter", "FabricSetupError", "check_prerequisites", "netns"]
