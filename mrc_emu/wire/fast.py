@@ -47,25 +47,17 @@ def _ones_sum(total: int) -> int:
     return s or (0xFFFF if total else 0)
 
 
-def udp_checksum(src: bytes, dst: bytes, udp_segment: bytes) -> int:
-    """RFC 8200 UDP checksum over the pseudo-header and a segment whose checksum field is 0."""
-    data = udp_segment + (b"\0" if len(udp_segment) & 1 else b"")
-    total = int.from_bytes(src + dst, "big") + len(udp_segment) + NH_UDP + int.from_bytes(data, "big")
-    csum = 0xFFFF - _ones_sum(total)
-    return csum or 0xFFFF
-
-
-def icrc(src: bytes, dst: bytes, sport: int, dport: int, roce: bytes, tail_crc_input: bytes = b"") -> int:
-    """RoCEv2 ICRC (CRC-32) over the masked inner IPv6/UDP headers, BTH and the rest."""
-    length = len(roce) + len(tail_crc_input) + fmt.ICRC_LEN
+def icrc(src: bytes, dst: bytes, sport: int, dport: int, roce: bytes) -> int:
+    """RoCEv2 ICRC (CRC-32) over the masked inner IPv6/UDP headers, BTH and the rest (`roce`)."""
+    udp_len = fmt.UDP_LEN + len(roce) + fmt.ICRC_LEN
     head = (
         _ICRC_MASKED_LEAD
-        + struct.pack("!HBB", fmt.UDP_LEN + length, NH_UDP, 0xFF)
+        + struct.pack("!HBB", udp_len, NH_UDP, 0xFF)
         + src + dst
-        + _UDP.pack(sport, dport, fmt.UDP_LEN + length, 0xFFFF)
-        + roce[:4] + b"\xff" + roce[5:]
+        + _UDP.pack(sport, dport, udp_len, 0xFFFF)
+        + roce[:4] + b"\xff" + roce[5:fmt.BTH_LEN]
     )
-    return zlib.crc32(tail_crc_input, zlib.crc32(head)) if tail_crc_input else zlib.crc32(head)
+    return zlib.crc32(memoryview(roce)[fmt.BTH_LEN:], zlib.crc32(head))
 
 
 # ---- encapsulation -------------------------------------------------------------------------
@@ -116,20 +108,11 @@ class FrameTemplate:
         self._inner_word0 = (6 << 28) | (fmt.TRAFFIC_CLASS << 20) | flow_label
         self._pseudo_base = int.from_bytes(self.src + self.dst, "big") + NH_UDP + ends.sport + ends.dport
         self._outer = bytearray(encap.outer)
-        self._icrc_head_tail = self.src + self.dst  # after length/nh/hlim in the masked IPv6 header
 
     def frame(self, roce: bytes, ecn_ce: bool = False) -> bytes:
         """A full frame around BTH+rest (`roce`, without ICRC)."""
         udp_len = fmt.UDP_LEN + len(roce) + fmt.ICRC_LEN
-        head = (
-            _ICRC_MASKED_LEAD
-            + struct.pack("!HBB", udp_len, NH_UDP, 0xFF)
-            + self._icrc_head_tail
-            + _UDP.pack(self.ends.sport, self.ends.dport, udp_len, 0xFFFF)
-            + roce[:4] + b"\xff" + roce[5:12]
-        )
-        crc = zlib.crc32(memoryview(roce)[12:], zlib.crc32(head))
-        body = roce + _ICRC.pack(crc)
+        body = roce + _ICRC.pack(icrc(self.src, self.dst, self.ends.sport, self.ends.dport, roce))
         data = body + (b"\0" if len(body) & 1 else b"")
         total = self._pseudo_base + 2 * udp_len + int.from_bytes(data, "big")
         csum = (0xFFFF - _ones_sum(total)) or 0xFFFF
