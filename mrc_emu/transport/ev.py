@@ -1,0 +1,210 @@
+"""The EV profile of a QP: per-EV state, statistics, EV events and the spray schedule.
+
+Why it exists: MRC's sender spreads packets over many paths and must stop using a path
+the moment it looks broken, but never on a whim. This module holds what the sender knows
+about each EV (state, RTT, loss, bytes in flight), turns it into spray weights, and
+records every state change as a timestamped EV event. It sends nothing itself.
+
+Names follow the OCP companion API: EV state GOOD / ASSUMED_BAD / DENIED, `ev_min_active`,
+EV events, EV probes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class EvState(str, Enum):
+    GOOD = "GOOD"
+    ASSUMED_BAD = "ASSUMED_BAD"  # this endpoint saw losses or timeouts on it; an EV probe revives it
+    DENIED = "DENIED"  # the controller forbids it; only the controller allows it again
+
+
+@dataclass(frozen=True)
+class EvEvent:
+    """One EV state change, for the controller and for reports."""
+
+    time_ns: int  # on the transport's clock (monotonic on sockets, virtual in memory)
+    ev: int
+    old: EvState
+    new: EvState
+    reason: str
+    rtt_ns: int | None = None  # the probe RTT that revived the EV
+
+    def to_dict(self, origin_ns: int = 0) -> dict:
+        return {"time_ms": round((self.time_ns - origin_ns) / 1e6, 3), "ev": self.ev, "old": self.old.value,
+                "new": self.new.value, "reason": self.reason, "rtt_ns": self.rtt_ns}
+
+
+@dataclass
+class EvStats:
+    """What the sender knows about one EV."""
+
+    index: int
+    state: EvState = EvState.GOOD
+    srtt_ns: float = 0.0  # smoothed RTT (0 = no sample yet)
+    rttvar_ns: float = 0.0
+    min_rtt_ns: int = 0
+    loss: float = 0.0  # EWMA of the per-packet loss outcome (1 lost, 0 delivered)
+    ecn: float = 0.0  # EWMA of the ECN echo per acknowledged packet
+    bytes_in_flight: int = 0
+    packets_sent: int = 0
+    packets_delivered: int = 0
+    packets_lost: int = 0
+    retransmits_sent: int = 0
+    consecutive_losses: int = 0
+    last_delivered_sent_ns: int = -1  # send time of the latest-sent packet known delivered on this EV
+    probe_due_ns: int = 0
+    probes_sent: int = 0
+
+    def to_dict(self) -> dict:
+        return {
+            "ev": self.index, "state": self.state.value, "srtt_us": round(self.srtt_ns / 1e3, 1),
+            "min_rtt_us": round(self.min_rtt_ns / 1e3, 1), "loss": round(self.loss, 4),
+            "packets_sent": self.packets_sent, "packets_delivered": self.packets_delivered,
+            "packets_lost": self.packets_lost, "retransmits_sent": self.retransmits_sent,
+            "probes_sent": self.probes_sent,
+        }
+
+
+LOSS_GAIN = 1 / 32
+ECN_GAIN = 1 / 16
+RTT_GAIN = 1 / 8
+SCHEDULE_SLOTS_PER_EV = 8
+
+
+@dataclass
+class EvProfile:
+    """The EXPLICIT EV profile of one QP and what has been learned about each EV."""
+
+    indexes: list[int]
+    ev_min_active: int = 1
+    bad_after_losses: int = 3  # consecutive losses (nothing delivered in between) that make an EV ASSUMED_BAD
+    target_delay_ns: int = 1_000_000  # delay above the best EV's that halves an EV's weight
+    evs: dict[int, EvStats] = field(init=False)
+    events: list[EvEvent] = field(default_factory=list)
+    schedule: list[int] = field(default_factory=list)
+    _cursor: int = 0
+    _dirty: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.indexes:
+            raise ValueError("an EV profile needs at least one EV")
+        self.evs = {k: EvStats(k) for k in self.indexes}
+        self.ev_min_active = max(1, min(self.ev_min_active, len(self.indexes)))
+
+    # ---- state -------------------------------------------------------------------------
+
+    def good(self) -> list[int]:
+        return [k for k, s in self.evs.items() if s.state is EvState.GOOD]
+
+    def set_state(self, ev: int, new: EvState, now: int, reason: str, rtt_ns: int | None = None) -> bool:
+        stats = self.evs[ev]
+        if stats.state is new:
+            return False
+        if stats.state is EvState.GOOD and new is not EvState.GOOD and new is not EvState.DENIED:
+            if len(self.good()) - 1 < self.ev_min_active:
+                return False  # ev_min_active: never fewer GOOD EVs than this
+        self.events.append(EvEvent(now, ev, stats.state, new, reason, rtt_ns))
+        stats.state = new
+        stats.consecutive_losses = 0
+        stats.probe_due_ns = now
+        self._dirty = True
+        return True
+
+    def deny(self, ev: int, now: int) -> None:
+        self.set_state(ev, EvState.DENIED, now, "denied by controller")
+
+    def allow(self, ev: int, now: int) -> None:
+        if self.evs[ev].state is EvState.DENIED:
+            self.set_state(ev, EvState.ASSUMED_BAD, now, "allowed by controller; probe before use")
+
+    # ---- observations ------------------------------------------------------------------
+
+    def on_rtt(self, ev: int, rtt_ns: int, ecn: bool) -> None:
+        s = self.evs[ev]
+        if s.srtt_ns == 0:
+            s.srtt_ns, s.rttvar_ns = float(rtt_ns), rtt_ns / 2
+        else:
+            s.rttvar_ns += RTT_GAIN * (abs(s.srtt_ns - rtt_ns) - s.rttvar_ns)
+            s.srtt_ns += RTT_GAIN * (rtt_ns - s.srtt_ns)
+        if s.min_rtt_ns == 0 or rtt_ns < s.min_rtt_ns:
+            s.min_rtt_ns = rtt_ns
+        s.ecn += ECN_GAIN * ((1.0 if ecn else 0.0) - s.ecn)
+
+    def on_delivered(self, ev: int, sent_ns: int) -> None:
+        s = self.evs[ev]
+        s.packets_delivered += 1
+        s.consecutive_losses = 0
+        s.loss -= LOSS_GAIN * s.loss
+        if sent_ns > s.last_delivered_sent_ns:
+            s.last_delivered_sent_ns = sent_ns
+
+    def on_lost(self, ev: int, now: int, why: str) -> None:
+        s = self.evs[ev]
+        s.packets_lost += 1
+        s.consecutive_losses += 1
+        s.loss += LOSS_GAIN * (1.0 - s.loss)
+        if s.state is EvState.GOOD and s.consecutive_losses >= self.bad_after_losses:
+            self.set_state(ev, EvState.ASSUMED_BAD, now, f"{s.consecutive_losses} consecutive losses ({why})")
+        else:
+            self._dirty = True
+
+    def on_probe(self, ev: int, now: int, rtt_ns: int) -> None:
+        if self.evs[ev].state is EvState.ASSUMED_BAD:
+            self.set_state(ev, EvState.GOOD, now, "probe returned", rtt_ns)
+            self.evs[ev].loss = 0.0
+
+    # ---- spraying ----------------------------------------------------------------------
+
+    def weight(self, ev: int, best_srtt: float) -> float:
+        """Spray weight: 1 for a clean EV, less with loss, ECN marks or delay above the best EV."""
+        s = self.evs[ev]
+        excess = max(0.0, s.srtt_ns - best_srtt) if s.srtt_ns else 0.0
+        return 1.0 / ((1.0 + 20.0 * s.loss) * (1.0 + 4.0 * s.ecn) * (1.0 + excess / self.target_delay_ns))
+
+    def reweigh(self) -> None:
+        """Rebuild the spray schedule: an interleaved list of GOOD EVs in proportion to weight.
+
+        Smooth weighted round robin over a fixed number of slots, so that consecutive packets
+        go to different EVs and each EV's share follows its weight.
+        """
+        good = self.good() or [k for k, s in self.evs.items() if s.state is not EvState.DENIED] or self.indexes
+        samples = [self.evs[k].srtt_ns for k in good if self.evs[k].srtt_ns]
+        best = min(samples) if samples else 0.0
+        weights = {k: self.weight(k, best) for k in good}
+        total = sum(weights.values())
+        current = dict.fromkeys(good, 0.0)
+        schedule = []
+        for _ in range(SCHEDULE_SLOTS_PER_EV * len(good)):
+            for k in good:
+                current[k] += weights[k]
+            pick = max(good, key=current.__getitem__)
+            current[pick] -= total
+            schedule.append(pick)
+        self.schedule = schedule
+        self._cursor = 0
+        self._dirty = False
+
+    def mark_dirty(self) -> None:
+        self._dirty = True
+
+    def pick(self, avoid: int | None = None) -> int:
+        """The next EV to spray on; `avoid` (a retransmission's previous EV) is skipped if possible."""
+        if self._dirty:
+            self.reweigh()
+        schedule = self.schedule
+        ev = schedule[self._cursor]
+        self._cursor = (self._cursor + 1) % len(schedule)
+        if ev == avoid and len(schedule) > 1:
+            for _ in range(len(schedule)):
+                ev = schedule[self._cursor]
+                self._cursor = (self._cursor + 1) % len(schedule)
+                if ev != avoid:
+                    break
+        return ev
+
+    def share(self) -> dict[int, float]:
+        total = sum(s.packets_sent for s in self.evs.values()) or 1
+        return {k: s.packets_sent / total for k, s in self.evs.items()}

@@ -1,0 +1,59 @@
+"""Paths of a QP from the topology's EV list: EV profile EXPLICIT.
+
+Why it exists: a QP needs, per EV, a frame template and a first hop, for data (requester
+to responder), for ACKs (the reverse EV: same plane and spine, back) and for EV probes
+(out along the EV, back along its reverse). The fabric's EV list is the controller's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..topology import Topology, evs_between, probe_segments
+from ..topology import addressing as ad
+from ..topology.evs import Ev, EvFormat
+from ..wire.fast import Encap, FrameTemplate
+from ..wire.format import Endpoints
+from .link import Path
+
+
+@dataclass
+class QpPaths:
+    forward: dict[int, Path]  # requester -> responder, by EV index
+    probes: dict[int, Path]  # requester -> (EV) -> responder's End -> (reverse EV) -> requester
+    back: dict[int, Path]  # responder -> requester, by the forward EV's index
+    evs: list[Ev]
+    src_address: str
+    dst_address: str
+
+
+def _path(ev: Ev, src: str, dst: str, ev_format: EvFormat, sport: int) -> Path:
+    ends = Endpoints(src, dst, sport)
+    if ev_format is EvFormat.SRV6:
+        return Path(ev.index, ev.segments[0], FrameTemplate(ends, Encap.srv6(src, ev.segments)))
+    if ev_format is EvFormat.SRV6_USID:
+        return Path(ev.index, ev.usid_carrier, FrameTemplate(ends, Encap.usid(src, ev.usid_carrier, ev.segments[-1])))
+    return Path(ev.index, dst, FrameTemplate(ends, Encap.udp()))
+
+
+def qp_paths(topo: Topology, src: str, dst: str, ev_format: EvFormat = EvFormat.SRV6,
+             ev_indexes: list[int] | None = None) -> QpPaths:
+    """Every path a QP from host `src` to host `dst` uses (all EVs, or those in `ev_indexes`)."""
+    evs = evs_between(topo, src, dst)
+    if ev_indexes is not None:
+        unknown = [k for k in ev_indexes if not 0 <= k < len(evs)]
+        if unknown:
+            raise ValueError(f"no EV {unknown[0]} between {src} and {dst} (EVs 0..{len(evs) - 1})")
+        evs = [evs[k] for k in ev_indexes]
+    reverse = {(ev.plane, ev.spine): ev for ev in evs_between(topo, dst, src)}
+    me, peer = ad.host_address(topo, src), ad.host_address(topo, dst)
+    forward, probes, back = {}, {}, {}
+    for ev in evs:
+        forward[ev.index] = _path(ev, me, peer, ev_format, ev.udp_sport)
+        rev = reverse[(ev.plane, ev.spine)]
+        back_path = _path(rev, peer, me, ev_format, ev.udp_sport)
+        back[ev.index] = Path(ev.index, back_path.first_hop, back_path.template)
+        segments = probe_segments(topo, ev)
+        probes[ev.index] = Path(ev.index, segments[0], FrameTemplate(Endpoints(me, me, ev.udp_sport),
+                                                                     Encap.srv6(me, segments)), legs=2)
+    return QpPaths(forward, probes, back, evs, me, peer)

@@ -1,0 +1,656 @@
+"""MRC queue pairs: a requester that sprays RDMA WRITEs over EVs, a responder that places them.
+
+Why it exists: this is MRC. The requester segments each WRITE at the path MTU into
+packets that each carry their own address (RETH), sprays them over the GOOD EVs of its
+EV profile, learns from SACKs which arrived, declares losses (RACK-style time order, and
+per-EV order: a path does not reorder), resends lost packets on a different EV, marks
+EVs ASSUMED_BAD and revives them with EV probes. The responder checks every packet
+(QPN, P_Key, PSN window, R_Key, bounds), writes it straight into the registered buffer,
+and acknowledges with a SACK bitmap over the MPR window.
+
+Both are sans-IO state machines: datagrams in (`on_datagram`), frames out (`pump`), time
+passed in as `now` (ns). link.py drives them over memory or over sockets.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections import deque
+from dataclasses import dataclass, field
+
+from ..wire import fast
+from ..wire import format as fmt
+from ..wire.format import AckPacket, DataPacket, DropReason, ProbePacket, Syndrome
+from .cc import CcProfile, make_cc
+from .ev import EvProfile, EvState
+from .link import Path, Send
+
+PSN_MOD = 1 << 24
+HALF = 1 << 23
+ACK_TIMEOUT_UNIT_NS = 1024  # the ACK timeout is 1.024 us x 2^t
+INFINITE_RETRIES = 25
+
+
+_FATAL_NAKS = {
+    Syndrome.NAK_INVALID_REQUEST: "invalid request",
+    Syndrome.NAK_REMOTE_ACCESS: "remote access error (wrong R_Key, or address and length outside the registered region)",
+    Syndrome.NAK_REMOTE_OPERATIONAL: "remote operational error",
+}
+
+
+class TransportError(RuntimeError):
+    """A WRITE could not complete (retry budget spent, remote access error, ...)."""
+
+
+@dataclass
+class QpConfig:
+    mtu: int = 4096  # payload bytes per packet
+    ack_timeout_exp: int = 13  # t: ACK timeout = 1.024 us * 2^t (13: 8.4 ms), t <= 24
+    retry_linear: int = 7  # retries at the plain ACK timeout (OCP: <= 7)
+    retry_exp: int = 4  # then retries with the timeout doubling each time (<= 25; 25 = infinite)
+    mpr: int = 8  # max PSN range (the SACK window), in units of 128 PSNs
+    ack_every: int = 4  # the responder acknowledges at least every this many data packets
+    probe_interval_ns: int = 1_000_000
+    reorder_floor_ns: int = 200_000  # RACK reordering window, at least this
+    burst: int = 32  # packets per pump, so receiving is never starved
+    pkey: int = fmt.DEFAULT_PKEY
+    path_avoidance: bool = True  # False for the single-path baseline: no EV states, no probes
+
+    def __post_init__(self) -> None:
+        if not 64 <= self.mtu <= 8192 or self.mtu % 4:
+            raise ValueError(f"MTU {self.mtu}: must be a multiple of 4 between 64 and 8192")
+        if not 0 <= self.ack_timeout_exp <= 24:
+            raise ValueError(f"ACK timeout exponent {self.ack_timeout_exp}: must be 0..24")
+        if not 0 <= self.retry_linear <= 7 or not 0 <= self.retry_exp <= INFINITE_RETRIES:
+            raise ValueError("retries: linear 0..7, exponential 0..25 (25 = infinite)")
+        if not 1 <= self.mpr <= 64:
+            raise ValueError(f"MPR {self.mpr}: must be 1..64 (x128 PSNs)")
+
+    @property
+    def ack_timeout_ns(self) -> int:
+        return ACK_TIMEOUT_UNIT_NS << self.ack_timeout_exp
+
+    @property
+    def window(self) -> int:
+        return self.mpr * 128
+
+
+def psn_abs(wire: int, near: int) -> int:
+    """The unbounded PSN closest to `near` whose low 24 bits are `wire`."""
+    diff = (wire - near) & (PSN_MOD - 1)
+    if diff >= HALF:
+        diff -= PSN_MOD
+    return near + diff
+
+
+# ---- memory --------------------------------------------------------------------------------
+
+@dataclass
+class MemoryRegion:
+    """A registered buffer: remote writes land here if R_Key and bounds match."""
+
+    rkey: int
+    va: int
+    buffer: bytearray
+    view: memoryview = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.view = memoryview(self.buffer)
+
+    @property
+    def length(self) -> int:
+        return len(self.buffer)
+
+    def to_dict(self) -> dict:
+        return {"rkey": self.rkey, "va": self.va, "length": self.length}
+
+
+def new_rkey() -> int:
+    return int.from_bytes(os.urandom(4), "big") or 1
+
+
+# ---- requester -----------------------------------------------------------------------------
+
+class _Pkt:
+    __slots__ = ("psn", "wr", "offset", "length", "ev", "sent_ns", "tx", "last")
+
+    def __init__(self, psn: int, wr: WriteRequest, offset: int, length: int, last: bool) -> None:
+        self.psn = psn
+        self.wr = wr
+        self.offset = offset
+        self.length = length
+        self.last = last
+        self.ev = -1
+        self.sent_ns = 0
+        self.tx = 0
+
+
+@dataclass
+class WriteRequest:
+    wr_id: int
+    local: memoryview
+    remote_va: int
+    rkey: int
+    imm: int | None
+    sums: list[int]
+    next_offset: int = 0
+    acked: int = 0
+    posted_ns: int = 0
+    completed_ns: int | None = None
+
+    @property
+    def length(self) -> int:
+        return len(self.local)
+
+
+@dataclass
+class Completion:
+    """A requester's WRITE whose every byte is acknowledged."""
+
+    wr_id: int
+    length: int
+    time_ns: int
+    imm: int | None = None
+
+
+@dataclass
+class ImmCompletion:
+    """A responder's WRITE_WITH_IMM whose data, and all data before it, is placed."""
+
+    psn: int
+    imm: int
+    time_ns: int
+
+
+class Requester:
+    """The sending side of one MRC QP."""
+
+    def __init__(self, address: bytes, qpn: int, dest_qp: int, paths: dict[int, Path],
+                 probe_paths: dict[int, Path] | None = None, config: QpConfig | None = None,
+                 cc: CcProfile | None = None, start_psn: int = 0, ev_min_active: int = 1) -> None:
+        if not paths:
+            raise ValueError("a requester needs at least one path (EV)")
+        self.address = address
+        self.qpn = qpn
+        self.dest_qp = dest_qp
+        self.paths = paths
+        self.probe_paths = probe_paths or {}
+        self.config = config or QpConfig()
+        self.cc = cc or make_cc("nscc", self.config.mtu)
+        self.profile = EvProfile(sorted(paths), ev_min_active=ev_min_active)
+        self.start_psn = start_psn
+        self.next_psn = start_psn
+        self.una = start_psn  # lowest PSN not known delivered (the responder's expected PSN)
+        self.pkts: dict[int, _Pkt] = {}  # sent and not yet delivered
+        self.flight: dict[int, None] = {}  # in flight, in order of (last) send time
+        self.by_ev: dict[int, deque[tuple[int, int]]] = {k: deque() for k in paths}
+        self.retx: deque[int] = deque()
+        self.sacked = 0  # bit (W-1-i) <=> PSN una+i known delivered
+        self.bytes_in_flight = 0
+        self.rack_sent_ns = -1  # latest send time of any packet known delivered
+        self.queue: deque[WriteRequest] = deque()  # posted, not all packets sent yet
+        self.active: deque[WriteRequest] = deque()  # posted, not completed (in order)
+        self.completions: list[Completion] = []
+        self.error: str | None = None
+        self.stats = {"packets_sent": 0, "retransmits": 0, "bytes_acked": 0, "duplicates_acked": 0,
+                      "naks": 0, "timeouts": 0, "send_failures": 0, "probes_sent": 0, "probes_returned": 0}
+        self.drops: dict[str, int] = {}
+        self._wr_ids = itertools.count(1)
+        self._probe_ids = itertools.count(int.from_bytes(os.urandom(2), "big") << 16)
+        self._probes: dict[int, tuple[int, int]] = {}  # probe id -> (EV, send time)
+        self._window_mask = (1 << self.config.window) - 1
+        self._echo_times: dict[int, tuple[int, int]] = {}  # PSN -> (EV, send time); EV -1 once resent
+        self._last_now = 0
+
+    # ---- API -----------------------------------------------------------------------------
+
+    def post_write(self, local: bytes | bytearray | memoryview, remote_va: int, rkey: int,
+                   imm: int | None = None, now: int = 0) -> int:
+        """Queue an RDMA WRITE (WRITE_WITH_IMM when `imm` is given); returns its wr_id."""
+        view = memoryview(local).cast("B")
+        if len(view) == 0:
+            raise ValueError("a WRITE carries at least one byte")
+        wr = WriteRequest(next(self._wr_ids), view, remote_va, rkey, imm,
+                          fast.payload_sums(view, self.config.mtu), posted_ns=now)
+        self.queue.append(wr)
+        self.active.append(wr)
+        return wr.wr_id
+
+    @property
+    def done(self) -> bool:
+        return self.error is not None or not self.active
+
+    @property
+    def ev_events(self):
+        return self.profile.events
+
+    # ---- receiving -----------------------------------------------------------------------
+
+    def _drop(self, why: str) -> None:
+        self.drops[why] = self.drops.get(why, 0) + 1
+
+    def on_datagram(self, payload: bytes | memoryview, src: bytes, sport: int, now: int) -> None:
+        packet = fast.decode_udp(payload, src, self.address, sport)
+        if isinstance(packet, DropReason):
+            self._drop(packet.value)
+        elif isinstance(packet, AckPacket):
+            if packet.dest_qp != self.qpn or packet.pkey != self.config.pkey:
+                self._drop("unknown_qp" if packet.dest_qp != self.qpn else "bad_pkey")
+            else:
+                self._on_ack(packet, now)
+        elif isinstance(packet, ProbePacket):
+            self._on_probe(packet, now)
+        else:
+            self._drop("unexpected_data")
+
+    def _on_probe(self, probe: ProbePacket, now: int) -> None:
+        sent = self._probes.pop(probe.probe_id, None)
+        if sent is None or sent[0] != probe.ev:
+            self._drop("unknown_probe")
+            return
+        self.stats["probes_returned"] += 1
+        self.profile.on_probe(probe.ev, now, now - sent[1])
+
+    def _deliver(self, psn: int) -> int:
+        pkt = self.pkts.pop(psn, None)
+        if pkt is None:
+            return 0
+        if psn in self.flight:
+            del self.flight[psn]
+            self.bytes_in_flight -= pkt.length
+            self.profile.evs[pkt.ev].bytes_in_flight -= pkt.length
+        self.profile.on_delivered(pkt.ev, pkt.sent_ns)
+        if pkt.sent_ns > self.rack_sent_ns:
+            self.rack_sent_ns = pkt.sent_ns
+        wr = pkt.wr
+        wr.acked += pkt.length
+        return pkt.length
+
+    def _on_ack(self, ack: AckPacket, now: int) -> None:
+        W = self.config.window
+        cum = psn_abs(ack.psn, self.una)  # every PSN up to this one has arrived
+        if cum >= self.next_psn or cum < self.una - W - 1:
+            self._drop("ack_out_of_range")
+            return
+        if ack.is_nak:
+            self.stats["naks"] += 1
+            meaning = _FATAL_NAKS.get(ack.syndrome)
+            if meaning is not None:
+                self.error = f"the responder refused the WRITE at PSN {ack.psn}: {meaning}"
+                return
+        acked = 0
+        if cum >= self.una:
+            for psn in range(self.una, cum + 1):
+                acked += self._deliver(psn)
+            shift = cum + 1 - self.una
+            self.sacked = (self.sacked << shift) & self._window_mask if shift < W else 0
+            self.una = cum + 1
+        if ack.sack_bitmap:
+            base = psn_abs(ack.sack_base, self.una)
+            nbits = 8 * len(ack.sack_bitmap)
+            bits = int.from_bytes(ack.sack_bitmap, "big") << (W - nbits) if nbits <= W else 0
+            shift = base - self.una
+            if 0 <= shift < W:
+                bits >>= shift
+            elif -W < shift < 0:
+                bits = (bits << -shift) & self._window_mask
+            else:
+                bits = 0
+            new = bits & ~self.sacked
+            self.sacked |= bits
+            while new:
+                top = new.bit_length() - 1
+                new ^= 1 << top
+                acked += self._deliver(self.una + W - 1 - top)
+        self.stats["bytes_acked"] += acked
+        if acked == 0:
+            self.stats["duplicates_acked"] += 1
+        rtt = None
+        echo = psn_abs(ack.echo_psn, self.una)
+        if ack.echo_ev in self.profile.evs:
+            sent = self._sent_time(echo, ack.echo_ev)
+            if sent is not None:
+                rtt = now - sent
+                self.profile.on_rtt(ack.echo_ev, rtt, ack.ecn_echo)
+        self.cc.on_ack(now, acked, rtt, ack.ecn_echo)
+        self._complete(now)
+        self._detect_losses(now)
+
+    def _sent_time(self, psn: int, ev: int) -> int | None:
+        """Send time of the echoed packet if it was sent once on that EV (Karn: no ambiguous samples)."""
+        last = self._echo_times.get(psn)
+        if last is not None and last[0] == ev:
+            return last[1]
+        return None
+
+    def _complete(self, now: int) -> None:
+        while self.active and self.active[0].acked >= self.active[0].length:
+            wr = self.active.popleft()
+            wr.completed_ns = now
+            self.completions.append(Completion(wr.wr_id, wr.length, now, wr.imm))
+        if len(self._echo_times) > 4 * self.config.window:
+            for psn in [p for p in self._echo_times if p < self.una]:
+                del self._echo_times[psn]
+
+    def _lose(self, pkt: _Pkt, now: int, why: str) -> None:
+        del self.flight[pkt.psn]
+        self.bytes_in_flight -= pkt.length
+        self.profile.evs[pkt.ev].bytes_in_flight -= pkt.length
+        self.retx.append(pkt.psn)
+        if self.config.path_avoidance:
+            self.profile.on_lost(pkt.ev, now, why)
+        else:
+            self.profile.evs[pkt.ev].packets_lost += 1
+        self.cc.on_loss(now)
+
+    def _detect_losses(self, now: int) -> None:
+        # per EV: a path keeps order, so a later packet delivered on it means earlier ones are lost
+        for ev, queue in self.by_ev.items():
+            delivered_up_to = self.profile.evs[ev].last_delivered_sent_ns
+            while queue:
+                psn, sent = queue[0]
+                pkt = self.pkts.get(psn)
+                if pkt is None or pkt.ev != ev or pkt.sent_ns != sent or psn not in self.flight:
+                    queue.popleft()  # delivered, or resent elsewhere: stale entry
+                elif sent < delivered_up_to:
+                    queue.popleft()
+                    self._lose(pkt, now, "a later packet on the same EV arrived")
+                else:
+                    break
+        # RACK: a packet sent before one already delivered is lost once it is later than that
+        # one by the reordering window, or has waited an RTT plus the reordering window
+        reo, rtt = self._rack_windows()
+        fast_limit = self.rack_sent_ns - reo
+        for psn in list(itertools.islice(self.flight, 64)):
+            pkt = self.pkts[psn]
+            if pkt.sent_ns >= self.rack_sent_ns:
+                break
+            if pkt.sent_ns < fast_limit:
+                self._lose(pkt, now, "later packets on other EVs arrived")
+            elif now >= pkt.sent_ns + rtt + reo:
+                self._lose(pkt, now, "not acknowledged an RTT after later packets")
+            else:
+                break
+
+    def _rack_windows(self) -> tuple[int, int]:
+        """(reordering window, reference RTT): the largest smoothed RTT of a GOOD EV."""
+        rtts = [s.srtt_ns for s in self.profile.evs.values() if s.srtt_ns and s.state is EvState.GOOD]
+        rtt = int(max(rtts)) if rtts else self.config.reorder_floor_ns
+        return max(self.config.reorder_floor_ns, rtt // 4), rtt
+
+    # ---- sending -------------------------------------------------------------------------
+
+    def _timeout_for(self, tx: int) -> int:
+        base = self.config.ack_timeout_ns
+        retries = tx - 1  # the packet's transmissions so far, less the first
+        if retries <= self.config.retry_linear:
+            return base
+        return base << min(20, retries - self.config.retry_linear)
+
+    def _retry_budget_spent(self, tx: int) -> bool:
+        if self.config.retry_exp >= INFINITE_RETRIES:
+            return False
+        return tx - 1 >= self.config.retry_linear + self.config.retry_exp
+
+    def _check_timeouts(self, now: int) -> None:
+        while self.flight:
+            psn = next(iter(self.flight))
+            pkt = self.pkts[psn]
+            if now < pkt.sent_ns + self._timeout_for(pkt.tx):
+                break
+            self.stats["timeouts"] += 1
+            if self._retry_budget_spent(pkt.tx):
+                evs = sorted({p.ev for p in self.pkts.values()})
+                self.error = (f"retry budget spent: PSN {psn & (PSN_MOD - 1)} went unacknowledged after {pkt.tx} "
+                              f"transmissions ({self.config.retry_linear} linear + {self.config.retry_exp} exponential "
+                              f"retries, ACK timeout {self.config.ack_timeout_ns / 1e6:.1f} ms); "
+                              f"EVs tried: {evs}. Every path to the responder seems dead.")
+                return
+            self._lose(pkt, now, "ACK timeout")
+
+    def _send_probes(self, now: int, send: Send) -> None:
+        for ev, stats in self.profile.evs.items():
+            if stats.state is EvState.ASSUMED_BAD and stats.probe_due_ns <= now and ev in self.probe_paths:
+                stats.probe_due_ns = now + self.config.probe_interval_ns
+                path = self.probe_paths[ev]
+                probe_id = next(self._probe_ids) & 0xFFFFFFFF
+                frame = path.template.encode(ProbePacket(self.qpn, probe_id, ev, now))
+                if send(frame, path):
+                    self._probes[probe_id] = (ev, now)
+                    stats.probes_sent += 1
+                    self.stats["probes_sent"] += 1
+        if len(self._probes) > 1024:
+            stale = now - 100 * self.config.probe_interval_ns
+            self._probes = {k: v for k, v in self._probes.items() if v[1] > stale}
+
+    def _can_send(self) -> bool:
+        if self.error is not None:
+            return False
+        if self.bytes_in_flight >= self.cc.cwnd:
+            return False
+        if self.retx:
+            return True
+        return bool(self.queue) and self.next_psn < self.una + self.config.window
+
+    def _next_packet(self) -> _Pkt | None:
+        while self.retx:
+            pkt = self.pkts.get(self.retx.popleft())
+            if pkt is not None and pkt.psn not in self.flight:
+                return pkt
+        if not self.queue or self.next_psn >= self.una + self.config.window:
+            return None
+        wr = self.queue[0]
+        offset = wr.next_offset
+        length = min(self.config.mtu, wr.length - offset)
+        wr.next_offset += length
+        last = wr.next_offset >= wr.length
+        if last:
+            self.queue.popleft()
+        pkt = _Pkt(self.next_psn, wr, offset, length, last)
+        self.pkts[pkt.psn] = pkt
+        self.next_psn += 1
+        return pkt
+
+    def pump(self, now: int, send: Send) -> None:
+        """Send what is due: timeouts' consequences, EV probes, then data while the window allows."""
+        self._last_now = now
+        if self.error is not None:
+            return
+        self._check_timeouts(now)
+        if self.flight:
+            self._detect_losses(now)
+        if self.config.path_avoidance and self.probe_paths:
+            self._send_probes(now, send)
+        sent = 0
+        cfg = self.config
+        while sent < cfg.burst and self._can_send():
+            pkt = self._next_packet()
+            if pkt is None:
+                break
+            retransmit = pkt.tx > 0
+            ev = self.profile.pick(avoid=pkt.ev if retransmit else None)
+            path = self.paths[ev]
+            wr = pkt.wr
+            index = pkt.offset // cfg.mtu
+            ack_req = pkt.last or retransmit or self.bytes_in_flight + 2 * pkt.length > self.cc.cwnd
+            frame = path.template.write(
+                self.dest_qp, pkt.psn & (PSN_MOD - 1), wr.remote_va + pkt.offset, wr.rkey,
+                wr.local[pkt.offset:pkt.offset + pkt.length], wr.sums[index], ack_req,
+                wr.imm if pkt.last else None, cfg.pkey)
+            pkt.ev = ev
+            pkt.sent_ns = now
+            pkt.tx += 1
+            self._echo_times[pkt.psn] = (ev, now) if pkt.tx == 1 else (-1, now)
+            stats = self.profile.evs[ev]
+            stats.packets_sent += 1
+            self.stats["packets_sent"] += 1
+            if retransmit:
+                stats.retransmits_sent += 1
+                self.stats["retransmits"] += 1
+            sent += 1
+            self.flight[pkt.psn] = None
+            self.by_ev[ev].append((pkt.psn, now))
+            self.bytes_in_flight += pkt.length
+            stats.bytes_in_flight += pkt.length
+            if not send(frame, path):
+                self.stats["send_failures"] += 1
+                self._lose(pkt, now, "no route out of the host")
+
+    def next_wakeup(self) -> int | None:
+        if self.error is not None:
+            return None
+        if self._can_send():
+            return self._last_now
+        wakes = []
+        if self.flight:
+            pkt = self.pkts[next(iter(self.flight))]
+            wakes.append(pkt.sent_ns + self._timeout_for(pkt.tx))
+            if pkt.sent_ns < self.rack_sent_ns:
+                reo, rtt = self._rack_windows()
+                wakes.append(pkt.sent_ns + rtt + reo)
+        if self.config.path_avoidance:
+            wakes += [s.probe_due_ns for k, s in self.profile.evs.items()
+                      if s.state is EvState.ASSUMED_BAD and k in self.probe_paths]
+        return min(wakes) if wakes else None
+
+
+# ---- responder -----------------------------------------------------------------------------
+
+@dataclass
+class _RQp:
+    qpn: int
+    peer_qpn: int
+    peer: bytes | None  # the requester's packed address (None: accept any)
+    epsn: int  # expected PSN (unbounded): everything below has arrived
+    start_psn: int
+    window: int
+    paths_back: dict[int, Path]
+    pkey: int
+    received: int = 0  # bit (window-1-i) <=> PSN epsn+i arrived
+    pending_imm: dict[int, int] = field(default_factory=dict)
+    since_ack: int = 0
+    ack_due: bool = False
+    nak: int | None = None  # syndrome to send with the next ACK
+    nak_psn: int = 0
+    echo_psn: int = 0
+    echo_ev: int = 0
+    ecn: bool = False
+
+
+class Responder:
+    """The receiving side: registered memory and the QPs that may write into it."""
+
+    def __init__(self, address: bytes, config: QpConfig | None = None) -> None:
+        self.address = address
+        self.config = config or QpConfig()
+        self.regions: dict[int, MemoryRegion] = {}
+        self.qps: dict[int, _RQp] = {}
+        self.completions: list[ImmCompletion] = []
+        self.stats = {"packets_placed": 0, "bytes_placed": 0, "duplicates": 0, "acks_sent": 0, "naks_sent": 0}
+        self.drops: dict[str, int] = {}
+        self._last_now = 0
+
+    def register(self, buffer: bytearray, va: int = 0x1000_0000) -> MemoryRegion:
+        mr = MemoryRegion(new_rkey(), va, buffer)
+        while mr.rkey in self.regions:
+            mr.rkey = new_rkey()
+        self.regions[mr.rkey] = mr
+        return mr
+
+    def accept(self, qpn: int, peer_qpn: int, start_psn: int, paths_back: dict[int, Path],
+               peer: bytes | None = None) -> None:
+        if not paths_back:
+            raise ValueError("a responder QP needs at least one path back to the requester")
+        self.qps[qpn] = _RQp(qpn, peer_qpn, peer, start_psn, start_psn, self.config.window, paths_back,
+                             self.config.pkey)
+
+    def _drop(self, why: str) -> None:
+        self.drops[why] = self.drops.get(why, 0) + 1
+
+    def on_datagram(self, payload: bytes | memoryview, src: bytes, sport: int, now: int) -> None:
+        packet = fast.decode_udp(payload, src, self.address, sport)
+        if isinstance(packet, DropReason):
+            self._drop(packet.value)
+            return
+        if not isinstance(packet, DataPacket):
+            self._drop("unexpected_ack")
+            return
+        qp = self.qps.get(packet.dest_qp)
+        if qp is None or (qp.peer is not None and qp.peer != src):
+            self._drop("unknown_qp")
+            return
+        if packet.pkey != qp.pkey:
+            self._drop("bad_pkey")
+            return
+        ev = sport - 0xC000
+        psn = psn_abs(packet.psn, qp.epsn)
+        offset = psn - qp.epsn
+        qp.echo_psn, qp.echo_ev, qp.ecn = packet.psn, ev, packet.ecn_ce
+        if offset < 0 or (offset < qp.window and qp.received >> (qp.window - 1 - offset) & 1):
+            self.stats["duplicates"] += 1
+            qp.ack_due = True
+            return
+        if offset >= qp.window:
+            self._drop("psn_out_of_window")
+            self._nak(qp, Syndrome.NAK_PSN_SEQUENCE, qp.epsn - 1)
+            return
+        mr = self.regions.get(packet.rkey)
+        data = packet.payload
+        if mr is None:
+            self._drop("bad_rkey")
+            self._nak(qp, Syndrome.NAK_REMOTE_ACCESS, psn)
+            return
+        start = packet.va - mr.va
+        if start < 0 or start + len(data) > mr.length:
+            self._drop("out_of_bounds")
+            self._nak(qp, Syndrome.NAK_REMOTE_ACCESS, psn)
+            return
+        mr.view[start:start + len(data)] = data
+        self.stats["packets_placed"] += 1
+        self.stats["bytes_placed"] += len(data)
+        if packet.imm is not None:
+            qp.pending_imm[psn] = packet.imm
+        received = qp.received | (1 << (qp.window - 1 - offset))
+        mask = (1 << qp.window) - 1
+        run = qp.window - (~received & mask).bit_length()  # arrived in order from epsn on
+        if run:
+            received = (received << run) & mask
+            qp.epsn += run
+            if qp.pending_imm:
+                for p in sorted(k for k in qp.pending_imm if k < qp.epsn):
+                    self.completions.append(ImmCompletion(p & (PSN_MOD - 1), qp.pending_imm.pop(p), now))
+        qp.received = received
+        qp.since_ack += 1
+        if packet.ack_req or qp.since_ack >= self.config.ack_every:
+            qp.ack_due = True
+
+    def _nak(self, qp: _RQp, syndrome: Syndrome, psn: int) -> None:
+        qp.nak, qp.nak_psn, qp.ack_due = syndrome, psn, True
+
+    def _ack_for(self, qp: _RQp) -> AckPacket:
+        bitmap = b""
+        if qp.received:
+            lowest = (qp.received & -qp.received).bit_length() - 1
+            nbits = -(-(qp.window - lowest) // 32) * 32
+            bitmap = (qp.received >> (qp.window - nbits)).to_bytes(nbits // 8, "big")
+        if qp.nak is not None:
+            syndrome, psn = qp.nak, qp.nak_psn
+        else:
+            syndrome, psn = Syndrome.ACK, qp.epsn - 1
+        return AckPacket(qp.peer_qpn, psn & (PSN_MOD - 1), syndrome, (qp.epsn - qp.start_psn) & (PSN_MOD - 1),
+                         qp.epsn & (PSN_MOD - 1), qp.echo_psn, qp.echo_ev & 0xFFFF, qp.ecn, bitmap, qp.pkey)
+
+    def pump(self, now: int, send: Send) -> None:
+        self._last_now = now
+        for qp in self.qps.values():
+            if not qp.ack_due:
+                continue
+            path = qp.paths_back.get(qp.echo_ev) or next(iter(qp.paths_back.values()))
+            ack = self._ack_for(qp)
+            send(path.template.encode(ack), path)
+            self.stats["naks_sent" if qp.nak is not None else "acks_sent"] += 1
+            qp.ack_due, qp.nak, qp.since_ack = False, None, 0
+
+    def next_wakeup(self) -> int | None:
+        return self._last_now if any(qp.ack_due for qp in self.qps.values()) else None

@@ -1,0 +1,279 @@
+"""The MRC transport over the in-memory link: no root, virtual time, injected faults."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from mrc_emu.topology import builtin
+from mrc_emu.topology.evs import EvFormat
+from mrc_emu.transport.cc import Nscc, NsccParams
+from mrc_emu.transport.ev import EvProfile, EvState
+from mrc_emu.transport.link import MemoryNetwork
+from mrc_emu.transport.paths import qp_paths
+from mrc_emu.transport.qp import QpConfig, Requester, Responder, psn_abs
+from mrc_emu.wire.format import DataPacket
+
+TOPO = builtin()
+PATHS = qp_paths(TOPO, "h0", "h2")
+SRC = socket.inet_pton(socket.AF_INET6, PATHS.src_address)
+DST = socket.inet_pton(socket.AF_INET6, PATHS.dst_address)
+
+
+def pair(size: int, config: QpConfig | None = None, start_psn: int = 0, **kw):
+    config = config or QpConfig(mtu=1024)
+    responder = Responder(DST, config)
+    buffer = bytearray(size)
+    mr = responder.register(buffer)
+    responder.accept(0x22, 0x11, start_psn, PATHS.back)
+    requester = Requester(SRC, 0x11, 0x22, PATHS.forward, PATHS.probes, config, start_psn=start_psn, **kw)
+    return requester, responder, mr, buffer
+
+
+def transfer(size: int, faults: dict[int, dict], seed: int = 0, config: QpConfig | None = None,
+             start_psn: int = 0, imm: int | None = None):
+    requester, responder, mr, buffer = pair(size, config, start_psn)
+    net = MemoryNetwork(seed)
+    for ev, settings_ in faults.items():
+        for key, value in settings_.items():
+            setattr(net.fault(ev), key, value)
+    data = os.urandom(size)
+    requester.post_write(data, mr.va, mr.rkey, imm)
+    finished = net.run([requester, responder], lambda: requester.done, limit_ns=120_000_000_000)
+    return finished, requester, responder, data, buffer, net
+
+
+fault = st.fixed_dictionaries({}, optional={
+    "loss": st.floats(0, 0.3), "duplicate": st.floats(0, 0.3), "reorder": st.floats(0, 0.5),
+    "delay_ns": st.integers(1_000, 200_000), "dead": st.booleans(),
+})
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(size=st.integers(1, 200_000), faults=st.dictionaries(st.integers(0, 7), fault, max_size=8),
+       seed=st.integers(0, 2**16), start_psn=st.sampled_from([0, 0xFFFFF0, 12345]))
+def test_any_loss_reorder_duplication_delivers_exactly_the_source(size, faults, seed, start_psn):
+    if all(faults.get(k, {}).get("dead") for k in range(8)):
+        faults[0]["dead"] = False  # every EV dead is the next test
+    finished, requester, responder, data, buffer, _ = transfer(size, faults, seed, start_psn=start_psn)
+    assert finished and requester.error is None
+    assert hashlib.sha256(buffer).digest() == hashlib.sha256(data).digest()
+    assert requester.completions[0].length == size
+    assert responder.stats["bytes_placed"] == size  # duplicates are placed once
+    assert sum(requester.stats[k] for k in ("packets_sent",)) >= -(-size // 1024)
+
+
+def test_every_ev_dead_fails_with_clear_error_after_retry_budget():
+    config = QpConfig(mtu=1024, ack_timeout_exp=10, retry_linear=3, retry_exp=2)
+    finished, requester, _, _, _, net = transfer(50_000, {k: {"dead": True} for k in range(8)}, config=config)
+    assert finished  # done() is true because the requester failed; it did not hang
+    assert requester.error is not None and "retry budget spent" in requester.error
+    # 3 linear timeouts then 2 doubling ones, then the budget is spent
+    timeout = config.ack_timeout_ns
+    assert net.now <= timeout * (1 + 3 + 2 + 4) + 1_000_000
+    assert requester.completions == []
+
+
+def test_dead_ev_becomes_assumed_bad_and_gets_no_more_traffic():
+    config = QpConfig(mtu=1024)
+    finished, requester, _, data, buffer, _ = transfer(
+        6_000_000, {2: {"dead": True}} | {k: {"delay_ns": 50_000, "rate_bps": 10e9} for k in (0, 1, 3, 4, 5, 6, 7)},
+        config=config)
+    assert finished and buffer == data
+    states = {k: s.state for k, s in requester.profile.evs.items()}
+    assert states[2] is EvState.ASSUMED_BAD
+    assert all(states[k] is EvState.GOOD for k in states if k != 2)
+    bad_at = next(e.time_ns for e in requester.ev_events if e.ev == 2)
+    assert bad_at < 5_000_000  # detected in ms, not seconds
+    # only what was sprayed on it before detection (an eighth of the first window)
+    sent_on_dead = requester.profile.evs[2].packets_sent
+    assert sent_on_dead <= QpConfig().window // 8 + 8
+    assert sent_on_dead < 0.05 * requester.stats["packets_sent"]
+
+
+def test_probe_revives_assumed_bad_ev_when_path_heals():
+    requester, responder, mr, buffer = pair(3_000_000)
+    net = MemoryNetwork(3)
+    for k in range(8):
+        net.fault(k).delay_ns = 50_000
+        net.fault(k).rate_bps = 5e9
+    net.fault(4).dead = True
+    data = os.urandom(len(buffer))
+    requester.post_write(data, mr.va, mr.rkey)
+
+    healed = []
+
+    def heal_when_bad():
+        if not healed and requester.profile.evs[4].state is EvState.ASSUMED_BAD:
+            net.fault(4).dead = False
+            healed.append(net.now)
+        return requester.done
+
+    assert net.run([requester, responder], heal_when_bad)
+    assert buffer == data and healed
+    # an idle QP keeps probing its ASSUMED_BAD EVs
+    assert net.run([requester, responder], lambda: requester.profile.evs[4].state is EvState.GOOD,
+                   limit_ns=net.now + 50_000_000)
+    events = [(e.old, e.new, e.reason) for e in requester.ev_events if e.ev == 4]
+    assert events[-1][1] is EvState.GOOD and events[-1][2] == "probe returned"
+    revive = [e for e in requester.ev_events if e.ev == 4 and e.new is EvState.GOOD][-1]
+    assert revive.rtt_ns and revive.rtt_ns > 0
+
+
+def test_lossy_ev_gets_less_traffic():
+    faults = {k: {"delay_ns": 20_000, "rate_bps": 20e9} for k in range(8)}
+    faults[0]["loss"] = faults[1]["loss"] = 0.05
+    finished, requester, _, data, buffer, _ = transfer(4_000_000, faults, seed=5)
+    assert finished and buffer == data
+    share = requester.profile.share()
+    clean = sum(share[k] for k in range(2, 8)) / 6
+    assert share[0] < 0.8 * clean and share[1] < 0.8 * clean
+
+
+def test_write_with_imm_completes_only_when_all_data_placed():
+    requester, responder, mr, buffer = pair(10 * 1024)
+    net = MemoryNetwork(0)
+    # the last packet (with the immediate) overtakes the rest: EV 0 fast, others slow
+    for k in range(8):
+        net.fault(k).delay_ns = 10_000 if k == 1 else 500_000
+    data = os.urandom(len(buffer))
+    requester.post_write(data, mr.va, mr.rkey, imm=0xABCD)
+    seen_early = []
+
+    def watch():
+        if responder.completions and buffer != data:
+            seen_early.append(True)
+        return requester.done
+
+    assert net.run([requester, responder], watch)
+    assert not seen_early
+    assert [c.imm for c in responder.completions] == [0xABCD]
+    assert buffer == data
+
+
+def test_several_outstanding_writes_complete_in_order():
+    requester, responder, mr, buffer = pair(64 * 1024)
+    net = MemoryNetwork(1)
+    net.fault(3).reorder = 0.5
+    pieces = [os.urandom(n) for n in (1, 5000, 20_000, 39_535)]
+    offset = 0
+    for i, piece in enumerate(pieces):
+        requester.post_write(piece, mr.va + offset, mr.rkey, imm=i if i % 2 else None)
+        offset += len(piece)
+    assert net.run([requester, responder], lambda: requester.done)
+    assert [c.wr_id for c in requester.completions] == [1, 2, 3, 4]
+    assert bytes(buffer[:offset]) == b"".join(pieces)
+    assert [c.imm for c in responder.completions] == [1, 3]
+
+
+@pytest.mark.parametrize("mutate, reason", [
+    (lambda p: setattr(p, "rkey", p.rkey ^ 1), "bad_rkey"),
+    (lambda p: setattr(p, "va", p.va - 4096), "out_of_bounds"),
+    (lambda p: setattr(p, "va", p.va + (1 << 40)), "out_of_bounds"),
+    (lambda p: setattr(p, "dest_qp", 0x99), "unknown_qp"),
+    (lambda p: setattr(p, "pkey", 0x7FFF), "bad_pkey"),
+    (lambda p: setattr(p, "psn", 5000), "psn_out_of_window"),
+])
+def test_responder_refuses_hostile_writes_without_touching_memory(mutate, reason):
+    requester, responder, mr, buffer = pair(8192)
+    packet = DataPacket(0x22, 0, mr.va, mr.rkey, b"\xee" * 1024, ack_req=True)
+    mutate(packet)
+    frame = PATHS.forward[0].template.data(packet)
+    net = MemoryNetwork(0)
+    net.attach(responder)
+    net.send(frame, PATHS.forward[0])
+    net.run([responder], lambda: False)
+    assert responder.drops == {reason: 1}
+    assert buffer == bytearray(8192)
+    if reason in ("bad_rkey", "out_of_bounds"):
+        assert responder.stats["naks_sent"] == 1
+
+
+def test_remote_access_error_fails_the_write_clearly():
+    requester, responder, mr, buffer = pair(8192)
+    requester.post_write(b"x" * 4000, mr.va + 6000, mr.rkey)  # runs past the region's end
+    net = MemoryNetwork(0)
+    assert net.run([requester, responder], lambda: requester.done)
+    assert requester.error and "remote access error" in requester.error
+    assert responder.drops.get("out_of_bounds") and len(buffer) == 8192
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=200), st.integers(0, 0xFFFF))
+def test_garbage_datagrams_never_crash_either_side(payload, sport):
+    requester, responder, mr, buffer = pair(4096)
+    responder.on_datagram(payload, SRC, sport, 0)
+    requester.on_datagram(payload, DST, sport, 0)
+    assert buffer == bytearray(4096)
+
+
+def test_psn_wraps_around():
+    assert psn_abs(2, 0xFFFFFE) == 0x1000002
+    assert psn_abs(0xFFFFFE, 0x1000002) == 0xFFFFFE
+    finished, requester, _, data, buffer, _ = transfer(300 * 1024, {}, start_psn=0xFFFFC0)
+    assert finished and buffer == data
+
+
+def test_ack_timeout_follows_ocp_formula():
+    config = QpConfig(ack_timeout_exp=13, retry_linear=7, retry_exp=3)
+    assert config.ack_timeout_ns == 1024 * 2**13
+    requester, *_ = pair(1, config)
+    assert [requester._timeout_for(tx) for tx in range(1, 12)] == [8388608] * 8 + [8388608 * 2**k for k in (1, 2, 3)]
+    assert not requester._retry_budget_spent(10) and requester._retry_budget_spent(11)
+    with pytest.raises(ValueError):
+        QpConfig(ack_timeout_exp=25)
+    with pytest.raises(ValueError):
+        QpConfig(mtu=1001)
+
+
+def test_nscc_shrinks_on_delay_and_grows_without():
+    cc = Nscc(NsccParams(base_rtt_ns=10_000, target_delay_ns=50_000, initial_cwnd=100_000), mtu=1024)
+    start = cc.cwnd
+    for i in range(10):
+        cc.on_ack(i * 1000, 4096, 12_000, False)
+    assert cc.cwnd > start
+    grown = cc.cwnd
+    cc.on_ack(20_000, 4096, 500_000, False)
+    assert cc.cwnd < grown
+    shrunk = cc.cwnd
+    cc.on_ack(20_001, 4096, 500_000, False)  # at most one decrease per RTT
+    assert cc.cwnd == shrunk
+
+
+def test_ev_min_active_keeps_the_last_evs_good():
+    profile = EvProfile([0, 1, 2], ev_min_active=2)
+    for _ in range(5):
+        profile.on_lost(0, 1, "test")
+        profile.on_lost(1, 1, "test")
+    assert [profile.evs[k].state for k in (0, 1, 2)].count(EvState.GOOD) == 2
+
+
+def test_spray_is_weighted_and_interleaved():
+    profile = EvProfile([0, 1, 2, 3])
+    profile.evs[3].loss = 0.1
+    picks = [profile.pick() for _ in range(320)]
+    assert all(a != b for a, b in zip(picks, picks[1:]))  # no EV twice in a row
+    assert picks.count(3) < 0.5 * picks.count(0)
+
+
+@pytest.mark.parametrize("topo_name, ev_format", [("default", EvFormat.SRV6_USID), ("fourplane", EvFormat.SRV6),
+                                                  ("default", EvFormat.UDP)])
+def test_every_ev_format_and_topology_transfers(topo_name, ev_format):
+    topo = builtin(topo_name)
+    paths = qp_paths(topo, "h1", "h3", ev_format)
+    src = socket.inet_pton(socket.AF_INET6, paths.src_address)
+    dst = socket.inet_pton(socket.AF_INET6, paths.dst_address)
+    responder = Responder(dst, QpConfig(mtu=512))
+    buffer = bytearray(50_000)
+    mr = responder.register(buffer)
+    responder.accept(5, 6, 0, paths.back)
+    requester = Requester(src, 6, 5, paths.forward, paths.probes, QpConfig(mtu=512))
+    data = os.urandom(50_000)
+    requester.post_write(data, mr.va, mr.rkey)
+    assert MemoryNetwork(0).run([requester, responder], lambda: requester.done)
+    assert buffer == data
