@@ -48,7 +48,6 @@ class EvStats:
     min_rtt_ns: int = 0
     loss: float = 0.0  # EWMA of the per-packet loss outcome (1 lost, 0 delivered)
     ecn: float = 0.0  # EWMA of the ECN echo per acknowledged packet
-    bytes_in_flight: int = 0
     packets_sent: int = 0
     packets_delivered: int = 0
     packets_lost: int = 0
@@ -72,6 +71,7 @@ LOSS_GAIN = 1 / 32
 ECN_GAIN = 1 / 16
 RTT_GAIN = 1 / 8
 SCHEDULE_SLOTS_PER_EV = 8
+REWEIGH_CYCLES = 4
 
 
 @dataclass
@@ -86,6 +86,7 @@ class EvProfile:
     events: list[EvEvent] = field(default_factory=list)
     schedule: list[int] = field(default_factory=list)
     _cursor: int = 0
+    _cycles: int = 0
     _dirty: bool = True
 
     def __post_init__(self) -> None:
@@ -133,11 +134,12 @@ class EvProfile:
             s.min_rtt_ns = rtt_ns
         s.ecn += ECN_GAIN * ((1.0 if ecn else 0.0) - s.ecn)
 
-    def on_delivered(self, ev: int, sent_ns: int) -> None:
+    def on_delivered(self, ev: int, sent_ns: int, count: int = 1) -> None:
+        """`count` packets delivered on `ev`, the latest of them sent at `sent_ns`."""
         s = self.evs[ev]
-        s.packets_delivered += 1
+        s.packets_delivered += count
         s.consecutive_losses = 0
-        s.loss -= LOSS_GAIN * s.loss
+        s.loss *= (1 - LOSS_GAIN) ** count
         if sent_ns > s.last_delivered_sent_ns:
             s.last_delivered_sent_ns = sent_ns
 
@@ -154,7 +156,7 @@ class EvProfile:
     def on_probe(self, ev: int, now: int, rtt_ns: int) -> None:
         if self.evs[ev].state is EvState.ASSUMED_BAD:
             self.set_state(ev, EvState.GOOD, now, "probe returned", rtt_ns)
-            self.evs[ev].loss = 0.0
+            self.evs[ev].loss = min(self.evs[ev].loss, 0.1)  # back, but it earns its full share again
 
     # ---- spraying ----------------------------------------------------------------------
 
@@ -196,7 +198,12 @@ class EvProfile:
             self.reweigh()
         schedule = self.schedule
         ev = schedule[self._cursor]
-        self._cursor = (self._cursor + 1) % len(schedule)
+        self._cursor += 1
+        if self._cursor == len(schedule):
+            self._cursor = 0
+            self._cycles += 1
+            if self._cycles % REWEIGH_CYCLES == 0:
+                self._dirty = True  # weights follow the EWMAs even without state changes
         if ev == avoid and len(schedule) > 1:
             for _ in range(len(schedule)):
                 ev = schedule[self._cursor]

@@ -193,14 +193,15 @@ class Requester:
         self.active: deque[WriteRequest] = deque()  # posted, not completed (in order)
         self.completions: list[Completion] = []
         self.error: str | None = None
-        self.stats = {"packets_sent": 0, "retransmits": 0, "bytes_acked": 0, "duplicates_acked": 0,
-                      "naks": 0, "timeouts": 0, "send_failures": 0, "probes_sent": 0, "probes_returned": 0}
+        self.stats = {"duplicates_acked": 0, "naks": 0, "timeouts": 0, "send_failures": 0, "probes_sent": 0,
+                      "probes_returned": 0}
         self.drops: dict[str, int] = {}
         self._wr_ids = itertools.count(1)
         self._probe_ids = itertools.count(int.from_bytes(os.urandom(2), "big") << 16)
         self._probes: dict[int, tuple[int, int]] = {}  # probe id -> (EV, send time)
         self._window_mask = (1 << self.config.window) - 1
-        self._echo_times: dict[int, tuple[int, int]] = {}  # PSN -> (EV, send time); EV -1 once resent
+        self._ev_flight: dict[int, int] = dict.fromkeys(paths, 0)  # bytes in flight per EV
+        self.bytes_acked = 0
         self._last_now = 0
 
     # ---- API -----------------------------------------------------------------------------
@@ -252,25 +253,36 @@ class Requester:
         self.stats["probes_returned"] += 1
         self.profile.on_probe(probe.ev, now, now - sent[1])
 
-    def _deliver(self, psn: int) -> int:
-        pkt = self.pkts.pop(psn, None)
-        if pkt is None:
-            return 0
-        if psn in self.flight:
-            del self.flight[psn]
-            self.bytes_in_flight -= pkt.length
-            self.profile.evs[pkt.ev].bytes_in_flight -= pkt.length
-        self.profile.on_delivered(pkt.ev, pkt.sent_ns)
-        if pkt.sent_ns > self.rack_sent_ns:
-            self.rack_sent_ns = pkt.sent_ns
-        wr = pkt.wr
-        wr.acked += pkt.length
-        return pkt.length
+    def _deliver(self, psns, seen: dict[int, list[int]]) -> int:
+        """Mark PSNs delivered; per EV, count them and keep the latest send time. Returns bytes."""
+        pkts, flight = self.pkts, self.flight
+        acked = in_flight = 0
+        for psn in psns:
+            pkt = pkts.pop(psn, None)
+            if pkt is None:
+                continue
+            length = pkt.length
+            acked += length
+            pkt.wr.acked += length
+            if psn in flight:
+                del flight[psn]
+                in_flight += length
+                self._ev_flight[pkt.ev] -= length
+            entry = seen.get(pkt.ev)
+            if entry is None:
+                seen[pkt.ev] = [1, pkt.sent_ns]
+            else:
+                entry[0] += 1
+                if pkt.sent_ns > entry[1]:
+                    entry[1] = pkt.sent_ns
+        self.bytes_in_flight -= in_flight
+        return acked
 
     def _on_ack(self, ack: AckPacket, now: int) -> None:
         W = self.config.window
-        cum = psn_abs(ack.psn, self.una)  # every PSN up to this one has arrived
-        if cum >= self.next_psn or cum < self.una - W - 1:
+        una = self.una
+        cum = psn_abs(ack.psn, una)  # every PSN up to this one has arrived
+        if cum >= self.next_psn or cum < una - W - 1:
             self._drop("ack_out_of_range")
             return
         if ack.is_nak:
@@ -279,18 +291,24 @@ class Requester:
             if meaning is not None:
                 self.error = f"the responder refused the WRITE at PSN {ack.psn}: {meaning}"
                 return
+        # an RTT sample from the echoed packet, if it was sent once on that EV (Karn)
+        rtt = None
+        echo = self.pkts.get(psn_abs(ack.echo_psn, una))
+        if echo is not None and echo.tx == 1 and echo.ev == ack.echo_ev:
+            rtt = now - echo.sent_ns
+            self.profile.on_rtt(echo.ev, rtt, ack.ecn_echo)
+        seen: dict[int, list[int]] = {}
         acked = 0
-        if cum >= self.una:
-            for psn in range(self.una, cum + 1):
-                acked += self._deliver(psn)
-            shift = cum + 1 - self.una
+        if cum >= una:
+            acked += self._deliver(range(una, cum + 1), seen)
+            shift = cum + 1 - una
             self.sacked = (self.sacked << shift) & self._window_mask if shift < W else 0
-            self.una = cum + 1
+            una = self.una = cum + 1
         if ack.sack_bitmap:
-            base = psn_abs(ack.sack_base, self.una)
+            base = psn_abs(ack.sack_base, una)
             nbits = 8 * len(ack.sack_bitmap)
             bits = int.from_bytes(ack.sack_bitmap, "big") << (W - nbits) if nbits <= W else 0
-            shift = base - self.una
+            shift = base - una
             if 0 <= shift < W:
                 bits >>= shift
             elif -W < shift < 0:
@@ -299,44 +317,32 @@ class Requester:
                 bits = 0
             new = bits & ~self.sacked
             self.sacked |= bits
+            psns = []
+            top_psn = una + W - 1
             while new:
                 top = new.bit_length() - 1
                 new ^= 1 << top
-                acked += self._deliver(self.una + W - 1 - top)
-        self.stats["bytes_acked"] += acked
+                psns.append(top_psn - top)
+            acked += self._deliver(psns, seen)
+        self.bytes_acked += acked
         if acked == 0:
             self.stats["duplicates_acked"] += 1
-        rtt = None
-        echo = psn_abs(ack.echo_psn, self.una)
-        if ack.echo_ev in self.profile.evs:
-            sent = self._sent_time(echo, ack.echo_ev)
-            if sent is not None:
-                rtt = now - sent
-                self.profile.on_rtt(ack.echo_ev, rtt, ack.ecn_echo)
+        for ev, (count, latest_sent) in seen.items():
+            self.profile.on_delivered(ev, latest_sent, count)
+            if latest_sent > self.rack_sent_ns:
+                self.rack_sent_ns = latest_sent
         self.cc.on_ack(now, acked, rtt, ack.ecn_echo)
-        self._complete(now)
-        self._detect_losses(now)
-
-    def _sent_time(self, psn: int, ev: int) -> int | None:
-        """Send time of the echoed packet if it was sent once on that EV (Karn: no ambiguous samples)."""
-        last = self._echo_times.get(psn)
-        if last is not None and last[0] == ev:
-            return last[1]
-        return None
-
-    def _complete(self, now: int) -> None:
-        while self.active and self.active[0].acked >= self.active[0].length:
-            wr = self.active.popleft()
+        active = self.active
+        while active and active[0].acked >= active[0].length:
+            wr = active.popleft()
             wr.completed_ns = now
             self.completions.append(Completion(wr.wr_id, wr.length, now, wr.imm))
-        if len(self._echo_times) > 4 * self.config.window:
-            for psn in [p for p in self._echo_times if p < self.una]:
-                del self._echo_times[psn]
+        self._detect_losses(now, seen)
 
     def _lose(self, pkt: _Pkt, now: int, why: str) -> None:
         del self.flight[pkt.psn]
         self.bytes_in_flight -= pkt.length
-        self.profile.evs[pkt.ev].bytes_in_flight -= pkt.length
+        self._ev_flight[pkt.ev] -= pkt.length
         self.retx.append(pkt.psn)
         if self.config.path_avoidance:
             self.profile.on_lost(pkt.ev, now, why)
@@ -344,9 +350,10 @@ class Requester:
             self.profile.evs[pkt.ev].packets_lost += 1
         self.cc.on_loss(now)
 
-    def _detect_losses(self, now: int) -> None:
+    def _detect_losses(self, now: int, touched=None) -> None:
         # per EV: a path keeps order, so a later packet delivered on it means earlier ones are lost
-        for ev, queue in self.by_ev.items():
+        for ev in (touched if touched is not None else self.by_ev):
+            queue = self.by_ev[ev]
             delivered_up_to = self.profile.evs[ev].last_delivered_sent_ns
             while queue:
                 psn, sent = queue[0]
@@ -424,34 +431,6 @@ class Requester:
             stale = now - 100 * self.config.probe_interval_ns
             self._probes = {k: v for k, v in self._probes.items() if v[1] > stale}
 
-    def _can_send(self) -> bool:
-        if self.error is not None:
-            return False
-        if self.bytes_in_flight >= self.cc.cwnd:
-            return False
-        if self.retx:
-            return True
-        return bool(self.queue) and self.next_psn < self.una + self.config.window
-
-    def _next_packet(self) -> _Pkt | None:
-        while self.retx:
-            pkt = self.pkts.get(self.retx.popleft())
-            if pkt is not None and pkt.psn not in self.flight:
-                return pkt
-        if not self.queue or self.next_psn >= self.una + self.config.window:
-            return None
-        wr = self.queue[0]
-        offset = wr.next_offset
-        length = min(self.config.mtu, wr.length - offset)
-        wr.next_offset += length
-        last = wr.next_offset >= wr.length
-        if last:
-            self.queue.popleft()
-        pkt = _Pkt(self.next_psn, wr, offset, length, last)
-        self.pkts[pkt.psn] = pkt
-        self.next_psn += 1
-        return pkt
-
     def pump(self, now: int, send: Send) -> None:
         """Send what is due: timeouts' consequences, EV probes, then data while the window allows."""
         self._last_now = now
@@ -462,40 +441,76 @@ class Requester:
             self._detect_losses(now)
         if self.config.path_avoidance and self.probe_paths:
             self._send_probes(now, send)
-        sent = 0
+        # the data path: locals only, one frame per iteration (this loop sets the packet rate)
         cfg = self.config
-        while sent < cfg.burst and self._can_send():
-            pkt = self._next_packet()
-            if pkt is None:
+        mtu, burst, pkey, dest_qp = cfg.mtu, cfg.burst, cfg.pkey, self.dest_qp
+        cwnd = self.cc.cwnd
+        window_end = self.una + cfg.window
+        pick, paths, pkts, flight, by_ev = self.profile.pick, self.paths, self.pkts, self.flight, self.by_ev
+        ev_flight, evs, retx, queue = self._ev_flight, self.profile.evs, self.retx, self.queue
+        sent = 0
+        while sent < burst and self.bytes_in_flight < cwnd and self.error is None:
+            if retx:
+                pkt = pkts.get(retx.popleft())
+                if pkt is None or pkt.psn in flight:
+                    continue  # delivered after all, or already resent
+                ev = pick(pkt.ev)
+                evs[ev].retransmits_sent += 1
+            elif queue and self.next_psn < window_end:
+                wr = queue[0]
+                offset = wr.next_offset
+                length = wr.length - offset
+                if length > mtu:
+                    length = mtu
+                wr.next_offset = offset + length
+                last = wr.next_offset >= wr.length
+                if last:
+                    queue.popleft()
+                pkt = pkts[self.next_psn] = _Pkt(self.next_psn, wr, offset, length, last)
+                self.next_psn += 1
+                ev = pick()
+            else:
                 break
-            retransmit = pkt.tx > 0
-            ev = self.profile.pick(avoid=pkt.ev if retransmit else None)
-            path = self.paths[ev]
-            wr = pkt.wr
-            index = pkt.offset // cfg.mtu
-            ack_req = pkt.last or retransmit or self.bytes_in_flight + 2 * pkt.length > self.cc.cwnd
-            frame = path.template.write(
-                self.dest_qp, pkt.psn & (PSN_MOD - 1), wr.remote_va + pkt.offset, wr.rkey,
-                wr.local[pkt.offset:pkt.offset + pkt.length], wr.sums[index], ack_req,
-                wr.imm if pkt.last else None, cfg.pkey)
+            wr, offset, length = pkt.wr, pkt.offset, pkt.length
+            path = paths[ev]
+            last = pkt.last
+            ack_req = last or pkt.tx > 0 or self.bytes_in_flight + 2 * length > cwnd
+            frame = path.template.write(dest_qp, pkt.psn & 0xFFFFFF, wr.remote_va + offset, wr.rkey,
+                                        wr.local[offset:offset + length], wr.sums[offset // mtu], ack_req,
+                                        wr.imm if last else None, pkey)
             pkt.ev = ev
             pkt.sent_ns = now
             pkt.tx += 1
-            self._echo_times[pkt.psn] = (ev, now) if pkt.tx == 1 else (-1, now)
-            stats = self.profile.evs[ev]
-            stats.packets_sent += 1
-            self.stats["packets_sent"] += 1
-            if retransmit:
-                stats.retransmits_sent += 1
-                self.stats["retransmits"] += 1
+            evs[ev].packets_sent += 1
             sent += 1
-            self.flight[pkt.psn] = None
-            self.by_ev[ev].append((pkt.psn, now))
-            self.bytes_in_flight += pkt.length
-            stats.bytes_in_flight += pkt.length
+            flight[pkt.psn] = None
+            by_ev[ev].append((pkt.psn, now))
+            self.bytes_in_flight += length
+            ev_flight[ev] += length
             if not send(frame, path):
                 self.stats["send_failures"] += 1
                 self._lose(pkt, now, "no route out of the host")
+
+    def _can_send(self) -> bool:
+        if self.error is not None or self.bytes_in_flight >= self.cc.cwnd:
+            return False
+        return bool(self.retx) or (bool(self.queue) and self.next_psn < self.una + self.config.window)
+
+    @property
+    def packets_sent(self) -> int:
+        return sum(s.packets_sent for s in self.profile.evs.values())
+
+    @property
+    def retransmits(self) -> int:
+        return sum(s.retransmits_sent for s in self.profile.evs.values())
+
+    def summary(self) -> dict:
+        """QP-wide counters (per-EV ones are in the profile)."""
+        return {"packets_sent": self.packets_sent, "retransmits": self.retransmits, "bytes_acked": self.bytes_acked,
+                **self.stats, "cwnd": int(self.cc.cwnd)}
+
+    def ev_bytes_in_flight(self, ev: int) -> int:
+        return self._ev_flight[ev]
 
     def next_wakeup(self) -> int | None:
         if self.error is not None:
