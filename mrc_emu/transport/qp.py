@@ -50,7 +50,8 @@ class QpConfig:
     retry_linear: int = 7  # retries at the plain ACK timeout (OCP: <= 7)
     retry_exp: int = 4  # then retries with the timeout doubling each time (<= 25; 25 = infinite)
     mpr: int = 8  # max PSN range (the SACK window), in units of 128 PSNs
-    ack_every: int = 4  # the responder acknowledges at least every this many data packets
+    ack_every: int = 16  # the responder acknowledges at least every this many data packets ...
+    ack_delay_ns: int = 100_000  # ... or this long after the first packet it has not acknowledged
     probe_interval_ns: int = 1_000_000
     reorder_floor_ns: int = 200_000  # RACK reordering window, at least this
     burst: int = 32  # packets per pump, so receiving is never starved
@@ -134,14 +135,14 @@ class WriteRequest:
     rkey: int
     imm: int | None
     sums: list[int]
+    length: int = 0
     next_offset: int = 0
     acked: int = 0
     posted_ns: int = 0
     completed_ns: int | None = None
 
-    @property
-    def length(self) -> int:
-        return len(self.local)
+    def __post_init__(self) -> None:
+        self.length = len(self.local)
 
 
 @dataclass
@@ -202,6 +203,8 @@ class Requester:
         self._window_mask = (1 << self.config.window) - 1
         self._ev_flight: dict[int, int] = dict.fromkeys(paths, 0)  # bytes in flight per EV
         self.bytes_acked = 0
+        self._rack_cache: tuple[int, int] | None = None
+        self._rack_calls = 0
         self._last_now = 0
 
     # ---- API -----------------------------------------------------------------------------
@@ -367,9 +370,12 @@ class Requester:
                     break
         # RACK: a packet sent before one already delivered is lost once it is later than that
         # one by the reordering window, or has waited an RTT plus the reordering window
+        flight = self.flight
+        if not flight or self.pkts[next(iter(flight))].sent_ns >= self.rack_sent_ns:
+            return  # the oldest packet in flight was sent after everything known delivered
         reo, rtt = self._rack_windows()
         fast_limit = self.rack_sent_ns - reo
-        for psn in list(itertools.islice(self.flight, 64)):
+        for psn in list(itertools.islice(flight, 64)):
             pkt = self.pkts[psn]
             if pkt.sent_ns >= self.rack_sent_ns:
                 break
@@ -381,10 +387,13 @@ class Requester:
                 break
 
     def _rack_windows(self) -> tuple[int, int]:
-        """(reordering window, reference RTT): the largest smoothed RTT of a GOOD EV."""
-        rtts = [s.srtt_ns for s in self.profile.evs.values() if s.srtt_ns and s.state is EvState.GOOD]
-        rtt = int(max(rtts)) if rtts else self.config.reorder_floor_ns
-        return max(self.config.reorder_floor_ns, rtt // 4), rtt
+        """(reordering window, reference RTT): the largest smoothed RTT of a GOOD EV (cached briefly)."""
+        self._rack_calls += 1
+        if self._rack_cache is None or self._rack_calls % 16 == 0:
+            rtts = [s.srtt_ns for s in self.profile.evs.values() if s.srtt_ns and s.state is EvState.GOOD]
+            rtt = int(max(rtts)) if rtts else self.config.reorder_floor_ns
+            self._rack_cache = (max(self.config.reorder_floor_ns, rtt // 4), rtt)
+        return self._rack_cache
 
     # ---- sending -------------------------------------------------------------------------
 
@@ -449,7 +458,8 @@ class Requester:
         pick, paths, pkts, flight, by_ev = self.profile.pick, self.paths, self.pkts, self.flight, self.by_ev
         ev_flight, evs, retx, queue = self._ev_flight, self.profile.evs, self.retx, self.queue
         sent = 0
-        while sent < burst and self.bytes_in_flight < cwnd and self.error is None:
+        bif = self.bytes_in_flight
+        while sent < burst and bif < cwnd and self.error is None:
             if retx:
                 pkt = pkts.get(retx.popleft())
                 if pkt is None or pkt.psn in flight:
@@ -474,7 +484,7 @@ class Requester:
             wr, offset, length = pkt.wr, pkt.offset, pkt.length
             path = paths[ev]
             last = pkt.last
-            ack_req = last or pkt.tx > 0 or self.bytes_in_flight + 2 * length > cwnd
+            ack_req = last or pkt.tx > 0
             frame = path.template.write(dest_qp, pkt.psn & 0xFFFFFF, wr.remote_va + offset, wr.rkey,
                                         wr.local[offset:offset + length], wr.sums[offset // mtu], ack_req,
                                         wr.imm if last else None, pkey)
@@ -485,11 +495,14 @@ class Requester:
             sent += 1
             flight[pkt.psn] = None
             by_ev[ev].append((pkt.psn, now))
-            self.bytes_in_flight += length
+            bif += length
             ev_flight[ev] += length
             if not send(frame, path):
                 self.stats["send_failures"] += 1
+                self.bytes_in_flight = bif
                 self._lose(pkt, now, "no route out of the host")
+                bif = self.bytes_in_flight
+        self.bytes_in_flight = bif
 
     def _can_send(self) -> bool:
         if self.error is not None or self.bytes_in_flight >= self.cc.cwnd:
@@ -545,6 +558,7 @@ class _RQp:
     received: int = 0  # bit (window-1-i) <=> PSN epsn+i arrived
     pending_imm: dict[int, int] = field(default_factory=dict)
     since_ack: int = 0
+    unacked_since: int = -1  # arrival time of the first packet not yet acknowledged
     ack_due: bool = False
     nak: int | None = None  # syndrome to send with the next ACK
     nak_psn: int = 0
@@ -637,6 +651,8 @@ class Responder:
                     self.completions.append(ImmCompletion(p & (PSN_MOD - 1), qp.pending_imm.pop(p), now))
         qp.received = received
         qp.since_ack += 1
+        if qp.unacked_since < 0:
+            qp.unacked_since = now
         if packet.ack_req or qp.since_ack >= self.config.ack_every:
             qp.ack_due = True
 
@@ -659,13 +675,19 @@ class Responder:
     def pump(self, now: int, send: Send) -> None:
         self._last_now = now
         for qp in self.qps.values():
-            if not qp.ack_due:
+            if not qp.ack_due and not (qp.unacked_since >= 0 and now >= qp.unacked_since + self.config.ack_delay_ns):
                 continue
             path = qp.paths_back.get(qp.echo_ev) or next(iter(qp.paths_back.values()))
             ack = self._ack_for(qp)
             send(path.template.encode(ack), path)
             self.stats["naks_sent" if qp.nak is not None else "acks_sent"] += 1
-            qp.ack_due, qp.nak, qp.since_ack = False, None, 0
+            qp.ack_due, qp.nak, qp.since_ack, qp.unacked_since = False, None, 0, -1
 
     def next_wakeup(self) -> int | None:
-        return self._last_now if any(qp.ack_due for qp in self.qps.values()) else None
+        wakes = []
+        for qp in self.qps.values():
+            if qp.ack_due:
+                return self._last_now
+            if qp.unacked_since >= 0:
+                wakes.append(qp.unacked_since + self.config.ack_delay_ns)
+        return min(wakes) if wakes else None
