@@ -22,11 +22,14 @@ JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="Machine-read
 
 
 def _known_errors() -> tuple[type[BaseException], ...]:
+    from .experiments.transfer import TransferError
     from .fabric.netlink import NetlinkError
     from .fabric.nodes import FabricSetupError
     from .fabric.registry import RegistryError
+    from .transport.qp import TransportError
 
-    return (TopologyError, FabricSetupError, RegistryError, NetlinkError, ValueError, PermissionError)
+    return (TopologyError, FabricSetupError, RegistryError, NetlinkError, TransferError, TransportError, ValueError,
+            PermissionError)
 
 
 def friendly(func):
@@ -282,6 +285,126 @@ def check(topology: str | None, max_pairs: int | None, name: str, as_json: bool)
         text += f"\n  unreachable: {miss['src']} -> {miss['dst']} EV {miss['ev']}"
     _emit(result.to_dict(), as_json, text)
     if not result.ok:
+        sys.exit(1)
+
+
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2, "mib": 1024**2,
+          "g": 1000**3, "gb": 1000**3, "gib": 1024**3}
+
+
+def parse_size(text: str) -> int:
+    """'64MiB', '1.5GB', '4096', '100k' -> bytes."""
+    raw = text.strip().lower().replace("_", "")
+    number = raw.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = raw[len(number):]
+    try:
+        value = float(number)
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is not a size (examples: 4096, 100k, 64MiB, 1GiB)") from None
+    if unit not in _UNITS:
+        raise click.BadParameter(f"unknown unit {unit!r} in {text!r} (use B, k, KiB, MB, MiB, GB, GiB)")
+    size = int(value * _UNITS[unit])
+    if size < 1:
+        raise click.BadParameter(f"{text!r}: a WRITE carries at least one byte")
+    return size
+
+
+def _ev_selection(text: str | None, count: int) -> list[int] | None:
+    """--evs 4 (the first four EVs) or --evs 0,3,5 (exactly these)."""
+    if text is None:
+        return None
+    try:
+        if "," in text:
+            return [int(x) for x in text.split(",") if x.strip()]
+        n = int(text)
+    except ValueError:
+        raise click.BadParameter(f"--evs {text!r}: give a count (4) or a list of EV indexes (0,3,5)") from None
+    if not 1 <= n <= count:
+        raise click.BadParameter(f"--evs {n}: there are {count} EVs between these hosts")
+    return list(range(n))
+
+
+def _transfer_text(r) -> str:
+    lines = []
+    if r.ok:
+        lines.append(f"{r.src} -> {r.dst}: {r.size / 2**20:.1f} MiB in {r.completion_ms:.1f} ms, goodput "
+                     f"{r.goodput_gbps:.2f} Gbit/s ({r.goodput_pps:,} packets/s); MTU {r.mtu}, {len(r.evs)} EVs "
+                     f"({r.ev_format}), CC {r.cc}")
+    else:
+        lines.append(f"{r.src} -> {r.dst}: FAILED: {r.error}")
+    stats = r.requester["stats"]
+    lines.append(f"packets sent {stats['packets_sent']:,}, retransmits {stats['retransmits']:,}, ACK timeouts "
+                 f"{stats['timeouts']}, duplicates placed-once {r.responder['stats']['duplicates']:,}, "
+                 f"probes {stats['probes_sent']} sent / {stats['probes_returned']} back")
+    lines.append("  EV  plane spine   share  sent     lost  srtt_us  state")
+    for e in r.per_ev:
+        lines.append(f"  {e['ev']:<3} {e['plane']:<5} {str(e['spine'] or '-'):<7} {e['share'] * 100:5.1f}% "
+                     f"{e['packets_sent']:<8} {e['packets_lost']:<5} {e['srtt_us']:<8} {e['state']}")
+    if r.ev_events:
+        lines.append(f"EV events ({len(r.ev_events)}):")
+        for ev in r.ev_events[:20]:
+            rtt = f", probe rtt {ev['rtt_ns'] / 1000:.0f} us" if ev["rtt_ns"] else ""
+            lines.append(f"  {ev['time_ms']:9.3f} ms  EV {ev['ev']}: {ev['old']} -> {ev['new']} ({ev['reason']}{rtt})")
+        if len(r.ev_events) > 20:
+            lines.append(f"  ... {len(r.ev_events) - 20} more (--json has all)")
+    else:
+        lines.append("EV events: none")
+    drops = {**r.requester["drops"], **r.responder["drops"]}
+    kernel = {k: v for k, v in r.responder.get("kernel_udp", {}).items() if v}
+    if drops or kernel:
+        lines.append(f"dropped: {drops} kernel: {kernel}")
+    lines.append(f"sha256 source {r.sha256_source}")
+    lines.append(f"sha256 placed {r.sha256_placed}  {'MATCH' if r.verified else 'MISMATCH'}")
+    return "\n".join(lines)
+
+
+@main.command()
+@click.argument("src")
+@click.argument("dst")
+@click.option("--size", "-s", default="64MiB", show_default=True, help="Bytes to WRITE (4096, 100k, 64MiB, 1GiB).")
+@click.option("--evs", default=None, help="EVs to spray over: a count (first N) or a list like 0,3,5 (default: all).")
+@click.option("--cc", type=click.Choice(["nscc", "fixed"]), default="nscc", show_default=True,
+              help="Congestion control profile.")
+@click.option("--mtu", type=int, default=4096, show_default=True, help="Payload bytes per packet (path MTU).")
+@click.option("--format", "ev_format", type=click.Choice(["SRV6", "SRV6_USID", "UDP"]), default="SRV6",
+              show_default=True, help="EV format on the wire.")
+@click.option("--ev-min-active", type=int, default=1, show_default=True,
+              help="Never mark so many EVs ASSUMED_BAD that fewer than this stay GOOD.")
+@click.option("--imm", type=int, default=None, help="Send a WRITE_WITH_IMM with this 32-bit immediate.")
+@NAME_OPTION
+@JSON_OPTION
+@friendly
+def send(src: str, dst: str, size: str, evs: str | None, cc: str, mtu: int, ev_format: str, ev_min_active: int,
+         imm: int | None, name: str, as_json: bool) -> None:
+    """RDMA WRITE from SRC to a buffer at DST, sprayed over the EVs; verify by SHA-256.
+
+    Starts the responder in DST's namespace and the requester in SRC's, on a running fabric.
+    Exit code 1 if the transfer fails or the placed bytes differ from the source.
+    """
+    from .experiments.transfer import send as run_send
+    from .fabric.build import load_topology
+    from .topology.evs import EvFormat
+    from .transport.qp import QpConfig
+
+    nbytes = parse_size(size)
+    count = len(evs_between(load_topology(name), src, dst))
+    selection = _ev_selection(evs, count)
+    if imm is not None and not 0 <= imm <= 0xFFFFFFFF:
+        raise click.BadParameter("--imm must fit in 32 bits")
+    config = QpConfig(mtu=mtu)
+    show_bar = not as_json and sys.stderr.isatty()
+    with click.progressbar(length=nbytes, label=f"{src} -> {dst}", file=sys.stderr, show_pos=False,
+                           hidden=not show_bar) as bar:
+        done = [0]
+
+        def progress(acked: int, total: int) -> None:
+            bar.update(acked - done[0])
+            done[0] = acked
+
+        result = run_send(name, src, dst, nbytes, selection, cc, mtu, EvFormat(ev_format), ev_min_active, imm,
+                          config, on_progress=progress)
+    _emit(result.to_dict(), as_json, _transfer_text(result))
+    if not result.verified:
         sys.exit(1)
 
 
