@@ -371,11 +371,15 @@ def _transfer_text(r) -> str:
 @click.option("--ev-min-active", type=int, default=1, show_default=True,
               help="Never mark so many EVs ASSUMED_BAD that fewer than this stay GOOD.")
 @click.option("--imm", type=int, default=None, help="Send a WRITE_WITH_IMM with this 32-bit immediate.")
+@click.option("--ack-timeout-exp", type=click.IntRange(0, 24), default=13, show_default=True,
+              help="t in ACK timeout = 1.024 us x 2^t (13: 8.4 ms).")
+@click.option("--retry-exp", type=click.IntRange(0, 25), default=4, show_default=True,
+              help="Retries with doubling timeout after the 7 linear ones (25 = infinite).")
 @NAME_OPTION
 @JSON_OPTION
 @friendly
 def send(src: str, dst: str, size: str, evs: str | None, cc: str, mtu: int, ev_format: str, ev_min_active: int,
-         imm: int | None, name: str, as_json: bool) -> None:
+         imm: int | None, ack_timeout_exp: int, retry_exp: int, name: str, as_json: bool) -> None:
     """RDMA WRITE from SRC to a buffer at DST, sprayed over the EVs; verify by SHA-256.
 
     Starts the responder in DST's namespace and the requester in SRC's, on a running fabric.
@@ -391,7 +395,7 @@ def send(src: str, dst: str, size: str, evs: str | None, cc: str, mtu: int, ev_f
     selection = _ev_selection(evs, count)
     if imm is not None and not 0 <= imm <= 0xFFFFFFFF:
         raise click.BadParameter("--imm must fit in 32 bits")
-    config = QpConfig(mtu=mtu)
+    config = QpConfig(mtu=mtu, ack_timeout_exp=ack_timeout_exp, retry_exp=retry_exp)
     show_bar = not as_json and sys.stderr.isatty()
     with click.progressbar(length=nbytes, label=f"{src} -> {dst}", file=sys.stderr, show_pos=False,
                            hidden=not show_bar) as bar:

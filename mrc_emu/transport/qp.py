@@ -498,10 +498,11 @@ class Requester:
             bif += length
             ev_flight[ev] += length
             if not send(frame, path):
+                # it never left (the host's own port is down): count it against the EV now; the
+                # packet stays in flight, so the ACK timeout resends it and spends its retries
                 self.stats["send_failures"] += 1
-                self.bytes_in_flight = bif
-                self._lose(pkt, now, "no route out of the host")
-                bif = self.bytes_in_flight
+                if cfg.path_avoidance:
+                    self.profile.on_lost(ev, now, "no route out of the host")
         self.bytes_in_flight = bif
 
     def _can_send(self) -> bool:

@@ -1,0 +1,76 @@
+"""Packet-level faults inside a node: random loss and blackholes, with nftables.
+
+Why it exists: a link that is down is one failure; a link that stays up and drops some or
+all packets is another, and the one SRv6 source routing is meant to survive. This kernel
+has no netem, so loss is an nft rule in the node's namespace (`numgen random`), applied
+on ingress of the chosen interfaces before routing (so it hits SRv6 End/End.X traffic).
+Each node gets one table of ours, `mrc_emu_faults`; clearing removes exactly that table.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+from ..topology import Role
+from . import netns
+from .build import load_topology
+from .nodes import FabricSetupError
+
+TABLE = "mrc_emu_faults"
+
+
+def _nft(name: str, node: str, script: str) -> None:
+    nft = shutil.which("nft")
+    if nft is None:
+        raise FabricSetupError("nft not found: apt-get install nftables (or run scripts/install.sh)")
+    path = netns.netns_path(name, node)
+    if not path.exists():
+        raise FabricSetupError(f"namespace {path} of node {node} is gone; run 'mrc-emu clean'")
+    with netns.entered(path):  # the child process inherits this thread's namespace
+        done = subprocess.run([nft, "-f", "-"], input=script, text=True, capture_output=True)
+    if done.returncode != 0:
+        raise FabricSetupError(f"nft in {node} failed: {done.stderr.strip()}")
+
+
+def loss(name: str, node: str, percent: float, intfs: list[str] | None = None) -> list[str]:
+    """Drop `percent` % of the packets arriving at `node` (on `intfs`, default: all its links).
+
+    100 % is a blackhole: the links stay up, every packet vanishes.
+    """
+    if not 0 < percent <= 100:
+        raise ValueError(f"loss must be in (0, 100] percent, not {percent}")
+    topo = load_topology(name)
+    own = [topo.peer(link, node)[1] for link in topo.links_of(node)]
+    intfs = intfs or own
+    unknown = sorted(set(intfs) - set(own))
+    if unknown:
+        raise FabricSetupError(f"{node} has no interface {unknown[0]} (it has: {', '.join(own)})")
+    threshold = round(percent * 100)  # in 1/10000
+    names = ", ".join(f'"{i}"' for i in intfs)
+    chance = "" if threshold >= 10000 else f"numgen random mod 10000 < {threshold} "
+    _nft(name, node, f"""
+table inet {TABLE}
+delete table inet {TABLE}
+table inet {TABLE} {{
+    chain ingress_loss {{
+        type filter hook prerouting priority -300; policy accept;
+        iifname {{ {names} }} {chance}counter drop
+    }}
+}}
+""")
+    return intfs
+
+
+def clear(name: str, node: str) -> None:
+    """Remove our fault table from the node (nothing else is touched)."""
+    _nft(name, node, f"table inet {TABLE}\ndelete table inet {TABLE}\n")
+
+
+def plane_nodes(name: str, plane: int) -> list[str]:
+    """The spines of one plane: every inter-leaf path of that plane crosses exactly one."""
+    topo = load_topology(name)
+    spines = [n.name for n in topo.nodes.values() if n.role is Role.SPINE and n.plane == plane]
+    if not spines:
+        raise FabricSetupError(f"no plane {plane} (planes: 0..{topo.planes - 1})")
+    return spines
