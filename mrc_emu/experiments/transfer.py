@@ -51,6 +51,10 @@ class Control:
     started_ns: int = 0
     finished: threading.Event = field(default_factory=threading.Event)
     stop: threading.Event = field(default_factory=threading.Event)  # set to abandon the transfer
+    # (progress fraction, action): run once, inside the requester's loop, when progress reaches it;
+    # the time it returned (ns since the transfer started) lands in `fired`
+    hooks: list[tuple[float, Callable[[], object]]] = field(default_factory=list)
+    fired: list[tuple[float, int, int]] = field(default_factory=list)  # (fraction, started, returned)
 
 
 @dataclass
@@ -258,6 +262,11 @@ def _run_requester(paths, config, cc, ev_min_active, qpn_req, qpn_resp, start_ps
         control.bytes_acked = acked
         control.progress = acked / size
         control.ev_states = {k: s.state.value for k, s in requester.profile.evs.items()}
+        while control.hooks and control.progress >= control.hooks[0][0]:
+            fraction, action = control.hooks.pop(0)
+            began = time.monotonic_ns()
+            action()
+            control.fired.append((fraction, began - start_ns, time.monotonic_ns() - start_ns))
         if on_progress is not None and now - last_report[0] >= 100_000_000:
             last_report[0] = now
             on_progress(acked, size)

@@ -11,6 +11,7 @@ so the transport is tested without root. `SocketLink` carries them over a raw IP
 from __future__ import annotations
 
 import errno
+import gc
 import heapq
 import random
 import select
@@ -214,7 +215,23 @@ def udp_receiver(address: str, port: int = 4791) -> socket.socket:
 def run_socket(endpoint: Endpoint, link: SocketLink, done: Callable[[], bool],
                tick: Callable[[int], None] | None = None, tick_ns: int = 100_000_000,
                clock: Callable[[], int] = time.monotonic_ns) -> None:
-    """Drive one endpoint over sockets until `done()`. `tick(now)` runs every `tick_ns`."""
+    """Drive one endpoint over sockets until `done()`. `tick(now)` runs every `tick_ns`.
+
+    The cyclic garbage collector is paused meanwhile: a full collection over a large heap
+    stalls the loop for milliseconds, and the transport's objects are freed by reference
+    counting anyway.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        _run_socket(endpoint, link, done, tick, tick_ns, clock)
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _run_socket(endpoint: Endpoint, link: SocketLink, done: Callable[[], bool],
+                tick: Callable[[int], None] | None, tick_ns: int, clock: Callable[[], int]) -> None:
     next_tick = clock() + tick_ns
     while not done():
         now = clock()

@@ -1,0 +1,84 @@
+"""Figures from a transfer's timeline: goodput over time and recovery after a fault.
+
+Why it exists: "recovery time" must mean one thing everywhere (benchmarks, scenarios,
+the demo). Definition: the pre-fault level is the goodput over the `pre_ns` before the
+fault. Goodput is measured over sliding windows of `window_ns`, in 0.1 ms steps. If a
+window starting within `horizon_ns` after the fault falls below `level` x the pre-fault
+level, that is the dip; the transfer has recovered at the start of the first window
+after the dip whose goodput is back at the level. Recovery time = that moment minus the
+fault; 0 if goodput never fell below the level.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+
+def bytes_at(timeline: list[tuple[int, int]], t: int) -> float:
+    """Bytes acknowledged by time t (linear between samples)."""
+    times = [p[0] for p in timeline]
+    i = bisect.bisect_right(times, t)
+    if i == 0:
+        return 0.0
+    if i == len(timeline):
+        return float(timeline[-1][1])
+    (t0, b0), (t1, b1) = timeline[i - 1], timeline[i]
+    return b0 + (b1 - b0) * (t - t0) / (t1 - t0) if t1 > t0 else float(b1)
+
+
+def goodput_series(timeline: list[tuple[int, int]], bin_ns: int = 5_000_000) -> list[tuple[float, float]]:
+    """(ms since start, Gbit/s) per bin."""
+    if not timeline:
+        return []
+    end = timeline[-1][0]
+    out = []
+    t = 0
+    while t < end:
+        got = bytes_at(timeline, t + bin_ns) - bytes_at(timeline, t)
+        out.append((t / 1e6, got * 8 / bin_ns))
+        t += bin_ns
+    return out
+
+
+@dataclass
+class Recovery:
+    pre_fault_gbps: float
+    recovery_ms: float | None  # None: never back at `level` before the transfer ended
+    worst_gbps: float  # lowest goodput over any window after the fault, until recovery + 50 ms
+    window_ms: float
+    level: float
+
+    def to_dict(self) -> dict:
+        return {"pre_fault_gbps": round(self.pre_fault_gbps, 3),
+                "recovery_ms": None if self.recovery_ms is None else round(self.recovery_ms, 3),
+                "worst_gbps": round(self.worst_gbps, 3), "window_ms": self.window_ms, "level": self.level}
+
+
+def recovery(timeline: list[tuple[int, int]], fault_ns: int, completed_ns: int | None = None,
+             window_ns: int = 2_000_000, level: float = 0.9, pre_ns: int = 50_000_000,
+             horizon_ns: int = 20_000_000) -> Recovery:
+    """Recovery after a fault at `fault_ns` (both relative to the transfer's start)."""
+    end = completed_ns if completed_ns is not None else timeline[-1][0]
+    pre_start = max(0, fault_ns - pre_ns)
+    span = fault_ns - pre_start
+    pre = (bytes_at(timeline, fault_ns) - bytes_at(timeline, pre_start)) * 8 / span if span > 0 else 0.0
+    want = level * pre
+    step = 100_000
+    worst = float("inf")
+    dip = None
+    t = fault_ns
+    while t + window_ns <= end:
+        rate = (bytes_at(timeline, t + window_ns) - bytes_at(timeline, t)) * 8 / window_ns
+        worst = min(worst, rate)
+        if dip is None:
+            if rate < want:
+                dip = t
+            elif t - fault_ns > horizon_ns:
+                return Recovery(pre, 0.0, worst, window_ns / 1e6, level)  # never dipped
+        elif rate >= want:
+            return Recovery(pre, (t - fault_ns) / 1e6, worst, window_ns / 1e6, level)
+        t += step
+    if dip is None and t > fault_ns:
+        return Recovery(pre, 0.0, worst, window_ns / 1e6, level)
+    return Recovery(pre, None, 0.0 if worst == float("inf") else worst, window_ns / 1e6, level)
