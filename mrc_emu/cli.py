@@ -309,6 +309,18 @@ def parse_size(text: str) -> int:
     return size
 
 
+class Size(click.ParamType):
+    name = "size"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int):
+            return value
+        try:
+            return parse_size(value)
+        except click.BadParameter as exc:
+            self.fail(exc.message, param, ctx)
+
+
 def _ev_selection(text: str | None, count: int) -> list[int] | None:
     """--evs 4 (the first four EVs) or --evs 0,3,5 (exactly these)."""
     if text is None:
@@ -361,7 +373,8 @@ def _transfer_text(r) -> str:
 @main.command()
 @click.argument("src")
 @click.argument("dst")
-@click.option("--size", "-s", default="64MiB", show_default=True, help="Bytes to WRITE (4096, 100k, 64MiB, 1GiB).")
+@click.option("--size", "-s", type=Size(), default="64MiB", show_default=True,
+              help="Bytes to WRITE (4096, 100k, 64MiB, 1GiB).")
 @click.option("--evs", default=None, help="EVs to spray over: a count (first N) or a list like 0,3,5 (default: all).")
 @click.option("--cc", type=click.Choice(["nscc", "fixed"]), default="nscc", show_default=True,
               help="Congestion control profile.")
@@ -378,7 +391,7 @@ def _transfer_text(r) -> str:
 @NAME_OPTION
 @JSON_OPTION
 @friendly
-def send(src: str, dst: str, size: str, evs: str | None, cc: str, mtu: int, ev_format: str, ev_min_active: int,
+def send(src: str, dst: str, size: int, evs: str | None, cc: str, mtu: int, ev_format: str, ev_min_active: int,
          imm: int | None, ack_timeout_exp: int, retry_exp: int, name: str, as_json: bool) -> None:
     """RDMA WRITE from SRC to a buffer at DST, sprayed over the EVs; verify by SHA-256.
 
@@ -390,7 +403,7 @@ def send(src: str, dst: str, size: str, evs: str | None, cc: str, mtu: int, ev_f
     from .topology.evs import EvFormat
     from .transport.qp import QpConfig
 
-    nbytes = parse_size(size)
+    nbytes = size
     count = len(evs_between(load_topology(name), src, dst))
     selection = _ev_selection(evs, count)
     if imm is not None and not 0 <= imm <= 0xFFFFFFFF:

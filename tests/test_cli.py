@@ -20,7 +20,7 @@ def run(*args):
 
 
 @pytest.mark.parametrize("command", [[], ["up"], ["down"], ["clean"], ["status"], ["exec"], ["paths"], ["probe"],
-                                     ["link"], ["link", "down"], ["link", "flap"], ["capture"], ["check"]])
+                                     ["link"], ["link", "down"], ["link", "flap"], ["capture"], ["check"], ["send"]])
 def test_every_command_has_help(command):
     result = run(*command, "--help")
     assert result.exit_code == 0 and "Usage:" in result.output
@@ -86,3 +86,21 @@ def test_kill_recorded_refuses_reused_pid():
     import os
 
     assert registry.kill_recorded({"pid": os.getpid(), "start": -1}) is False
+
+
+@pytest.mark.parametrize("text, size", [("4096", 4096), ("100k", 100_000), ("64MiB", 64 * 2**20), ("1.5GB", 1_500_000_000),
+                                        ("2 KiB", 2048), ("1_000", 1000)])
+def test_sizes_parse(text, size):
+    assert cli.parse_size(text) == size
+
+
+@pytest.mark.parametrize("text", ["0", "-5", "lots", "5 parsecs", "1e-9"])
+def test_bad_sizes_get_a_usage_error(text, state_dir):
+    result = run("send", "h0", "h2", "--size", text)
+    assert result.exit_code == 2 and "--size" in result.output
+
+
+def test_send_without_a_fabric_is_one_clear_line(state_dir):
+    result = run("send", "h0", "h2", "--name", "nofab", "--size", "1k")
+    assert result.exit_code == 1
+    assert "no fabric named 'nofab'" in result.output

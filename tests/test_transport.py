@@ -277,3 +277,19 @@ def test_every_ev_format_and_topology_transfers(topo_name, ev_format):
     requester.post_write(data, mr.va, mr.rkey)
     assert MemoryNetwork(0).run([requester, responder], lambda: requester.done)
     assert buffer == data
+
+
+def test_recovery_metric_on_synthetic_timelines():
+    from mrc_emu.experiments import metrics
+
+    ms = 1_000_000
+    rate = 1000  # bytes per ms
+    steady = [(t * ms, t * rate) for t in range(200)]
+    assert metrics.recovery(steady, 100 * ms).recovery_ms == 0.0
+    # a 5 ms stall at the fault, then the old rate again
+    stalled = [(t * ms, (t if t < 100 else max(100, t - 5)) * rate) for t in range(200)]
+    rec = metrics.recovery(stalled, 100 * ms)
+    assert 4.5 <= rec.recovery_ms <= 5.5 and rec.worst_gbps == 0.0
+    # never recovers before the end
+    dead = [(t * ms, min(t, 100) * rate) for t in range(200)]
+    assert metrics.recovery(dead, 100 * ms).recovery_ms is None

@@ -50,8 +50,8 @@ class QpConfig:
     retry_linear: int = 7  # retries at the plain ACK timeout (OCP: <= 7)
     retry_exp: int = 4  # then retries with the timeout doubling each time (<= 25; 25 = infinite)
     mpr: int = 8  # max PSN range (the SACK window), in units of 128 PSNs
-    ack_every: int = 16  # the responder acknowledges at least every this many data packets ...
-    ack_delay_ns: int = 100_000  # ... or this long after the first packet it has not acknowledged
+    ack_every: int = 32  # the responder acknowledges at least every this many data packets ...
+    ack_delay_ns: int = 250_000  # ... or this long after the first packet it has not acknowledged
     probe_interval_ns: int = 1_000_000
     reorder_floor_ns: int = 200_000  # RACK reordering window, at least this
     burst: int = 32  # packets per pump, so receiving is never starved
