@@ -17,6 +17,7 @@ apt_packages=(
     net-tools        # ifconfig, which Mininet calls
     iproute2         # ip, for the few things netlink via pyroute2 cannot say
     ethtool tcpdump tshark nftables
+    frr              # BGP (and BFD) in the switch namespaces: the baseline's route repair
     python3 python3-venv
 )
 missing=()
