@@ -36,7 +36,8 @@ NAMESPACE_SYSCTLS = [
         ("router_solicitations", 0),
         ("keep_addr_on_down", 1),
     )
-] + [("net.ipv6.icmp.ratelimit", 0)]
+] + [("net.ipv6.icmp.ratelimit", 0),
+      ("net.ipv6.fib_multipath_hash_policy", 1)]  # ECMP hashes on the 5-tuple: the UDP source port picks the path
 
 
 @dataclass
@@ -45,6 +46,7 @@ class Route:
     intf: str  # 'lo' or one of the node's interfaces
     gateway: str | None = None
     seg6local: Seg6Local | None = None
+    multipath: list[tuple[str, str]] | None = None  # (intf, gateway) per nexthop, instead of intf/gateway
 
 
 @dataclass
@@ -65,9 +67,14 @@ def plan(topo: Topology, name: str) -> NodePlan:
     if node.role is Role.HOST:
         result.addresses.append(("lo", ad.host_address(topo, name), 128))
         result.addresses.append(("lo", ad.decap_sid(node.node_id), 128))
+    uplinks = []
     for link in topo.links_of(name):
         peer, intf, _ = topo.peer(link, name)
         peer_addr = ad.link_address(link, peer)
+        if node.role is Role.HOST:
+            uplinks.append((intf, peer_addr))
+        elif topo.node(peer).role is Role.HOST:  # plain IPv6 reachability of the host (baseline traffic)
+            result.routes.append(Route(ad.host_address(topo, peer) + "/128", intf, gateway=peer_addr))
         result.intfs.append(intf)
         result.addresses.append((intf, ad.link_address(link, name), 64))
         result.routes.append(Route(ad.usid_prefix(topo.node(peer).node_id), intf, gateway=peer_addr))
@@ -78,6 +85,8 @@ def plan(topo: Topology, name: str) -> NodePlan:
                 seg6local=Seg6Local("End.X", nh6=peer_addr),
             )
         )
+    if uplinks:  # a host reaches other hosts over its planes' leaves; the 5-tuple hash picks one
+        result.routes.append(Route(ad.HOST_PREFIX, uplinks[0][0], multipath=uplinks))
     return result
 
 
@@ -94,7 +103,11 @@ def batch(node_plan: NodePlan, indexes: dict[str, int], skip: frozenset[str] = f
         if intf not in skip:
             out.addr(indexes[intf], address, prefixlen)
     for route in node_plan.routes:
-        if route.intf not in skip:
+        if route.multipath is not None:
+            hops = [(indexes[intf], gw) for intf, gw in route.multipath if intf not in skip]
+            if hops:
+                out.multipath_route(route.prefix, hops)
+        elif route.intf not in skip:
             out.route(route.prefix, indexes[route.intf], route.gateway, route.seg6local)
     return out
 

@@ -34,6 +34,7 @@ RTN_UNICAST = 1
 RTA_DST = 1
 RTA_OIF = 4
 RTA_GATEWAY = 5
+RTA_MULTIPATH = 9
 RTA_TABLE = 15
 RTA_ENCAP_TYPE = 21
 RTA_ENCAP = 22
@@ -143,6 +144,22 @@ class Batch:
             body += _nla(RTA_ENCAP, seg6local.encode())  # unflagged, as pyroute2 encodes it
         what = f"route {prefix}" + (f" {seg6local.action}" if seg6local else f" via {gateway}")
         self._add(RTM_NEWROUTE, NLM_F_CREATE | NLM_F_REPLACE, body, what)
+
+    def multipath_route(self, prefix: str, nexthops: list[tuple[int, str]]) -> None:
+        """An ECMP route: one nexthop (ifindex, gateway) per entry; the kernel hashes flows over them."""
+        net = ipaddress.IPv6Network(prefix)
+        body = struct.pack(
+            "=BBBBBBBBI", AF_INET6, net.prefixlen, 0, 0, RT_TABLE_MAIN, RTPROT_STATIC,
+            RT_SCOPE_UNIVERSE, RTN_UNICAST, 0,
+        )
+        body += _nla(RTA_TABLE, struct.pack("=I", RT_TABLE_MAIN))
+        body += _nla(RTA_DST, net.network_address.packed)
+        hops = b""
+        for index, gateway in nexthops:
+            attrs = _nla(RTA_GATEWAY, _v6(gateway))
+            hops += struct.pack("=HBBi", 8 + len(attrs), 0, 0, index) + attrs
+        body += _nla(RTA_MULTIPATH, hops)
+        self._add(RTM_NEWROUTE, NLM_F_CREATE | NLM_F_REPLACE, body, f"route {prefix} over {len(nexthops)} nexthops")
 
     def messages(self) -> list[bytes]:
         """Each encoded message, for tests that compare them with pyroute2's encoding."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import time
 from dataclasses import dataclass, field
@@ -46,6 +47,7 @@ class FabricRecord:
     namespaces: list[str] = field(default_factory=list)
     processes: dict[int, dict[str, Any]] = field(default_factory=dict)  # live ones only
     down_links: set[int] = field(default_factory=set)
+    directories: list[str] = field(default_factory=list)
     ready: bool = False
     owner_pid: int | None = None
 
@@ -101,6 +103,10 @@ class Journal:
     def process(self, pid: int, what: str) -> None:
         self.append({"kind": "process", "pid": pid, "start": netns.process_start_time(pid), "what": what})
 
+    def directory(self, path: Path) -> None:
+        """A directory the project creates (and removes whole on down/clean)."""
+        self.append({"kind": "dir", "path": str(path)})
+
     def process_ended(self, pid: int) -> None:
         self.append({"kind": "process-ended", "pid": pid})
 
@@ -134,6 +140,8 @@ def read(name: str) -> FabricRecord:
             record.processes[entry["pid"]] = entry
         elif kind == "process-ended":
             record.processes.pop(entry["pid"], None)
+        elif kind == "dir":
+            record.directories.append(entry["path"])
         elif kind == "link":
             (record.down_links.discard if entry["up"] else record.down_links.add)(entry["link_id"])
         elif kind == "ready":
@@ -170,6 +178,10 @@ def remove(name: str) -> FabricRecord:
             netns.unbind(Path(path))
         except OSError as exc:
             errors.append(str(exc))
+    for path in reversed(record.directories):
+        # only paths this journal recorded, and only under our state directory
+        if Path(path).resolve().is_relative_to(STATE_DIR.resolve()):
+            shutil.rmtree(path, ignore_errors=True)
     if errors:
         raise RegistryError(f"could not remove {len(errors)} namespaces of {name!r}: {errors[0]}")
     journal_path(name).unlink(missing_ok=True)

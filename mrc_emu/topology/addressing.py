@@ -11,7 +11,8 @@ The plan is documented in docs/addressing.md; change both together.
     fc00:0:N:f0d6::      decapsulation address of host N (a local address on lo): a packet
                          whose SRH reaches Segments Left 0 there is decapsulated by the
                          kernel's own SRH processing and the inner packet delivered
-    fc00:2:L:I::1/128    address of host number I under leaf index L (on lo)
+    fc00:2:L:I::1/128    address of host number I under leaf index L (on lo); fc00:2::/32 holds
+                         them all (plain IPv6 routing of it is the baseline's, over BGP)
     fc00:f:K::1, ::2/64  the two ends of link K (a = lower tier = ::1)
 """
 
@@ -26,6 +27,7 @@ USID_BLOCK_BITS = 32
 USID_BITS = 16
 USID_DECAP_FUNCTION = 0xF0D6  # local functions lie above MAX_NODE_ID: never read as a node's uSID
 ENDX_FUNCTION_BASE = 0xE000  # End.X of port K is function 0xE000 + K
+HOST_PREFIX = "fc00:2::/32"
 MAX_USIDS = (128 - USID_BLOCK_BITS) // USID_BITS  # 6 uSIDs fit one carrier
 
 

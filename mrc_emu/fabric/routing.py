@@ -1,0 +1,180 @@
+"""Real routing for the baseline: FRR BGP (and BFD) in every switch namespace, RFC 7938 style.
+
+Why it exists: MRC's claim is that endpoints route around a failed path in microseconds
+while a BGP fabric takes far longer. To measure rather than assume the baseline's repair,
+every leaf and spine runs FRR's zebra, bgpd and bfdd: eBGP on every leaf-spine link, one
+ASN per plane's spine tier and one per leaf, `frr defaults datacenter` timers (keepalive
+3 s, hold 9 s), ECMP over all spines (multipath-relax), BFD on every session (300 ms x 3),
+and each leaf announcing its hosts' /128s. Hosts do not run BGP: their ECMP route over their
+planes' leaves is static (fabric/config.py), as servers in RFC 7938 fabrics.
+
+Every daemon and directory is recorded in the fabric's journal before it exists; `down`
+and `clean` remove them. SRv6 SIDs stay static: BGP carries only the host prefixes.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import select
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+from pyroute2 import IPRoute
+
+from ..topology import Role, Topology
+from ..topology import addressing as ad
+from . import netns, registry
+from .build import load_topology
+from .nodes import FabricSetupError
+
+FRR_DIR = Path("/usr/lib/frr")
+DAEMONS = ("zebra", "bfdd", "bgpd")
+RTPROT_BGP = 186
+
+
+def frr_missing() -> str | None:
+    """Why FRR cannot run here, or None."""
+    missing = [d for d in DAEMONS if not (FRR_DIR / d).exists()]
+    if missing:
+        return f"FRR is not installed ({', '.join(missing)} missing under {FRR_DIR}): apt-get install frr"
+    try:
+        pwd.getpwnam("frr")
+    except KeyError:
+        return "FRR's user 'frr' does not exist: reinstall the frr package"
+    return None
+
+
+def _asn(topo: Topology, node: str) -> int:
+    n = topo.node(node)
+    if n.role is Role.SPINE:
+        return 65000 + n.plane  # one ASN per plane's spine tier (RFC 7938 section 5.2.1)
+    return 65100 + n.node_id  # one per leaf
+
+
+def bgp_config(topo: Topology, node: str, bfd: bool = True) -> str:
+    """bgpd's configuration for one switch."""
+    n = topo.node(node)
+    lines = ["frr defaults datacenter", f"hostname {node}", "!", f"router bgp {_asn(topo, node)}",
+             f" bgp router-id 10.{n.node_id >> 16 & 255}.{n.node_id >> 8 & 255}.{n.node_id & 255}",
+             " no bgp ebgp-requires-policy", " bgp bestpath as-path multipath-relax"]
+    peers = []
+    for link in topo.links_of(node):
+        peer, _, _ = topo.peer(link, node)
+        if topo.node(peer).role is Role.HOST:
+            continue
+        address = ad.link_address(link, peer)
+        peers.append(address)
+        lines.append(f" neighbor {address} remote-as {_asn(topo, peer)}")
+        if bfd:
+            lines.append(f" neighbor {address} bfd")
+    lines.append(" address-family ipv6 unicast")
+    if n.role is Role.LEAF:
+        lines.append("  redistribute kernel route-map HOSTS")
+    lines += [f"  neighbor {p} activate" for p in peers]
+    lines += ["  maximum-paths 64", " exit-address-family", "!"]
+    if n.role is Role.LEAF:
+        lines += [f"ipv6 prefix-list HOSTS seq 5 permit {ad.HOST_PREFIX} le 128",
+                  "route-map HOSTS permit 10", " match ipv6 address prefix-list HOSTS", "!"]
+    return "\n".join(lines) + "\n"
+
+
+def _switches(topo: Topology) -> list[str]:
+    return [n.name for n in topo.nodes.values() if n.role is not Role.HOST]
+
+
+def state_dir(name: str) -> Path:
+    return registry.STATE_DIR / f"{name}-frr"
+
+
+def start(name: str, bfd: bool = True, timeout: float = 60.0, progress=None) -> float:
+    """Start FRR in every switch of fabric `name`; wait until every leaf has BGP routes to every
+    other leaf's hosts. Returns the seconds convergence took."""
+    reason = frr_missing()
+    if reason:
+        raise FabricSetupError(reason)
+    topo = load_topology(name)
+    root = state_dir(name)
+    frr = pwd.getpwnam("frr")
+    with registry.Journal.open(name) as journal:
+        journal.directory(root)
+    root.mkdir(parents=True, exist_ok=True)
+    os.chown(root, frr.pw_uid, frr.pw_gid)
+    began = time.monotonic()
+    for node in _switches(topo):
+        folder = root / node
+        folder.mkdir(exist_ok=True)
+        (folder / "zebra.conf").write_text(f"hostname {node}\n")
+        (folder / "bfdd.conf").write_text(f"hostname {node}\n")
+        (folder / "bgpd.conf").write_text(bgp_config(topo, node, bfd))
+        for path in [folder, *folder.iterdir()]:
+            os.chown(path, frr.pw_uid, frr.pw_gid)
+        for daemon in DAEMONS if bfd else ("zebra", "bgpd"):
+            _spawn(name, node, daemon, folder)
+    if progress:
+        progress(f"FRR started in {len(_switches(topo))} switches; waiting for BGP to converge")
+    wait_converged(name, topo, timeout)
+    return time.monotonic() - began
+
+
+def _spawn(name: str, node: str, daemon: str, folder: Path) -> None:
+    args = [str(FRR_DIR / daemon), "-N", f"{name}-{node}", "--vty_socket", str(folder), "-i",
+            str(folder / f"{daemon}.pid"), "-z", str(folder / "zserv.api"), "-f", str(folder / f"{daemon}.conf"),
+            "-u", "frr", "-g", "frr", "--log", f"file:{folder / daemon}.log"]
+    if daemon == "bfdd":
+        args += ["--bfdctl", str(folder / "bfdd.sock")]
+    path = netns.netns_path(name, node)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        proc = subprocess.Popen(args, preexec_fn=lambda: netns.setns(fd), stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    finally:
+        os.close(fd)
+    with registry.Journal.open(name) as journal:
+        journal.process(proc.pid, f"FRR {daemon} in {node}")
+    if daemon == "zebra":  # the others connect to zebra's socket: wait for it
+        deadline = time.monotonic() + 10
+        while not (folder / "zserv.api").exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise FabricSetupError(f"FRR zebra did not start in {node}; see {folder / 'zebra.log'}")
+            select.select([], [], [], 0.01)
+
+
+def _bgp_host_routes(name: str, node: str) -> set[str]:
+    with netns.entered(netns.netns_path(name, node)), IPRoute() as ipr:
+        return {f"{r.get('RTA_DST')}/{r['dst_len']}" for r in ipr.get_routes(family=10)
+                if r["proto"] == RTPROT_BGP and r.get("RTA_DST")}
+
+
+def wait_converged(name: str, topo: Topology, timeout: float) -> None:
+    """Every leaf has a BGP route to every host that is not its own."""
+    deadline = time.monotonic() + timeout
+    leaves = [n.name for n in topo.nodes.values() if n.role is Role.LEAF]
+    hosts_of = {leaf: {topo.peer(l, leaf)[0] for l in topo.links_of(leaf)} for leaf in leaves}  # noqa: E741
+    while True:
+        missing = {}
+        for leaf in leaves:
+            plane = topo.node(leaf).plane
+            want = {ad.host_address(topo, h.name) + "/128" for h in topo.hosts
+                    if h.name not in hosts_of[leaf] and topo.leaf_of(h.name, plane) != leaf}
+            lacking = want - _bgp_host_routes(name, leaf)
+            if lacking:
+                missing[leaf] = len(lacking)
+        if not missing:
+            return
+        if time.monotonic() > deadline:
+            raise FabricSetupError(f"BGP did not converge within {timeout:.0f} s: leaves missing host routes: {missing}")
+        select.select([], [], [], 0.1)
+
+
+def stop(name: str) -> None:
+    """Stop the FRR daemons of a fabric (the journal's records) and remove their directory."""
+    record = registry.read(name)
+    with registry.Journal.open(name) as journal:
+        for pid, entry in record.processes.items():
+            if entry.get("what", "").startswith("FRR "):
+                registry.kill_recorded(entry)
+                journal.process_ended(pid)
+    shutil.rmtree(state_dir(name), ignore_errors=True)
