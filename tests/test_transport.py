@@ -293,3 +293,26 @@ def test_recovery_metric_on_synthetic_timelines():
     # never recovers before the end
     dead = [(t * ms, min(t, 100) * rate) for t in range(200)]
     assert metrics.recovery(dead, 100 * ms).recovery_ms is None
+
+
+@settings(max_examples=15, deadline=None)
+@given(loss=st.floats(0, 0.2), reorder=st.floats(0, 0.3), duplicate=st.floats(0, 0.2), seed=st.integers(0, 999),
+       size=st.integers(1, 150_000))
+def test_baseline_go_back_n_on_one_ev_delivers_exactly(loss, reorder, duplicate, seed, size):
+    config = QpConfig.baseline(mtu=1024, ack_timeout_exp=10)
+    responder = Responder(DST, config)
+    buffer = bytearray(size)
+    mr = responder.register(buffer)
+    one = {0: PATHS.forward[0]}
+    responder.accept(0x22, 0x11, 0, {0: PATHS.back[0]})
+    requester = Requester(SRC, 0x11, 0x22, one, None, config)
+    net = MemoryNetwork(seed)
+    f = net.fault(0)
+    f.loss, f.reorder, f.duplicate = loss, reorder, duplicate
+    data = os.urandom(size)
+    requester.post_write(data, mr.va, mr.rkey)
+    assert net.run([requester, responder], lambda: requester.done, limit_ns=600_000_000_000)
+    assert requester.error is None and buffer == data
+    assert requester.profile.evs[0].state is EvState.GOOD  # the baseline never avoids its path
+    if loss > 0.05 and size > 20_000:
+        assert requester.retransmits > 0

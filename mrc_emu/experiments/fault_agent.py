@@ -1,4 +1,4 @@
-"""A fault agent: a child process that fails or restores one link on cue, timed exactly.
+"""A fault agent: a child process that fails or restores a link on cue, timed exactly.
 
 Why it exists: the moment of a fault must be known to the microsecond to measure recovery,
 and the fault must not stall the transfer it disturbs. Done in the requester's own loop, a
@@ -22,7 +22,7 @@ from ..fabric.nodes import FabricSetupError
 from .transfer import _die_with_parent
 
 
-def _agent(conn, ns_path: str, intf: str) -> None:
+def _agent(conn, ns_path: str, intf: str, extra: dict) -> None:
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     from pyroute2 import IPRoute
@@ -38,14 +38,24 @@ def _agent(conn, ns_path: str, intf: str) -> None:
             if action == "quit":
                 return
             began = time.monotonic_ns()
-            ipr.link("set", index=index, state=action)
+            try:
+                if action in extra:
+                    extra[action]()
+                else:
+                    ipr.link("set", index=index, state=action)
+            except Exception as exc:  # reported to the parent, which raises it
+                conn.send(("error", began, f"{type(exc).__name__}: {exc}"))
+                continue
             conn.send((action, began, time.monotonic_ns()))
 
 
 class LinkFaultAgent:
-    """Takes node's end of the link a-b down (`trigger("down")`) or up, from its own process."""
+    """Takes a's end of the link a-b down (`trigger("down")`) or up, from its own process.
 
-    def __init__(self, name: str, a: str, b: str) -> None:
+    `extra` maps more action names to callables, run in the agent (e.g. a blackhole by nft).
+    """
+
+    def __init__(self, name: str, a: str, b: str, extra: dict | None = None) -> None:
         topo = load_topology(name)
         links = topo.links_between(a, b)
         if len(links) != 1:
@@ -55,7 +65,8 @@ class LinkFaultAgent:
         self.name = name
         ctx = multiprocessing.get_context("fork")
         self._conn, child_conn = ctx.Pipe()
-        self._proc = ctx.Process(target=_agent, args=(child_conn, str(netns.netns_path(name, a)), intf), daemon=True)
+        self._proc = ctx.Process(target=_agent, args=(child_conn, str(netns.netns_path(name, a)), intf, extra or {}),
+                                 daemon=True)
         self._proc.start()
         with registry.Journal.open(name) as journal:
             journal.process(self._proc.pid, f"fault agent for {a}-{b}")
@@ -73,6 +84,8 @@ class LinkFaultAgent:
         if not self._conn.poll(timeout):
             raise FabricSetupError("the fault agent did not answer")
         result = self._conn.recv()
+        if result[0] == "error":
+            raise FabricSetupError(f"the fault failed: {result[2]}")
         self.results.append(result)
         return result
 

@@ -1,12 +1,18 @@
-"""One MRC transfer on a running fabric: responder in DST's namespace, requester in SRC's.
+"""MRC transfers on a running fabric: one process per host, any number of QPs at once.
 
-Why it exists: this is what `mrc-emu send`, the system tests, the benchmarks and the
-scenarios run. The responder is a child process (its own core: Python has one per
-process) that entered DST's namespace; the requester runs in the calling thread with
-sockets opened in SRC's namespace. QP set-up is out of band, as RDMA's connection manager
-would do it: the child sends its QPN, starting PSN, R_Key, VA and length over a pipe.
+Why it exists: `mrc-emu send`, the system tests, the benchmarks and the scenarios all run
+WRITEs between hosts. Each host taking part gets one child process that entered its
+namespace, with one raw socket (out) and one UDP socket on port 4791 (in), serving all of
+that host's QPs: requesters and the responder, demultiplexed by destination QPN. One
+process per host gives each side its own core (Python has one per process) and lets many
+transfers share a host (incast, all-to-all, rings) without fighting over port 4791.
 
-The child is recorded in the fabric's journal (so `clean` can kill it after a crash) and
+QP set-up is out of band, as RDMA's connection manager would do it: the parent asks the
+destination host to register a buffer and accept a QP (QPN, starting PSN, R_Key, VA,
+length come back over a pipe), then tells the source host to post the WRITE. Children
+report progress every few milliseconds; the parent runs fault hooks and progress bars.
+
+Every child is recorded in the fabric's journal (so `clean` can kill it after a crash) and
 dies with its parent (PR_SET_PDEATHSIG).
 """
 
@@ -14,7 +20,9 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import itertools
 import multiprocessing
+import multiprocessing.connection
 import os
 import signal
 import socket
@@ -29,32 +37,47 @@ from ..fabric.build import load_topology
 from ..topology.evs import EvFormat
 from ..transport.cc import make_cc
 from ..transport.ev import EvState
-from ..transport.link import Path, SocketLink, run_socket, udp_receiver
+from ..transport.link import SocketLink, run_socket, udp_receiver
 from ..transport.paths import qp_paths
 from ..transport.qp import QpConfig, Requester, Responder
 
 PR_SET_PDEATHSIG = 1
 TIMELINE_TICK_NS = 1_000_000  # goodput timeline resolution
+REPORT_NS = 10_000_000  # progress reports to the parent
 
 
 class TransferError(RuntimeError):
-    """The transfer could not be set up (bad arguments, responder failed to start)."""
+    """A transfer could not be set up or run (bad arguments, a host process failed)."""
 
 
 @dataclass
 class Control:
-    """Shared with other threads while a transfer runs: progress and EV states, read-only to them."""
+    """Shared with other threads while transfers run: progress and EV states, read-only to them."""
 
-    progress: float = 0.0
+    progress: float = 0.0  # of all transfers together
     bytes_acked: int = 0
-    ev_states: dict[int, str] = field(default_factory=dict)
+    ev_states: dict[int, str] = field(default_factory=dict)  # of the first transfer
     started_ns: int = 0
     finished: threading.Event = field(default_factory=threading.Event)
-    stop: threading.Event = field(default_factory=threading.Event)  # set to abandon the transfer
-    # (progress fraction, action): run once, inside the requester's loop, when progress reaches it;
-    # the time it returned (ns since the transfer started) lands in `fired`
+    stop: threading.Event = field(default_factory=threading.Event)  # set to abandon the transfers
+    # (progress fraction, action): run once by the parent when progress reaches it; the time
+    # (monotonic ns) it started and returned lands in `fired`
     hooks: list[tuple[float, Callable[[], object]]] = field(default_factory=list)
-    fired: list[tuple[float, int, int]] = field(default_factory=list)  # (fraction, started, returned)
+    fired: list[tuple[float, int, int]] = field(default_factory=list)
+
+
+@dataclass
+class TransferSpec:
+    src: str
+    dst: str
+    size: int
+    evs: list[int] | None = None
+    ev_format: EvFormat = EvFormat.SRV6
+    config: QpConfig = field(default_factory=QpConfig)
+    cc: str = "nscc"
+    ev_min_active: int = 1
+    imm: int | None = None
+    label: str = ""
 
 
 @dataclass
@@ -81,6 +104,7 @@ class TransferResult:
     ev_events: list[dict[str, Any]]
     timeline: list[tuple[int, int]]  # (ns since start, bytes acknowledged so far), every ~1 ms
     imm_completions: list[dict[str, Any]] = field(default_factory=list)
+    label: str = ""
 
     @property
     def verified(self) -> bool:
@@ -94,6 +118,8 @@ class TransferResult:
         return out
 
 
+# ---- the host process ---------------------------------------------------------------------------
+
 def _die_with_parent() -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
@@ -104,186 +130,333 @@ def _kernel_udp_counters() -> dict[str, int]:
     wanted = ("Udp6InErrors", "Udp6RcvbufErrors", "Udp6InCsumErrors", "Udp6NoPorts")
     out = {}
     try:
-        for line in open("/proc/net/snmp6"):
-            key, _, value = line.partition(" ")
-            if key in wanted:
-                out[key] = int(value)
+        with open("/proc/net/snmp6") as f:
+            for line in f:
+                key, _, value = line.partition(" ")
+                if key in wanted:
+                    out[key] = int(value)
     except OSError:
         pass
     return out
 
 
-def _responder_main(conn, ns_path: str, address: str, size: int, qpn: int, peer_qpn: int, start_psn: int,
-                    back: dict[int, Path], peer: str, config: QpConfig) -> None:
-    """The child: enter DST's namespace, register memory, accept the QP, serve until told to finish."""
+class HostMux:
+    """All QPs of one host behind one pair of sockets: datagrams go to the QP they name."""
+
+    def __init__(self, address: bytes) -> None:
+        self.address = address
+        self.by_qpn: dict[int, Any] = {}
+        self.endpoints: list[Any] = []
+        self.unknown_qp = 0
+
+    def add(self, qpn: int, endpoint: Any) -> None:
+        self.by_qpn[qpn] = endpoint
+        if endpoint not in self.endpoints:
+            self.endpoints.append(endpoint)
+
+    def on_datagram(self, payload: bytes | memoryview, src: bytes, sport: int, now: int) -> None:
+        endpoint = self.by_qpn.get(int.from_bytes(payload[5:8], "big")) if len(payload) >= 12 else None
+        if endpoint is None:
+            self.unknown_qp += 1
+            return
+        endpoint.on_datagram(payload, src, sport, now)
+
+    def pump(self, now: int, send) -> None:
+        for endpoint in self.endpoints:
+            endpoint.pump(now, send)
+
+    def next_wakeup(self) -> int | None:
+        wakes = [w for w in (e.next_wakeup() for e in self.endpoints) if w is not None]
+        return min(wakes) if wakes else None
+
+
+@dataclass
+class _Job:
+    key: int
+    requester: Requester
+    size: int
+    sha256_source: str
+    start_ns: int
+    timeline: list[tuple[int, int]] = field(default_factory=list)
+    end_ns: int | None = None
+    reported_done: bool = False
+
+
+def _host_main(conn, ns_path: str, address: str, config: QpConfig, cpu: int | None) -> None:
+    """A host's process: enter its namespace, serve the parent's requests and all its QPs."""
     _die_with_parent()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and tells us to finish
+    if cpu is not None:
+        os.sched_setaffinity(0, {cpu})
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and tells us to stop
     try:
         fd = os.open(ns_path, os.O_RDONLY)
         netns.setns(fd)
         os.close(fd)
         recv = udp_receiver(address)
-        send = socket.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_RAW)
-        responder = Responder(socket.inet_pton(socket.AF_INET6, address), config)
-        buffer = bytearray(size)
-        mr = responder.register(buffer)
-        responder.accept(qpn, peer_qpn, start_psn, back, peer=socket.inet_pton(socket.AF_INET6, peer))
-        counters_before = _kernel_udp_counters()
-        conn.send(("ready", mr.to_dict()))
-    except Exception as exc:  # report any set-up failure to the parent, which raises it
+        raw = socket.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_RAW)
+    except Exception as exc:  # reported to the parent, which raises it
         conn.send(("error", f"{type(exc).__name__}: {exc}"))
         return
-    finished = []
+    packed = socket.inet_pton(socket.AF_INET6, address)
+    mux = HostMux(packed)
+    responder = Responder(packed, config)
+    regions: dict[int, Any] = {}
+    jobs: dict[int, _Job] = {}
+    counters_before = _kernel_udp_counters()
+    state = {"stop": False, "next_report": 0}
+    conn.send(("ready", None))
 
-    def poll(_now: int) -> None:
-        if conn.poll():
-            finished.append(conn.recv())
+    def handle(msg: tuple) -> None:
+        kind = msg[0]
+        if kind == "register":
+            _, key, size = msg
+            mr = responder.register(bytearray(size), va=0x1000_0000 + (key << 36))
+            regions[key] = mr
+            conn.send(("registered", (key, mr.to_dict())))
+        elif kind == "accept":
+            _, qpn, peer_qpn, start_psn, back, peer = msg
+            responder.accept(qpn, peer_qpn, start_psn, back, peer=socket.inet_pton(socket.AF_INET6, peer))
+            mux.add(qpn, responder)
+            conn.send(("accepted", qpn))
+        elif kind == "write":
+            _, key, qpn, dest_qp, forward, probes, cfg, cc, ev_min_active, start_psn, mr, size, imm = msg
+            data = os.urandom(size)
+            requester = Requester(packed, qpn, dest_qp, forward, probes, cfg, make_cc(cc, cfg.mtu),
+                                  start_psn=start_psn, ev_min_active=ev_min_active)
+            now = time.monotonic_ns()
+            requester.post_write(data, mr["va"], mr["rkey"], imm, now=now)
+            jobs[key] = _Job(key, requester, size, hashlib.sha256(data).hexdigest(), now)
+            mux.add(qpn, requester)
+            conn.send(("started", (key, now)))
+        elif kind == "hash":
+            _, key = msg
+            conn.send(("hash", (key, hashlib.sha256(regions[key].buffer).hexdigest())))
+        elif kind == "stop":
+            state["stop"] = True
 
-    run_socket(responder, SocketLink(send, recv), lambda: bool(finished), tick=poll, tick_ns=10_000_000)
+    def tick(now: int) -> None:
+        for job in jobs.values():
+            if job.end_ns is None:
+                job.timeline.append((now - job.start_ns, job.requester.bytes_acked))
+                if job.requester.done:
+                    job.end_ns = now
+        while conn.poll():
+            handle(conn.recv())
+        if now >= state["next_report"] and jobs:
+            state["next_report"] = now + REPORT_NS
+            conn.send(("progress", {k: (j.requester.bytes_acked, j.end_ns is not None, j.requester.error,
+                                        {e: s.state.value for e, s in j.requester.profile.evs.items()})
+                                    for k, j in jobs.items()}))
+
+    run_socket(mux, SocketLink(raw, recv), lambda: state["stop"], tick=tick, tick_ns=TIMELINE_TICK_NS)
     after = _kernel_udp_counters()
-    conn.send(("result", {
-        "sha256_placed": hashlib.sha256(buffer).hexdigest(),
-        "stats": responder.stats,
-        "drops": responder.drops,
-        "kernel_udp": {k: after.get(k, 0) - counters_before.get(k, 0) for k in after},
-        "imm_completions": [{"psn": c.psn, "imm": c.imm, "time_ns": c.time_ns} for c in responder.completions],
+    summaries = {}
+    for key, job in jobs.items():
+        r = job.requester
+        done_ns = r.completions[-1].time_ns if r.completions and r.error is None else None
+        per_ev = []
+        share = r.profile.share()
+        for ev, stats in r.profile.evs.items():
+            per_ev.append({**stats.to_dict(), "share": round(share[ev], 4), "bytes_in_flight": r.ev_bytes_in_flight(ev)})
+        summaries[key] = {
+            "error": r.error, "start_ns": job.start_ns, "end_ns": job.end_ns or time.monotonic_ns(),
+            "completed_ns": done_ns, "sha256_source": job.sha256_source, "stats": r.summary(), "drops": r.drops,
+            "per_ev": per_ev, "ev_events": [e.to_dict(job.start_ns) for e in r.ev_events],
+            "timeline": job.timeline, "cc": r.cc.name,
+        }
+    conn.send(("final", {
+        "requesters": summaries,
+        "responder": {"stats": responder.stats, "drops": responder.drops,
+                      "kernel_udp": {k: after.get(k, 0) - counters_before.get(k, 0) for k in after},
+                      "unknown_qp": mux.unknown_qp,
+                      "imm_completions": [{"psn": c.psn, "imm": c.imm, "time_ns": c.time_ns}
+                                          for c in responder.completions]},
     }))
+
+
+class HostProcess:
+    """The parent's handle on one host's process."""
+
+    def __init__(self, name: str, host: str, address: str, config: QpConfig, cpu: int | None = None) -> None:
+        self.name, self.host = name, host
+        ctx = multiprocessing.get_context("fork")
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_host_main, name=f"mrc-emu {host}", daemon=True,
+                                args=(child, str(ops.node_path(name, host)), address, config, cpu))
+        self.proc.start()
+        with registry.Journal.open(name) as journal:
+            journal.process(self.proc.pid, f"MRC endpoint process of {host}")
+        self.inbox: list[tuple] = []
+        kind, info = self.expect({"ready", "error"}, timeout=30)
+        if kind == "error":
+            self.close()
+            raise TransferError(f"the process of {host} failed to start: {info}")
+
+    def expect(self, kinds: set[str], timeout: float = 30.0) -> tuple:
+        """The next message of one of `kinds` (others are kept in the inbox)."""
+        for i, msg in enumerate(self.inbox):
+            if msg[0] in kinds:
+                return self.inbox.pop(i)
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self.conn.poll(left):
+                raise TransferError(f"the process of {self.host} did not answer ({'/'.join(sorted(kinds))})")
+            msg = self.conn.recv()
+            if msg[0] in kinds:
+                return msg
+            self.inbox.append(msg)
+
+    def close(self) -> None:
+        if self.proc.is_alive():
+            try:
+                self.conn.send(("stop",))
+            except OSError:
+                pass
+            self.proc.join(timeout=5)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join()
+        with registry.Journal.open(self.name) as journal:
+            journal.process_ended(self.proc.pid)
+
+
+_qpns = itertools.count(0x100)
+
+
+def run_transfers(name: str, specs: list[TransferSpec], control: Control | None = None,
+                  on_progress: Callable[[int, int], None] | None = None, linger_s: float = 0.0,
+                  timeout_s: float = 600.0) -> list[TransferResult]:
+    """Run every WRITE of `specs` at once; return one result per spec, in order.
+
+    `linger_s`: after the WRITEs complete, keep the QPs alive (probing ASSUMED_BAD EVs) until
+    every EV not DENIED is GOOD again, or this many seconds pass.
+    """
+    for spec in specs:
+        if spec.size <= 0:
+            raise TransferError(f"size must be at least one byte, not {spec.size}")
+    control = control or Control()
+    topo = load_topology(name)
+    plans = []
+    for spec in specs:
+        if spec.ev_format is EvFormat.UDP:
+            spec.config.path_avoidance = False
+        plans.append(qp_paths(topo, spec.src, spec.dst, spec.ev_format, spec.evs))
+    names = sorted({h for s in specs for h in (s.src, s.dst)})
+    addresses = {p.src_address: s.src for s, p in zip(specs, plans)} | {p.dst_address: s.dst for s, p in zip(specs, plans)}
+    address_of = {host: a for a, host in addresses.items()}
+    hosts: dict[str, HostProcess] = {}
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+        pin = len(names) <= len(cpus)  # one core per host process when there are enough
+        for i, host in enumerate(names):
+            hosts[host] = HostProcess(name, host, address_of[host], specs[0].config, cpus[i] if pin else None)
+        started: dict[int, int] = {}
+        for key, (spec, paths) in enumerate(zip(specs, plans)):
+            qpn_req, qpn_resp = next(_qpns) << 8 | os.getpid() & 0xFF, next(_qpns) << 8 | os.getpid() & 0xFF
+            start_psn = int.from_bytes(os.urandom(3), "big")
+            dst, src = hosts[spec.dst], hosts[spec.src]
+            dst.conn.send(("register", key, spec.size))
+            _, (_, mr) = dst.expect({"registered"})
+            dst.conn.send(("accept", qpn_resp, qpn_req, start_psn, paths.back, paths.src_address))
+            dst.expect({"accepted"})
+            src.conn.send(("write", key, qpn_req, qpn_resp, paths.forward, paths.probes, spec.config, spec.cc,
+                           spec.ev_min_active, start_psn, mr, spec.size, spec.imm))
+            _, (_, started[key]) = src.expect({"started"})
+        control.started_ns = min(started.values())
+        finals = _watch(hosts, specs, control, on_progress, linger_s, timeout_s)
+        placed = {}
+        for key, spec in enumerate(specs):
+            hosts[spec.dst].conn.send(("hash", key))
+            _, (_, placed[key]) = hosts[spec.dst].expect({"hash"})
+        for host in hosts.values():
+            host.conn.send(("stop",))
+        for host_name, host in hosts.items():
+            _, finals[host_name] = host.expect({"final"}, timeout=60)
+    finally:
+        for host in hosts.values():
+            host.close()
+        control.finished.set()
+    return [_result(spec, plans[key], finals[spec.src]["requesters"][key], finals[spec.dst]["responder"],
+                    placed[key]) for key, spec in enumerate(specs)]
+
+
+def _watch(hosts, specs, control, on_progress, linger_s, timeout_s) -> dict:
+    """Follow the hosts' progress reports until every transfer is done (and lingering ended)."""
+    total = sum(s.size for s in specs)
+    latest: dict[int, tuple] = {}
+    deadline = time.monotonic() + timeout_s
+    done_at = None
+    last_bar = 0.0
+    conns = {h.conn: h for h in hosts.values()}
+    while not control.stop.is_set():
+        for conn in multiprocessing.connection.wait(list(conns), timeout=0.05):
+            try:
+                msg = conn.recv()
+            except EOFError:
+                raise TransferError(f"the process of {conns[conn].host} died") from None
+            if msg[0] == "progress":
+                latest.update(msg[1])
+            else:
+                conns[conn].inbox.append(msg)
+        acked = sum(v[0] for v in latest.values())
+        control.bytes_acked = acked
+        control.progress = acked / total
+        if 0 in latest:
+            control.ev_states = latest[0][3]
+        while control.hooks and control.progress >= control.hooks[0][0]:
+            fraction, action = control.hooks.pop(0)
+            began = time.monotonic_ns()
+            action()
+            control.fired.append((fraction, began, time.monotonic_ns()))
+        now = time.monotonic()
+        if on_progress is not None and now - last_bar > 0.1:
+            last_bar = now
+            on_progress(acked, total)
+        all_done = len(latest) == len(specs) and all(v[1] for v in latest.values())
+        if all_done and done_at is None:
+            done_at = now
+            if on_progress is not None:
+                on_progress(acked, total)
+        if done_at is not None:
+            healed = all(state != EvState.ASSUMED_BAD.value for v in latest.values() for state in v[3].values())
+            if healed or now - done_at >= linger_s:
+                break
+        if now > deadline:
+            raise TransferError(f"the transfers did not finish within {timeout_s:.0f} s")
+    return {}
+
+
+def _result(spec: TransferSpec, paths, req: dict, resp: dict, placed: str) -> TransferResult:
+    ok = req["error"] is None and req["completed_ns"] is not None
+    elapsed = req["completed_ns"] - req["start_ns"] if ok else None
+    packets = -(-spec.size // spec.config.mtu)
+    per_ev = []
+    for entry in req["per_ev"]:
+        ev = next(e for e in paths.evs if e.index == entry["ev"])
+        per_ev.append({**entry, "plane": ev.plane, "spine": ev.spine, "first_hop": paths.forward[ev.index].first_hop})
+    return TransferResult(
+        ok=ok, error=req["error"] or (None if ok else "the transfer was stopped before it completed"),
+        src=spec.src, dst=spec.dst, size=spec.size, mtu=spec.config.mtu, ev_format=spec.ev_format.value, cc=req["cc"],
+        evs=sorted(paths.forward), start_ns=req["start_ns"], end_ns=req["end_ns"],
+        completion_ms=round(elapsed / 1e6, 3) if elapsed else None,
+        goodput_gbps=round(spec.size * 8 / elapsed, 3) if elapsed else None,
+        goodput_pps=round(packets / (elapsed / 1e9)) if elapsed else None,
+        sha256_source=req["sha256_source"], sha256_placed=placed,
+        requester={"stats": req["stats"], "drops": req["drops"]},
+        responder={k: v for k, v in resp.items() if k != "imm_completions"},
+        per_ev=per_ev, ev_events=req["ev_events"], timeline=req["timeline"],
+        imm_completions=resp["imm_completions"], label=spec.label,
+    )
 
 
 def send(name: str, src: str, dst: str, size: int, evs: list[int] | None = None, cc: str = "nscc",
          mtu: int = 4096, ev_format: EvFormat = EvFormat.SRV6, ev_min_active: int = 1,
          imm: int | None = None, config: QpConfig | None = None, control: Control | None = None,
-         on_progress: Callable[[int, int], None] | None = None, linger_s: float = 0.0,
-         data: bytes | None = None) -> TransferResult:
-    """WRITE `size` random bytes from host `src` to a buffer registered at host `dst`.
-
-    `linger_s`: after the WRITE completes, keep the QP alive (probing ASSUMED_BAD EVs) until
-    every EV not DENIED is GOOD again, or this many seconds pass.
-    """
-    if size <= 0:
-        raise TransferError(f"size must be at least one byte, not {size}")
-    topo = load_topology(name)
-    paths = qp_paths(topo, src, dst, ev_format, evs)
-    config = config or QpConfig(mtu=mtu)
-    if ev_format is EvFormat.UDP:
-        config.path_avoidance = False
-    control = control or Control()
-    src_ns, dst_ns = ops.node_path(name, src), ops.node_path(name, dst)
-    source = data if data is not None else os.urandom(size)
-    if len(source) != size:
-        raise TransferError("data and size disagree")
-    sha_source = hashlib.sha256(source).hexdigest()
-    qpn_req, qpn_resp = 0x000100 + os.getpid() % 0xFF00, 0x010000 + os.getpid() % 0xFF00
-    start_psn = int.from_bytes(os.urandom(3), "big")
-
-    ctx = multiprocessing.get_context("fork")
-    parent_conn, child_conn = ctx.Pipe()
-    child = ctx.Process(target=_responder_main, name=f"mrc-emu responder {dst}", daemon=True,
-                        args=(child_conn, str(dst_ns), paths.dst_address, size, qpn_resp, qpn_req, start_psn,
-                              paths.back, paths.src_address, config))
-    child.start()
-    with registry.Journal.open(name) as journal:
-        journal.process(child.pid, f"MRC responder in {dst}")
-    try:
-        if not parent_conn.poll(30):
-            raise TransferError("the responder did not start within 30 s")
-        kind, info = parent_conn.recv()
-        if kind != "ready":
-            raise TransferError(f"the responder in {dst} failed to start: {info}")
-        with netns.entered(src_ns):
-            recv = udp_receiver(paths.src_address)
-            raw = socket.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_RAW)
-        try:
-            result = _run_requester(paths, config, cc, ev_min_active, qpn_req, qpn_resp, start_psn, info, source,
-                                    imm, control, on_progress, linger_s, SocketLink(raw, recv))
-        finally:
-            raw.close()
-            recv.close()
-        parent_conn.send("finish")
-        if not parent_conn.poll(60):
-            raise TransferError("the responder did not report its result within 60 s")
-        kind, responder = parent_conn.recv()
-    finally:
-        if child.is_alive():
-            try:
-                parent_conn.send("finish")
-            except OSError:
-                pass
-            child.join(timeout=5)
-        if child.is_alive():
-            child.kill()
-            child.join()
-        with registry.Journal.open(name) as journal:
-            journal.process_ended(child.pid)
-        control.finished.set()
-    requester, timeline, start_ns, end_ns, completion_ns = result
-    ok = requester.error is None and completion_ns is not None
-    elapsed = (completion_ns - start_ns) if ok else None
-    packets = -(-size // config.mtu)
-    share = requester.profile.share()
-    per_ev = []
-    for k, stats in requester.profile.evs.items():
-        entry = stats.to_dict()
-        entry["share"] = round(share[k], 4)
-        path = paths.forward[k]
-        ev = next(e for e in paths.evs if e.index == k)
-        entry.update({"plane": ev.plane, "spine": ev.spine, "first_hop": path.first_hop})
-        per_ev.append(entry)
-    return TransferResult(
-        ok=ok, error=requester.error or (None if ok else "the transfer was stopped before it completed"),
-        src=src, dst=dst, size=size, mtu=config.mtu, ev_format=ev_format.value, cc=requester.cc.name,
-        evs=sorted(paths.forward), start_ns=start_ns, end_ns=end_ns,
-        completion_ms=round(elapsed / 1e6, 3) if elapsed else None,
-        goodput_gbps=round(size * 8 / elapsed, 3) if elapsed else None,
-        goodput_pps=round(packets / (elapsed / 1e9)) if elapsed else None,
-        sha256_source=sha_source, sha256_placed=responder["sha256_placed"],
-        requester={"stats": requester.summary(), "drops": requester.drops},
-        responder={k: v for k, v in responder.items() if k not in ("sha256_placed", "imm_completions")},
-        per_ev=per_ev, ev_events=[e.to_dict(start_ns) for e in requester.ev_events],
-        timeline=timeline, imm_completions=responder["imm_completions"],
-    )
+         on_progress: Callable[[int, int], None] | None = None, linger_s: float = 0.0) -> TransferResult:
+    """WRITE `size` random bytes from host `src` to a buffer registered at host `dst`."""
+    spec = TransferSpec(src, dst, size, evs, ev_format, config or QpConfig(mtu=mtu), cc, ev_min_active, imm)
+    return run_transfers(name, [spec], control, on_progress, linger_s)[0]
 
 
-def _run_requester(paths, config, cc, ev_min_active, qpn_req, qpn_resp, start_psn, mr, source, imm, control,
-                   on_progress, linger_s, link):
-    requester = Requester(socket.inet_pton(socket.AF_INET6, paths.src_address), qpn_req, qpn_resp, paths.forward,
-                          paths.probes, config, make_cc(cc, config.mtu), start_psn=start_psn,
-                          ev_min_active=ev_min_active)
-    size = len(source)
-    timeline: list[tuple[int, int]] = []
-    start_ns = time.monotonic_ns()
-    control.started_ns = start_ns
-    requester.post_write(source, mr["va"], mr["rkey"], imm, now=start_ns)
-    last_report = [0]
 
-    def tick(now: int) -> None:
-        acked = requester.bytes_acked
-        timeline.append((now - start_ns, acked))
-        control.bytes_acked = acked
-        control.progress = acked / size
-        control.ev_states = {k: s.state.value for k, s in requester.profile.evs.items()}
-        while control.hooks and control.progress >= control.hooks[0][0]:
-            fraction, action = control.hooks.pop(0)
-            began = time.monotonic_ns()
-            action()
-            control.fired.append((fraction, began - start_ns, time.monotonic_ns() - start_ns))
-        if on_progress is not None and now - last_report[0] >= 100_000_000:
-            last_report[0] = now
-            on_progress(acked, size)
-
-    run_socket(requester, link, lambda: requester.done or control.stop.is_set(), tick=tick,
-               tick_ns=TIMELINE_TICK_NS)
-    end_ns = time.monotonic_ns()
-    tick(end_ns)
-    completion_ns = requester.completions[-1].time_ns if requester.completions and requester.error is None else None
-    if on_progress is not None:
-        on_progress(requester.bytes_acked, size)
-    if linger_s > 0 and requester.error is None:
-        deadline = end_ns + int(linger_s * 1e9)
-
-        def healed() -> bool:
-            return control.stop.is_set() or time.monotonic_ns() > deadline or all(
-                s.state is not EvState.ASSUMED_BAD for s in requester.profile.evs.values())
-
-        run_socket(requester, link, healed, tick=tick, tick_ns=10_000_000)
-    return requester, timeline, start_ns, end_ns, completion_ns

@@ -57,6 +57,7 @@ class QpConfig:
     burst: int = 32  # packets per pump, so receiving is never starved
     pkey: int = fmt.DEFAULT_PKEY
     path_avoidance: bool = True  # False for the single-path baseline: no EV states, no probes
+    recovery: str = "sack"  # "sack" (MRC: selective, per packet) or "go-back-n" (RoCEv2 RC as deployed)
 
     def __post_init__(self) -> None:
         if not 64 <= self.mtu <= 8192 or self.mtu % 4:
@@ -67,6 +68,16 @@ class QpConfig:
             raise ValueError("retries: linear 0..7, exponential 0..25 (25 = infinite)")
         if not 1 <= self.mpr <= 64:
             raise ValueError(f"MPR {self.mpr}: must be 1..64 (x128 PSNs)")
+        if self.recovery not in ("sack", "go-back-n"):
+            raise ValueError(f"recovery {self.recovery!r}: 'sack' or 'go-back-n'")
+
+    @classmethod
+    def baseline(cls, **kw) -> QpConfig:
+        """RoCEv2 RC as deployed today: one path, go-back-N, no path avoidance, and the ACK
+        timeout and retry count of a typical RoCE NIC set-up (t=15: 33.5 ms; 7 retries, then
+        6 doubling ones: a budget of about 4.4 s, so that routing can repair the path)."""
+        return cls(**{"path_avoidance": False, "recovery": "go-back-n", "ack_timeout_exp": 15, "retry_exp": 6,
+                      **kw})
 
     @property
     def ack_timeout_ns(self) -> int:
@@ -294,6 +305,10 @@ class Requester:
             if meaning is not None:
                 self.error = f"the responder refused the WRITE at PSN {ack.psn}: {meaning}"
                 return
+            if self.go_back_n and ack.syndrome == Syndrome.NAK_PSN_SEQUENCE:
+                self._ack_cumulative(cum, now)
+                self._go_back(now)
+                return
         # an RTT sample from the echoed packet, if it was sent once on that EV (Karn)
         rtt = None
         echo = self.pkts.get(psn_abs(ack.echo_psn, una))
@@ -354,6 +369,8 @@ class Requester:
         self.cc.on_loss(now)
 
     def _detect_losses(self, now: int, touched=None) -> None:
+        if self.go_back_n:
+            return  # RC learns of losses only from NAKs and timeouts
         # per EV: a path keeps order, so a later packet delivered on it means earlier ones are lost
         for ev in (touched if touched is not None else self.by_ev):
             queue = self.by_ev[ev]
@@ -423,7 +440,43 @@ class Requester:
                               f"retries, ACK timeout {self.config.ack_timeout_ns / 1e6:.1f} ms); "
                               f"EVs tried: {evs}. Every path to the responder seems dead.")
                 return
+            if self.go_back_n:
+                self._go_back(now)
+                return
             self._lose(pkt, now, "ACK timeout")
+
+    # ---- go-back-N (the baseline) ------------------------------------------------------
+
+    @property
+    def go_back_n(self) -> bool:
+        return self.config.recovery == "go-back-n"
+
+    def _ack_cumulative(self, cum: int, now: int) -> None:
+        if cum >= self.una:
+            seen: dict[int, list[int]] = {}
+            self.bytes_acked += self._deliver(range(self.una, cum + 1), seen)
+            self.una = cum + 1
+            for ev, (count, latest) in seen.items():
+                self.profile.on_delivered(ev, latest, count)
+            active = self.active
+            while active and active[0].acked >= active[0].length:
+                wr = active.popleft()
+                wr.completed_ns = now
+                self.completions.append(Completion(wr.wr_id, wr.length, now, wr.imm))
+
+    def _go_back(self, now: int) -> None:
+        """Resend everything from the oldest unacknowledged PSN on, in order (RC's recovery)."""
+        psns = sorted(p for p in self.pkts if p >= self.una)
+        flight = self.flight
+        for psn in psns:
+            if psn in flight:
+                pkt = self.pkts[psn]
+                del flight[psn]
+                self.bytes_in_flight -= pkt.length
+                self._ev_flight[pkt.ev] -= pkt.length
+                self.profile.evs[pkt.ev].packets_lost += 1
+        self.retx = deque(psns)
+        self.cc.on_loss(now)
 
     def _send_probes(self, now: int, send: Send) -> None:
         for ev, stats in self.profile.evs.items():
@@ -562,6 +615,7 @@ class _RQp:
     unacked_since: int = -1  # arrival time of the first packet not yet acknowledged
     ack_due: bool = False
     nak: int | None = None  # syndrome to send with the next ACK
+    nak_sent_at: int = -1  # go-back-N: the expected PSN a sequence NAK was sent for (one per gap)
     nak_psn: int = 0
     echo_psn: int = 0
     echo_ev: int = 0
@@ -620,6 +674,12 @@ class Responder:
         if offset < 0 or (offset < qp.window and qp.received >> (qp.window - 1 - offset) & 1):
             self.stats["duplicates"] += 1
             qp.ack_due = True
+            return
+        if offset > 0 and self.config.recovery == "go-back-n":
+            self._drop("out_of_sequence")  # RC: only the expected PSN is accepted
+            if qp.nak_sent_at != qp.epsn:
+                qp.nak_sent_at = qp.epsn
+                self._nak(qp, Syndrome.NAK_PSN_SEQUENCE, qp.epsn - 1)
             return
         if offset >= qp.window:
             self._drop("psn_out_of_window")
