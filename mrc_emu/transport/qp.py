@@ -215,6 +215,7 @@ class Requester:
         self._ev_flight: dict[int, int] = dict.fromkeys(paths, 0)  # bytes in flight per EV
         self.bytes_acked = 0
         self._rack_cache: tuple[int, int] | None = None
+        self._gbn_timeouts = 0  # go-back-N: timeouts since the last progress
         self._rack_calls = 0
         self._last_now = 0
 
@@ -322,6 +323,7 @@ class Requester:
             shift = cum + 1 - una
             self.sacked = (self.sacked << shift) & self._window_mask if shift < W else 0
             una = self.una = cum + 1
+            self._gbn_timeouts = 0
         if ack.sack_bitmap:
             base = psn_abs(ack.sack_base, una)
             nbits = 8 * len(ack.sack_bitmap)
@@ -426,21 +428,28 @@ class Requester:
             return False
         return tx - 1 >= self.config.retry_linear + self.config.retry_exp
 
+    def _tries(self, pkt: _Pkt) -> int:
+        """Transmissions that count against the retry budget: the packet's own under SACK; under
+        go-back-N the QP's consecutive timeouts without progress (as an RC QP's retry counter)."""
+        return self._gbn_timeouts + 1 if self.go_back_n else pkt.tx
+
     def _check_timeouts(self, now: int) -> None:
         while self.flight:
             psn = next(iter(self.flight))
             pkt = self.pkts[psn]
-            if now < pkt.sent_ns + self._timeout_for(pkt.tx):
+            tries = self._tries(pkt)
+            if now < pkt.sent_ns + self._timeout_for(tries):
                 break
             self.stats["timeouts"] += 1
-            if self._retry_budget_spent(pkt.tx):
+            if self._retry_budget_spent(tries):
                 evs = sorted({p.ev for p in self.pkts.values()})
-                self.error = (f"retry budget spent: PSN {psn & (PSN_MOD - 1)} went unacknowledged after {pkt.tx} "
+                self.error = (f"retry budget spent: PSN {psn & (PSN_MOD - 1)} went unacknowledged after {tries} "
                               f"transmissions ({self.config.retry_linear} linear + {self.config.retry_exp} exponential "
                               f"retries, ACK timeout {self.config.ack_timeout_ns / 1e6:.1f} ms); "
                               f"EVs tried: {evs}. Every path to the responder seems dead.")
                 return
             if self.go_back_n:
+                self._gbn_timeouts += 1
                 self._go_back(now)
                 return
             self._lose(pkt, now, "ACK timeout")
@@ -456,6 +465,7 @@ class Requester:
             seen: dict[int, list[int]] = {}
             self.bytes_acked += self._deliver(range(self.una, cum + 1), seen)
             self.una = cum + 1
+            self._gbn_timeouts = 0
             for ev, (count, latest) in seen.items():
                 self.profile.on_delivered(ev, latest, count)
             active = self.active
@@ -587,7 +597,7 @@ class Requester:
         wakes = []
         if self.flight:
             pkt = self.pkts[next(iter(self.flight))]
-            wakes.append(pkt.sent_ns + self._timeout_for(pkt.tx))
+            wakes.append(pkt.sent_ns + self._timeout_for(self._tries(pkt)))
             if pkt.sent_ns < self.rack_sent_ns:
                 reo, rtt = self._rack_windows()
                 wakes.append(pkt.sent_ns + rtt + reo)
