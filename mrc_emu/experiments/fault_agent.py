@@ -12,47 +12,70 @@ its parent.
 from __future__ import annotations
 
 import multiprocessing
-import os
+import select
 import signal
 import time
 
-from ..fabric import netns, registry
+from ..fabric import netns, registry, xdp
 from ..fabric.build import load_topology
 from ..fabric.nodes import FabricSetupError
 from .transfer import _die_with_parent
 
 
-def _agent(conn, ns_path: str, intf: str, extra: dict) -> None:
+def _agent(conn, ends: list[tuple[str, str]], extra: dict) -> None:
+    """ends: (namespace path, interface) of both ends of the link; a's first."""
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     from pyroute2 import IPRoute
 
-    fd = os.open(ns_path, os.O_RDONLY)
-    netns.setns(fd)
-    os.close(fd)
-    with IPRoute() as ipr:
-        (index,) = ipr.link_lookup(ifname=intf)
-        conn.send("ready")
-        while True:
-            action = conn.recv()
-            if action == "quit":
-                return
+    sockets = []
+    for path, intf in ends:  # a netlink socket stays in the namespace it was opened in
+        with netns.entered(path):
+            ipr = IPRoute()
+        sockets.append((ipr, ipr.link_lookup(ifname=intf)[0]))
+    # The dropping program is attached to both ends from the start (drop fraction 0): the
+    # first generic XDP program switches a static key, which stalls every CPU, and swapping
+    # programs waits for RCU. Done now, before any transfer runs, a fault is one map write.
+    dropper = xdp.Dropper()
+    for ipr, index in sockets:
+        xdp.attach(ipr, index, dropper.prog_fd)
+    conn.send("ready")
+    while True:
+        action = conn.recv()
+        if action == "quit":
+            break
+        if action.startswith("after:"):  # "after:<ms>:<action>": the fault's own schedule
+            _, ms, action = action.split(":", 2)
+            select.select([], [], [], float(ms) / 1000)
+        try:
             began = time.monotonic_ns()
-            try:
-                if action in extra:
-                    extra[action]()
-                else:
-                    ipr.link("set", index=index, state=action)
-            except Exception as exc:  # reported to the parent, which raises it
-                conn.send(("error", began, f"{type(exc).__name__}: {exc}"))
-                continue
-            conn.send((action, began, time.monotonic_ns()))
+            if action in extra:
+                extra[action]()
+            elif action.startswith("xdp:"):  # drop this fraction on both ends' ingress
+                dropper.set(float(action[4:]))
+            elif action == "xdp-off":
+                dropper.set(0.0)
+            else:  # "down" / "up" of a's end
+                ipr, index = sockets[0]
+                ipr.link("set", index=index, state=action)
+        except Exception as exc:  # reported to the parent, which raises it
+            conn.send(("error", time.monotonic_ns(), f"{type(exc).__name__}: {exc}"))
+            continue
+        conn.send((action, began, time.monotonic_ns()))
+    for ipr, index in sockets:
+        try:
+            xdp.attach(ipr, index, -1)
+        except OSError:
+            pass  # the interface is gone with its namespace
+        ipr.close()
+    dropper.close()
 
 
 class LinkFaultAgent:
-    """Takes a's end of the link a-b down (`trigger("down")`) or up, from its own process.
+    """Faults on the link a-b from its own process: 'down'/'up' (a's end), 'xdp:<fraction>'
+    (drop that fraction on both ends' ingress: 1 is a blackhole), 'xdp-off'.
 
-    `extra` maps more action names to callables, run in the agent (e.g. a blackhole by nft).
+    `extra` maps more action names to callables, run in the agent (a switch reboot, a flap).
     """
 
     def __init__(self, name: str, a: str, b: str, extra: dict | None = None) -> None:
@@ -61,11 +84,12 @@ class LinkFaultAgent:
         if len(links) != 1:
             raise FabricSetupError(f"expected one link between {a} and {b}, found {len(links)}")
         (link,) = links
-        intf = link.a_intf if link.a == a else link.b_intf
+        intf_a, intf_b = (link.a_intf, link.b_intf) if link.a == a else (link.b_intf, link.a_intf)
+        ends = [(str(netns.netns_path(name, a)), intf_a), (str(netns.netns_path(name, b)), intf_b)]
         self.name = name
         ctx = multiprocessing.get_context("fork")
         self._conn, child_conn = ctx.Pipe()
-        self._proc = ctx.Process(target=_agent, args=(child_conn, str(netns.netns_path(name, a)), intf, extra or {}),
+        self._proc = ctx.Process(target=_agent, args=(child_conn, ends, extra or {}),
                                  daemon=True)
         self._proc.start()
         with registry.Journal.open(name) as journal:
@@ -74,10 +98,17 @@ class LinkFaultAgent:
             self.close()
             raise FabricSetupError(f"the fault agent for {a}-{b} did not start")
         self.results: list[tuple[str, int, int]] = []
+        self._sent = 0
+        self._failed = 0
 
     def trigger(self, action: str) -> None:
-        """Ask for 'down' or 'up'; returns at once (the request is made in the agent)."""
+        """Ask for 'down', 'up', an extra action, or 'after:<ms>:<action>'; returns at once."""
         self._conn.send(action)
+        self._sent += 1
+
+    def pending(self) -> int:
+        """Actions asked for whose answer has not been read yet."""
+        return self._sent - len(self.results) - self._failed
 
     def wait(self, timeout: float = 10.0) -> tuple[str, int, int]:
         """(action, monotonic ns when the request started, when it returned)."""
@@ -85,6 +116,7 @@ class LinkFaultAgent:
             raise FabricSetupError("the fault agent did not answer")
         result = self._conn.recv()
         if result[0] == "error":
+            self._failed += 1
             raise FabricSetupError(f"the fault failed: {result[2]}")
         self.results.append(result)
         return result

@@ -44,6 +44,7 @@ from ..transport.qp import QpConfig, Requester, Responder
 PR_SET_PDEATHSIG = 1
 TIMELINE_TICK_NS = 1_000_000  # goodput timeline resolution
 REPORT_NS = 10_000_000  # progress reports to the parent
+EV_TIMELINE_EVERY = 5  # per-EV packet counters every 5 timeline ticks
 
 
 class TransferError(RuntimeError):
@@ -78,6 +79,7 @@ class TransferSpec:
     ev_min_active: int = 1
     imm: int | None = None
     label: str = ""
+    start_at: float | None = None  # start when the other transfers reach this progress (competing flows)
 
 
 @dataclass
@@ -105,13 +107,14 @@ class TransferResult:
     timeline: list[tuple[int, int]]  # (ns since start, bytes acknowledged so far), every ~1 ms
     imm_completions: list[dict[str, Any]] = field(default_factory=list)
     label: str = ""
+    ev_timeline: list[tuple[int, list[int], list[int]]] = field(default_factory=list)  # (ns, sent, delivered per EV)
 
     @property
     def verified(self) -> bool:
         return self.ok and self.sha256_placed == self.sha256_source
 
     def to_dict(self, timeline: bool = False) -> dict[str, Any]:
-        out = {k: v for k, v in self.__dict__.items() if k not in ("timeline",)}
+        out = {k: v for k, v in self.__dict__.items() if k not in ("timeline", "ev_timeline")}
         out["verified"] = self.verified
         if timeline:
             out["timeline"] = [[round(t / 1e6, 3), b] for t, b in self.timeline]
@@ -178,8 +181,8 @@ class _Job:
     sha256_source: str
     start_ns: int
     timeline: list[tuple[int, int]] = field(default_factory=list)
+    ev_timeline: list[tuple[int, list[int], list[int]]] = field(default_factory=list)
     end_ns: int | None = None
-    reported_done: bool = False
 
 
 def _host_main(conn, ns_path: str, address: str, config: QpConfig, cpu: int | None) -> None:
@@ -238,6 +241,10 @@ def _host_main(conn, ns_path: str, address: str, config: QpConfig, cpu: int | No
         for job in jobs.values():
             if job.end_ns is None:
                 job.timeline.append((now - job.start_ns, job.requester.bytes_acked))
+                if len(job.timeline) % EV_TIMELINE_EVERY == 1:
+                    evs = job.requester.profile.evs.values()
+                    job.ev_timeline.append((now - job.start_ns, [e.packets_sent for e in evs],
+                                            [e.packets_delivered for e in evs]))
                 if job.requester.done:
                     job.end_ns = now
         while conn.poll():
@@ -262,7 +269,7 @@ def _host_main(conn, ns_path: str, address: str, config: QpConfig, cpu: int | No
             "error": r.error, "start_ns": job.start_ns, "end_ns": job.end_ns or time.monotonic_ns(),
             "completed_ns": done_ns, "sha256_source": job.sha256_source, "stats": r.summary(), "drops": r.drops,
             "per_ev": per_ev, "ev_events": [e.to_dict(job.start_ns) for e in r.ev_events],
-            "timeline": job.timeline, "cc": r.cc.name,
+            "timeline": job.timeline, "ev_timeline": job.ev_timeline, "cc": r.cc.name,
         }
     conn.send(("final", {
         "requesters": summaries,
@@ -352,6 +359,9 @@ def run_transfers(name: str, specs: list[TransferSpec], control: Control | None 
         for i, host in enumerate(names):
             hosts[host] = HostProcess(name, host, address_of[host], specs[0].config, cpus[i] if pin else None)
         started: dict[int, int] = {}
+        deferred: list[tuple[float, HostProcess, tuple]] = []
+        if all(s.start_at is not None for s in specs):
+            raise TransferError("at least one transfer must start at once")
         for key, (spec, paths) in enumerate(zip(specs, plans)):
             qpn_req, qpn_resp = next(_qpns) << 8 | os.getpid() & 0xFF, next(_qpns) << 8 | os.getpid() & 0xFF
             start_psn = int.from_bytes(os.urandom(3), "big")
@@ -360,11 +370,16 @@ def run_transfers(name: str, specs: list[TransferSpec], control: Control | None 
             _, (_, mr) = dst.expect({"registered"})
             dst.conn.send(("accept", qpn_resp, qpn_req, start_psn, paths.back, paths.src_address))
             dst.expect({"accepted"})
-            src.conn.send(("write", key, qpn_req, qpn_resp, paths.forward, paths.probes, spec.config, spec.cc,
-                           spec.ev_min_active, start_psn, mr, spec.size, spec.imm))
-            _, (_, started[key]) = src.expect({"started"})
+            write = ("write", key, qpn_req, qpn_resp, paths.forward, paths.probes, spec.config, spec.cc,
+                     spec.ev_min_active, start_psn, mr, spec.size, spec.imm)
+            if spec.start_at is None:
+                src.conn.send(write)
+                _, (_, started[key]) = src.expect({"started"})
+            else:
+                deferred.append((spec.start_at, src, write))
         control.started_ns = min(started.values())
-        finals = _watch(hosts, specs, control, on_progress, linger_s, timeout_s)
+        deferred.sort(key=lambda d: d[0])
+        finals = _watch(hosts, specs, control, on_progress, linger_s, timeout_s, deferred)
         placed = {}
         for key, spec in enumerate(specs):
             hosts[spec.dst].conn.send(("hash", key))
@@ -381,9 +396,10 @@ def run_transfers(name: str, specs: list[TransferSpec], control: Control | None 
                     placed[key]) for key, spec in enumerate(specs)]
 
 
-def _watch(hosts, specs, control, on_progress, linger_s, timeout_s) -> dict:
+def _watch(hosts, specs, control, on_progress, linger_s, timeout_s, deferred) -> dict:
     """Follow the hosts' progress reports until every transfer is done (and lingering ended)."""
-    total = sum(s.size for s in specs)
+    primary = {k for k, s in enumerate(specs) if s.start_at is None}
+    total = sum(s.size for k, s in enumerate(specs) if k in primary)
     latest: dict[int, tuple] = {}
     deadline = time.monotonic() + timeout_s
     done_at = None
@@ -399,9 +415,13 @@ def _watch(hosts, specs, control, on_progress, linger_s, timeout_s) -> dict:
                 latest.update(msg[1])
             else:
                 conns[conn].inbox.append(msg)
-        acked = sum(v[0] for v in latest.values())
+        acked = sum(v[0] for k, v in latest.items() if k in primary)
         control.bytes_acked = acked
         control.progress = acked / total
+        primaries_done = all(k in latest and latest[k][1] for k in primary)
+        while deferred and (control.progress >= deferred[0][0] or primaries_done):
+            _, host, write = deferred.pop(0)
+            host.conn.send(write)  # its "started" answer waits in the inbox
         if 0 in latest:
             control.ev_states = latest[0][3]
         while control.hooks and control.progress >= control.hooks[0][0]:
@@ -413,7 +433,7 @@ def _watch(hosts, specs, control, on_progress, linger_s, timeout_s) -> dict:
         if on_progress is not None and now - last_bar > 0.1:
             last_bar = now
             on_progress(acked, total)
-        all_done = len(latest) == len(specs) and all(v[1] for v in latest.values())
+        all_done = not deferred and len(latest) == len(specs) and all(v[1] for v in latest.values())
         if all_done and done_at is None:
             done_at = now
             if on_progress is not None:
@@ -446,7 +466,7 @@ def _result(spec: TransferSpec, paths, req: dict, resp: dict, placed: str) -> Tr
         requester={"stats": req["stats"], "drops": req["drops"]},
         responder={k: v for k, v in resp.items() if k != "imm_completions"},
         per_ev=per_ev, ev_events=req["ev_events"], timeline=req["timeline"],
-        imm_completions=resp["imm_completions"], label=spec.label,
+        imm_completions=resp["imm_completions"], label=spec.label, ev_timeline=req["ev_timeline"],
     )
 
 

@@ -34,9 +34,10 @@ def _nft(name: str, node: str, script: str) -> None:
 
 
 def loss(name: str, node: str, percent: float, intfs: list[str] | None = None) -> list[str]:
-    """Drop `percent` % of the packets arriving at `node` (on `intfs`, default: all its links).
+    """Drop `percent` % of the packets arriving at `node` on `intfs` (default: all its links).
 
-    100 % is a blackhole: the links stay up, every packet vanishes.
+    100 % is a blackhole: the links stay up, every packet vanishes. Each interface gets its
+    own chain, so faults on several links of one node add up and are removed one by one.
     """
     if not 0 < percent <= 100:
         raise ValueError(f"loss must be in (0, 100] percent, not {percent}")
@@ -47,24 +48,31 @@ def loss(name: str, node: str, percent: float, intfs: list[str] | None = None) -
     if unknown:
         raise FabricSetupError(f"{node} has no interface {unknown[0]} (it has: {', '.join(own)})")
     threshold = round(percent * 100)  # in 1/10000
-    names = ", ".join(f'"{i}"' for i in intfs)
     chance = "" if threshold >= 10000 else f"numgen random mod 10000 < {threshold} "
-    _nft(name, node, f"""
-table inet {TABLE}
-delete table inet {TABLE}
-table inet {TABLE} {{
-    chain ingress_loss {{
-        type filter hook prerouting priority -300; policy accept;
-        iifname {{ {names} }} {chance}counter drop
-    }}
-}}
-""")
+    script = [f"add table inet {TABLE}"]
+    for intf in intfs:
+        chain = _chain(intf)
+        script += [f"add chain inet {TABLE} {chain} {{ type filter hook prerouting priority -300; policy accept; }}",
+                   f"flush chain inet {TABLE} {chain}",
+                   f'add rule inet {TABLE} {chain} iifname "{intf}" {chance}counter drop']
+    _nft(name, node, "\n".join(script) + "\n")
     return intfs
 
 
-def clear(name: str, node: str) -> None:
-    """Remove our fault table from the node (nothing else is touched)."""
-    _nft(name, node, f"table inet {TABLE}\ndelete table inet {TABLE}\n")
+def _chain(intf: str) -> str:
+    return "loss_" + intf.replace("-", "_")
+
+
+def clear(name: str, node: str, intfs: list[str] | None = None) -> None:
+    """Remove our loss rules from the node: those of `intfs`, or all (nothing else is touched)."""
+    if intfs is None:
+        _nft(name, node, f"table inet {TABLE}\ndelete table inet {TABLE}\n")
+        return
+    script = [f"add table inet {TABLE}"]
+    for intf in intfs:
+        chain = _chain(intf)
+        script += [f"add chain inet {TABLE} {chain}", f"delete chain inet {TABLE} {chain}"]
+    _nft(name, node, "\n".join(script) + "\n")
 
 
 def plane_nodes(name: str, plane: int) -> list[str]:

@@ -103,7 +103,8 @@ class CaptureResult:
 class Capture:
     """tcpdump running in a node's namespace, recorded in the journal; `stop` ends it."""
 
-    def __init__(self, name: str, node: str, out: str, iface: str | None = None) -> None:
+    def __init__(self, name: str, node: str, out: str, iface: str | None = None, snaplen: int = 0,
+                 count: int | None = None) -> None:
         path = node_path(name, node)
         topo: Topology = load_topology(name)
         intfs = [topo.peer(link, node)[1] for link in topo.links_of(node)]
@@ -117,7 +118,8 @@ class Capture:
         self.path = Path(out).resolve()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_RDONLY)
-        cmd = [tcpdump, "-i", iface or "any", "-U", "--immediate-mode", "-Z", "root", "-s", "0", "-w", str(self.path)]
+        cmd = [tcpdump, "-i", iface or "any", "-U", "--immediate-mode", "-Z", "root", "-s", str(snaplen), "-w",
+               str(self.path)] + (["-c", str(count)] if count else [])
         try:
             self.proc = subprocess.Popen(cmd, preexec_fn=lambda: netns.setns(fd), stdout=subprocess.DEVNULL,
                                          stderr=subprocess.PIPE)

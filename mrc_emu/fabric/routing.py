@@ -142,14 +142,23 @@ def _spawn(name: str, node: str, daemon: str, folder: Path) -> None:
             select.select([], [], [], 0.01)
 
 
-def _bgp_host_routes(name: str, node: str) -> set[str]:
+def _bgp_host_routes(name: str, node: str, paths: int) -> set[str]:
+    """Host prefixes the node has a BGP route for, over `paths` next hops (full ECMP)."""
     with netns.entered(netns.netns_path(name, node)), IPRoute() as ipr:
-        return {f"{r.get('RTA_DST')}/{r['dst_len']}" for r in ipr.get_routes(family=10)
-                if r["proto"] == RTPROT_BGP and r.get("RTA_DST")}
+        out = set()
+        for r in ipr.get_routes(family=10):
+            if r["proto"] != RTPROT_BGP or not r.get("RTA_DST"):
+                continue
+            hops = r.get("RTA_MULTIPATH")
+            if (len(hops) if hops else 1) >= paths:
+                out.add(f"{r.get('RTA_DST')}/{r['dst_len']}")
+        return out
 
 
 def wait_converged(name: str, topo: Topology, timeout: float) -> None:
-    """Every leaf has a BGP route to every host that is not its own."""
+    """Every leaf has a BGP route to every host that is not its own, over every spine of its plane
+    whose link is up (multipath grows session by session: a flow hashed earlier may move)."""
+    down = registry.read(name).down_links
     deadline = time.monotonic() + timeout
     leaves = [n.name for n in topo.nodes.values() if n.role is Role.LEAF]
     hosts_of = {leaf: {topo.peer(l, leaf)[0] for l in topo.links_of(leaf)} for leaf in leaves}  # noqa: E741
@@ -159,7 +168,9 @@ def wait_converged(name: str, topo: Topology, timeout: float) -> None:
             plane = topo.node(leaf).plane
             want = {ad.host_address(topo, h.name) + "/128" for h in topo.hosts
                     if h.name not in hosts_of[leaf] and topo.leaf_of(h.name, plane) != leaf}
-            lacking = want - _bgp_host_routes(name, leaf)
+            up_spines = sum(1 for link in topo.links_of(leaf) if link.link_id not in down
+                            and topo.node(topo.peer(link, leaf)[0]).role is Role.SPINE)
+            lacking = want - _bgp_host_routes(name, leaf, up_spines)
             if lacking:
                 missing[leaf] = len(lacking)
         if not missing:

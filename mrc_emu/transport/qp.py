@@ -30,6 +30,7 @@ PSN_MOD = 1 << 24
 HALF = 1 << 23
 ACK_TIMEOUT_UNIT_NS = 1024  # the ACK timeout is 1.024 us x 2^t
 INFINITE_RETRIES = 25
+SAME_EV = "a later packet on the same EV arrived"
 
 
 _FATAL_NAKS = {
@@ -46,7 +47,7 @@ class TransportError(RuntimeError):
 @dataclass
 class QpConfig:
     mtu: int = 4096  # payload bytes per packet
-    ack_timeout_exp: int = 13  # t: ACK timeout = 1.024 us * 2^t (13: 8.4 ms), t <= 24
+    ack_timeout_exp: int = 14  # t: ACK timeout = 1.024 us * 2^t (14: 16.8 ms), t <= 24
     retry_linear: int = 7  # retries at the plain ACK timeout (OCP: <= 7)
     retry_exp: int = 4  # then retries with the timeout doubling each time (<= 25; 25 = infinite)
     mpr: int = 8  # max PSN range (the SACK window), in units of 128 PSNs
@@ -368,7 +369,8 @@ class Requester:
             self.profile.on_lost(pkt.ev, now, why)
         else:
             self.profile.evs[pkt.ev].packets_lost += 1
-        self.cc.on_loss(now)
+        if why is SAME_EV:  # a drop on a path that keeps delivering: congestion, so the window shrinks;
+            self.cc.on_loss(now)  # losses of a failed path (RACK, timeouts) are the EV's business
 
     def _detect_losses(self, now: int, touched=None) -> None:
         if self.go_back_n:
@@ -384,7 +386,7 @@ class Requester:
                     queue.popleft()  # delivered, or resent elsewhere: stale entry
                 elif sent < delivered_up_to:
                     queue.popleft()
-                    self._lose(pkt, now, "a later packet on the same EV arrived")
+                    self._lose(pkt, now, SAME_EV)
                 else:
                     break
         # RACK: a packet sent before one already delivered is lost once it is later than that

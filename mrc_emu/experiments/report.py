@@ -1,0 +1,229 @@
+"""What a scenario run leaves behind: results.json (with its schema), plots, report.md.
+
+Why it exists: numbers that cannot be looked at again are not results. results.json holds
+every figure and timeline; the schema below documents it (docs/results.md shows it) and a
+test validates real output against it. The plots show the fault and the recovery.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+_NUM = {"type": ["number", "null"]}
+_TRANSFER = {
+    "type": "object",
+    "required": ["src", "dst", "size", "ok", "verified", "sha256_source", "sha256_placed", "completion_ms",
+                 "goodput_gbps", "per_ev", "ev_events", "timeline", "ev_timeline", "recovery"],
+    "properties": {
+        "src": {"type": "string"}, "dst": {"type": "string"}, "size": {"type": "integer", "minimum": 1},
+        "ok": {"type": "boolean"}, "verified": {"type": "boolean"}, "error": {"type": ["string", "null"]},
+        "sha256_source": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+        "sha256_placed": {"type": ["string", "null"]},
+        "completion_ms": _NUM, "goodput_gbps": _NUM, "goodput_pps": _NUM, "offset_ms": _NUM,
+        "ev_format": {"enum": ["SRV6", "SRV6_USID", "UDP"]},
+        "per_ev": {"type": "array", "items": {"type": "object", "required": ["ev", "state", "share", "packets_sent"],
+                                             "properties": {"state": {"enum": ["GOOD", "ASSUMED_BAD", "DENIED"]}}}},
+        "ev_events": {"type": "array", "items": {
+            "type": "object", "required": ["time_ms", "ev", "old", "new", "reason"],
+            "properties": {"old": {"enum": ["GOOD", "ASSUMED_BAD", "DENIED"]},
+                           "new": {"enum": ["GOOD", "ASSUMED_BAD", "DENIED"]}}}},
+        "timeline": {"type": "array", "items": {"type": "array", "prefixItems": [{"type": "number"}, {"type": "integer"}]}},
+        "ev_timeline": {"type": "array"},
+        "recovery": {"type": ["object", "null"], "required": ["pre_fault_gbps", "recovery_ms", "worst_gbps"]},
+    },
+}
+_RUN = {
+    "type": "object",
+    "required": ["transport", "ok", "verified", "completion_ms", "goodput_gbps", "recovery_ms", "faults", "transfers"],
+    "properties": {
+        "transport": {"enum": ["mrc", "baseline"]}, "ok": {"type": "boolean"}, "verified": {"type": "boolean"},
+        "completion_ms": _NUM, "goodput_gbps": _NUM, "recovery_ms": _NUM,
+        "faults": {"type": "array", "items": {"type": "object", "required": ["kind", "description", "events"]}},
+        "transfers": {"type": "array", "minItems": 1, "items": _TRANSFER},
+        "pcap": {"type": ["string", "null"]},
+    },
+}
+RESULTS_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": "mrc-emu scenario results",
+    "type": "object",
+    "required": ["schema", "scenario", "runs", "notes", "seconds"],
+    "properties": {
+        "schema": {"const": "mrc-emu/results/1"},
+        "scenario": {"type": "object", "required": ["name", "topology", "transports", "workloads", "faults"]},
+        "runs": {"type": "object", "properties": {"mrc": _RUN, "baseline": _RUN}, "additionalProperties": False},
+        "recovery_ratio": _NUM,
+        "notes": {"type": "array", "items": {"type": "string"}},
+        "seconds": {"type": "number"},
+        "plots": {"type": "object"},
+    },
+}
+
+
+def write(results: dict[str, Any], out_dir: Path) -> dict[str, str]:
+    """results.json, the plots and report.md in out_dir; returns {what: path}."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files = plots(results, out_dir)
+    results["plots"] = {k: Path(v).name for k, v in files.items()}
+    (out_dir / "results.json").write_text(json.dumps(results, indent=1))
+    (out_dir / "report.md").write_text(markdown(results))
+    return {"results": str(out_dir / "results.json"), "report": str(out_dir / "report.md"), **files}
+
+
+def _fault_marks(run: dict) -> list[tuple[float, float | None, str]]:
+    marks = []
+    for f in run["faults"]:
+        times = [e for e in f["events"] if "began_ms" in e]
+        if times:
+            start = times[0]["began_ms"]
+            end = times[1]["began_ms"] if len(times) > 1 else None
+            marks.append((start, end, f["description"]))
+    return marks
+
+
+def _goodput(timeline: list, bin_ms: float = 5.0) -> tuple[list[float], list[float]]:
+    xs, ys = [], []
+    for (t0, b0), (t1, b1) in zip(timeline[::int(bin_ms)], timeline[int(bin_ms)::int(bin_ms)]):
+        if t1 > t0:
+            xs.append(t1)
+            ys.append((b1 - b0) * 8 / ((t1 - t0) * 1e6))
+    return xs, ys
+
+
+def plots(results: dict[str, Any], out_dir: Path) -> dict[str, str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = results["runs"]
+    if not runs:
+        return {}
+    files = {}
+    # 1. goodput over time, per EV for MRC, with the faults marked
+    fig, axes = plt.subplots(len(runs), 1, figsize=(10, 3.4 * len(runs)), squeeze=False)
+    for ax, (transport, run) in zip(axes[:, 0], runs.items()):
+        main = run["transfers"][0]
+        xs, ys = _goodput(main["timeline"])
+        ax.plot(xs, ys, color="black", linewidth=1.6, label="total")
+        mtu = main.get("mtu", 4096)
+        if transport == "mrc" and main["ev_timeline"]:
+            evt = main["ev_timeline"]
+            n = len(evt[0][2])
+            for k in range(n):
+                pts = [(t1, (g1[k] - g0[k]) * mtu * 8 / ((t1 - t0) * 1e6)) for (t0, _, g0), (t1, _, g1)
+                       in zip(evt, evt[1:]) if t1 > t0]
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], linewidth=0.8, label=f"EV {main['per_ev'][k]['ev']}")
+        for start, end, text in _fault_marks(run):
+            ax.axvline(start, color="red", linestyle="--", linewidth=1)
+            if end is not None:
+                ax.axvspan(start, end, color="red", alpha=0.08)
+            ax.text(start, ax.get_ylim()[1] * 0.92, " " + text, color="red", fontsize=8)
+        rec = "-" if run["recovery_ms"] is None else "{:.1f} ms".format(run["recovery_ms"])
+        done = "-" if run["completion_ms"] is None else "{:.0f} ms".format(run["completion_ms"])
+        ax.set_title(f"{transport}: {main['src']} -> {main['dst']}, recovery {rec}, completion {done}", fontsize=10)
+        ax.set_xlabel("ms since the transfer started")
+        ax.set_ylabel("goodput, Gbit/s")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, ncol=5, loc="lower right")
+    fig.tight_layout()
+    files["goodput"] = str(out_dir / "goodput.png")
+    fig.savefig(files["goodput"], dpi=110)
+    plt.close(fig)
+    # 2. MRC's spray share per EV over time
+    mrc = runs.get("mrc")
+    if mrc and mrc["transfers"][0]["ev_timeline"]:
+        main = mrc["transfers"][0]
+        evt = main["ev_timeline"]
+        n = len(evt[0][1])
+        xs, shares = [], [[] for _ in range(n)]
+        for (_t0, s0, _), (t1, s1, _) in zip(evt, evt[1:]):
+            sent = [b - a for a, b in zip(s0, s1)]
+            total = sum(sent)
+            if total:
+                xs.append(t1)
+                for k in range(n):
+                    shares[k].append(sent[k] / total)
+        fig, ax = plt.subplots(figsize=(10, 3.6))
+        ax.stackplot(xs, shares, labels=[f"EV {e['ev']} (plane {e['plane']}, {e['spine']})" for e in main["per_ev"]])
+        for start, _end, text in _fault_marks(mrc):
+            ax.axvline(start, color="red", linestyle="--", linewidth=1)
+            ax.text(start, 1.01, " " + text, color="red", fontsize=8)
+        ax.set_ylim(0, 1)
+        ax.set_xlabel("ms since the transfer started")
+        ax.set_ylabel("share of packets sent")
+        ax.set_title("MRC spray: share of packets per EV", fontsize=10)
+        ax.legend(fontsize=7, ncol=4, loc="lower right")
+        fig.tight_layout()
+        files["spray_share"] = str(out_dir / "spray_share.png")
+        fig.savefig(files["spray_share"], dpi=110)
+        plt.close(fig)
+    # 3. recovery and completion, side by side
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.4))
+    names = list(runs)
+    recs = [runs[t]["recovery_ms"] or 0 for t in names]
+    comps = [runs[t]["completion_ms"] or 0 for t in names]
+    colors = ["tab:green" if t == "mrc" else "tab:gray" for t in names]
+    ax1.bar(names, recs, color=colors)
+    ax1.set_yscale("log" if all(recs) else "linear")
+    ax1.set_title("recovery time after the fault (ms)", fontsize=10)
+    for i, v in enumerate(recs):
+        ax1.text(i, v, f"{v:.1f}", ha="center", va="bottom", fontsize=9)
+    ax2.bar(names, comps, color=colors)
+    ax2.set_title("completion time (ms)", fontsize=10)
+    for i, v in enumerate(comps):
+        ax2.text(i, v, f"{v:.0f}", ha="center", va="bottom", fontsize=9)
+    fig.tight_layout()
+    files["recovery"] = str(out_dir / "recovery.png")
+    fig.savefig(files["recovery"], dpi=110)
+    plt.close(fig)
+    return files
+
+
+def summary_rows(results: dict[str, Any]) -> list[list[str]]:
+    rows = [["transport", "goodput", "completion", "recovery", "verified (SHA-256)", "retransmits"]]
+    for transport, run in results["runs"].items():
+        retx = sum(t["requester"]["stats"]["retransmits"] for t in run["transfers"])
+        rows.append([
+            transport,
+            "-" if run["goodput_gbps"] is None else f"{run['goodput_gbps']:.2f} Gbit/s",
+            "-" if run["completion_ms"] is None else f"{run['completion_ms']:.0f} ms",
+            "never" if run["recovery_ms"] is None and run["faults"] else
+            ("-" if run["recovery_ms"] is None else f"{run['recovery_ms']:.1f} ms"),
+            "yes" if run["verified"] else "NO",
+            f"{retx:,}",
+        ])
+    return rows
+
+
+def table(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows)
+
+
+def markdown(results: dict[str, Any]) -> str:
+    scn = results["scenario"]
+    rows = summary_rows(results)
+    lines = [f"# {scn['name']}", "", scn.get("description", ""), "",
+             f"Topology `{scn['topology']}`; faults: {', '.join(scn['faults']) or 'none'}.", "",
+             "| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
+    lines += ["| " + " | ".join(r) + " |" for r in rows[1:]]
+    if results.get("recovery_ratio"):
+        lines += ["", f"MRC recovered **{results['recovery_ratio']:g}x** faster than the baseline."]
+    lines += ["", "Recovery time: from the fault until goodput is back at 90 % of its level in the 50 ms before "
+              "it (2 ms windows; docs/results.md).", ""]
+    for note in results["notes"]:
+        lines.append(f"- {note}")
+    for what in ("goodput", "spray_share", "recovery"):
+        if what in results.get("plots", {}):
+            lines += ["", f"![{what}]({results['plots'][what]})"]
+    for transport, run in results["runs"].items():
+        events = run["transfers"][0]["ev_events"]
+        if events:
+            lines += ["", f"## EV events ({transport})", "", "| ms | EV | from | to | reason |", "|---|---|---|---|---|"]
+            lines += [f"| {e['time_ms']} | {e['ev']} | {e['old']} | {e['new']} | {e['reason']} |" for e in events[:40]]
+        if run.get("pcap"):
+            lines += ["", f"pcap ({transport}): `{Path(run['pcap']).name}` (the first 4000 packets, 160 bytes of each)"]
+    return "\n".join(lines) + "\n"

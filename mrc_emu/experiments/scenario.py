@@ -1,0 +1,327 @@
+"""Scenario files: topology, workloads, transports and a fault schedule, checked field by field.
+
+Why it exists: what users come for is "run this situation with MRC and with today's RoCE and
+show me". A scenario YAML says it once; `mrc-emu run` executes it (runner.py). This module
+only parses and validates: every problem is one ScenarioError naming file, line and field.
+
+    name: blackhole          # optional; default: the file's stem
+    description: ...         # optional, shown in the report
+    topology: default        # a built-in topology name or a YAML path (relative to this file)
+    transports: [mrc, baseline]
+    routing: bgp             # bgp (FRR with BFD; the baseline needs it) or none
+    bfd: true
+    mtu: 4096                # payload bytes per packet
+    timeout_s: 90            # a run that has not finished by then is stopped
+    workloads:               # all start together
+      - {kind: write, src: h0, dst: h2, size: 128MiB}
+      - {kind: incast, hosts: [h0, h1, h3], dst: h2, size: 16MiB}
+      - {kind: all-to-all, hosts: all, size: 8MiB}
+      - {kind: ring-allreduce, hosts: all, size: 32MiB}   # size = the buffer being reduced
+    faults:                  # `at`: fraction of all workload bytes acknowledged (0..1)
+      - {kind: blackhole, link: baseline-path, at: 0.3, duration_ms: 3000}
+      - {kind: link-down, link: [p0l0, p0s1], at: 0.3}
+      - {kind: flap, link: [p0l0, p0s1], at: 0.2, period_ms: 100, count: 3}
+      - {kind: loss, link: [p1l0, p1s2], percent: 5, at: 0.1}
+      - {kind: switch-reboot, node: p0s1, at: 0.3, duration_ms: 500}
+      - {kind: plane-down, host: h0, plane: 1, at: 0.3}
+      - {kind: congestion, link: [p0l1, p0s0], at: 0.2, flows: 2, size: 32MiB}
+    capture: false           # pcaps of the source host's ports
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..topology import Role, Topology, TopologyError, resolve
+
+TRANSPORTS = ("mrc", "baseline")
+WORKLOADS = ("write", "incast", "all-to-all", "ring-allreduce")
+FAULTS = ("link-down", "flap", "loss", "blackhole", "switch-reboot", "plane-down", "congestion")
+_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([kmg]i?b?|b)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 10**6, "mb": 10**6, "mib": 2**20,
+          "g": 10**9, "gb": 10**9, "gib": 2**30}
+
+
+class ScenarioError(ValueError):
+    """A scenario file is unreadable or wrong; the message names file, line and field."""
+
+
+@dataclass
+class Workload:
+    kind: str
+    size: int
+    src: str | None = None
+    dst: str | None = None
+    hosts: list[str] = field(default_factory=list)
+
+    def pairs(self) -> list[tuple[str, str, int]]:
+        """(src, dst, bytes) of every WRITE this workload makes, all started together."""
+        if self.kind == "write":
+            return [(self.src, self.dst, self.size)]
+        if self.kind == "incast":
+            return [(h, self.dst, self.size) for h in self.hosts if h != self.dst]
+        if self.kind == "all-to-all":
+            return [(a, b, self.size) for a in self.hosts for b in self.hosts if a != b]
+        # ring all-reduce: each host sends to the next 2(n-1) chunks of size/n (reduce-scatter,
+        # then all-gather); here they run as one WRITE per neighbour pair of the total bytes
+        n = len(self.hosts)
+        per_pair = 2 * (n - 1) * -(-self.size // n)
+        return [(self.hosts[i], self.hosts[(i + 1) % n], per_pair) for i in range(n)]
+
+
+@dataclass
+class Fault:
+    kind: str
+    at: float
+    link: tuple[str, str] | str | None = None  # a pair, or "baseline-path"
+    node: str | None = None
+    host: str | None = None
+    plane: int | None = None
+    percent: float = 100.0
+    duration_ms: float | None = None
+    period_ms: float = 100.0
+    count: int = 3
+    flows: int = 1
+    size: int = 32 * 2**20
+
+    def describe(self) -> str:
+        target = self.node or (f"{self.host} plane {self.plane}" if self.host else None)
+        if target is None:
+            target = "-".join(self.link) if isinstance(self.link, tuple) else str(self.link)
+        extra = {"loss": f" {self.percent:g}%", "flap": f" every {self.period_ms:g} ms x{self.count}",
+                 "congestion": f" {self.flows} flow(s)"}.get(self.kind, "")
+        until = f" for {self.duration_ms:g} ms" if self.duration_ms else ""
+        return f"{self.kind}{extra} {target} at {self.at:.0%}{until}"
+
+
+@dataclass
+class Scenario:
+    name: str
+    topology: Topology
+    workloads: list[Workload]
+    faults: list[Fault]
+    transports: list[str] = field(default_factory=lambda: list(TRANSPORTS))
+    routing: str = "bgp"
+    bfd: bool = True
+    mtu: int = 4096
+    timeout_s: float = 90.0
+    capture: bool = False
+    description: str = ""
+    source: str = ""
+
+    def transfers(self) -> list[tuple[str, str, int]]:
+        return [p for w in self.workloads for p in w.pairs()]
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "description": self.description, "topology": self.topology.name,
+                "transports": self.transports, "routing": self.routing, "bfd": self.bfd, "mtu": self.mtu,
+                "workloads": [{"kind": w.kind, "size": w.size, "pairs": len(w.pairs())} for w in self.workloads],
+                "faults": [f.describe() for f in self.faults]}
+
+
+def parse_size(text: Any) -> int:
+    if isinstance(text, int) and not isinstance(text, bool):
+        if text < 1:
+            raise ValueError(f"{text} is not a positive size")
+        return text
+    m = _SIZE.match(str(text))
+    if not m or (m.group(2) or "").lower() not in _UNITS:
+        raise ValueError(f"{text!r} is not a size (examples: 4096, 100k, 64MiB)")
+    size = int(float(m.group(1)) * _UNITS[(m.group(2) or "").lower()])
+    if size < 1:
+        raise ValueError(f"{text!r} is not a positive size")
+    return size
+
+
+class _Checker:
+    def __init__(self, source: str, lines: dict[str, int]) -> None:
+        self.source, self.lines = source, lines
+
+    def fail(self, fld: str | None, problem: str) -> ScenarioError:
+        where = self.source
+        if fld is not None:
+            top = fld.split("[")[0].split(".")[0]
+            line = self.lines.get(fld) or self.lines.get(top)
+            where += (f", line {line}" if line else "") + f", field '{fld}'"
+        return ScenarioError(f"{where}: {problem}")
+
+
+def _key_lines(text: str) -> dict[str, int]:
+    """Line numbers of top-level keys and of list items (`workloads[0]`, `faults[1]`)."""
+    try:
+        root = yaml.compose(text)
+    except yaml.YAMLError:
+        return {}
+    out: dict[str, int] = {}
+    if isinstance(root, yaml.MappingNode):
+        for key, value in root.value:
+            out[str(key.value)] = key.start_mark.line + 1
+            if isinstance(value, yaml.SequenceNode):
+                for i, item in enumerate(value.value):
+                    out[f"{key.value}[{i}]"] = item.start_mark.line + 1
+    return out
+
+
+_TOP = {"name", "description", "topology", "transports", "routing", "bfd", "mtu", "timeout_s", "workloads",
+        "faults", "capture"}
+
+
+def from_dict(data: Any, source: str = "<dict>", lines: dict[str, int] | None = None,
+              base: Path | None = None) -> Scenario:
+    c = _Checker(source, lines or {})
+    if not isinstance(data, dict):
+        raise c.fail(None, "expected a mapping (topology, workloads, faults, ...)")
+    unknown = sorted(set(map(str, data)) - _TOP)
+    if unknown:
+        raise c.fail(unknown[0], f"unknown field (known: {', '.join(sorted(_TOP))})")
+    topo_spec = data.get("topology", "default")
+    if not isinstance(topo_spec, str):
+        raise c.fail("topology", "give a built-in topology name or a YAML file path")
+    if base is not None and topo_spec.endswith((".yaml", ".yml")) and not Path(topo_spec).is_absolute():
+        topo_spec = str(base / topo_spec)
+    try:
+        topo = resolve(topo_spec)
+    except TopologyError as exc:
+        raise c.fail("topology", str(exc)) from None
+    hosts = [h.name for h in topo.hosts]
+    switches = {n.name for n in topo.nodes.values() if n.role is not Role.HOST}
+
+    def host(fld: str, value: Any) -> str:
+        if value not in hosts:
+            raise c.fail(fld, f"{value!r} is not a host of topology {topo.name} (hosts: {', '.join(hosts)})")
+        return value
+
+    def host_list(fld: str, value: Any) -> list[str]:
+        if value == "all" or value is None:
+            return list(hosts)
+        if not isinstance(value, list) or len(value) < 2:
+            raise c.fail(fld, "give 'all' or a list of at least two hosts")
+        return [host(fld, v) for v in value]
+
+    def size(fld: str, value: Any) -> int:
+        try:
+            return parse_size(value)
+        except ValueError as exc:
+            raise c.fail(fld, str(exc)) from None
+
+    def number(fld: str, value: Any, lo: float, hi: float) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not lo <= value <= hi:
+            raise c.fail(fld, f"{value!r} is not a number in {lo:g}..{hi:g}")
+        return float(value)
+
+    transports = data.get("transports", list(TRANSPORTS))
+    if isinstance(transports, str):
+        transports = [transports]
+    if not isinstance(transports, list) or not transports or any(t not in TRANSPORTS for t in transports):
+        raise c.fail("transports", f"a list of: {', '.join(TRANSPORTS)}")
+    routing = data.get("routing", "bgp")
+    if routing not in ("bgp", "none"):
+        raise c.fail("routing", "'bgp' (FRR) or 'none'")
+    if "baseline" in transports and routing == "none":
+        raise c.fail("routing", "the baseline needs plain IPv6 routing: use routing: bgp")
+    raw_workloads = data.get("workloads")
+    if not isinstance(raw_workloads, list) or not raw_workloads:
+        raise c.fail("workloads", "give at least one workload")
+    workloads = []
+    for i, w in enumerate(raw_workloads):
+        fld = f"workloads[{i}]"
+        if not isinstance(w, dict) or w.get("kind") not in WORKLOADS:
+            raise c.fail(fld, f"needs kind: one of {', '.join(WORKLOADS)}")
+        kind = w["kind"]
+        allowed = {"kind", "size", "src", "dst", "hosts"}
+        extra = sorted(set(w) - allowed)
+        if extra:
+            raise c.fail(fld, f"unknown key {extra[0]!r} (known: {', '.join(sorted(allowed))})")
+        item = Workload(kind, size(f"{fld}.size", w.get("size", "16MiB")))
+        if kind == "write":
+            item.src, item.dst = host(f"{fld}.src", w.get("src")), host(f"{fld}.dst", w.get("dst"))
+            if item.src == item.dst:
+                raise c.fail(fld, "src and dst are the same host")
+        else:
+            item.hosts = host_list(f"{fld}.hosts", w.get("hosts", "all"))
+            if kind == "incast":
+                item.dst = host(f"{fld}.dst", w.get("dst"))
+        workloads.append(item)
+    faults = []
+    for i, f in enumerate(data.get("faults") or []):
+        fld = f"faults[{i}]"
+        if not isinstance(f, dict) or f.get("kind") not in FAULTS:
+            raise c.fail(fld, f"needs kind: one of {', '.join(FAULTS)}")
+        allowed = {"kind", "at", "link", "node", "host", "plane", "percent", "duration_ms", "period_ms", "count",
+                   "flows", "size"}
+        extra = sorted(set(f) - allowed)
+        if extra:
+            raise c.fail(fld, f"unknown key {extra[0]!r} (known: {', '.join(sorted(allowed))})")
+        item = Fault(f["kind"], number(f"{fld}.at", f.get("at", 0.3), 0.0, 0.99))
+        kind = item.kind
+        if kind in ("link-down", "flap", "loss", "blackhole", "congestion"):
+            link = f.get("link")
+            if link == "baseline-path":
+                if "baseline" not in transports:
+                    raise c.fail(f"{fld}.link", "'baseline-path' needs the baseline among the transports")
+                item.link = "baseline-path"
+            elif isinstance(link, list) and len(link) == 2 and all(x in topo.nodes for x in link):
+                if not topo.links_between(*link):
+                    raise c.fail(f"{fld}.link", f"no link between {link[0]} and {link[1]}")
+                item.link = (link[0], link[1])
+            else:
+                raise c.fail(f"{fld}.link", "give [node, node] of one link, or baseline-path")
+        if kind == "switch-reboot":
+            if f.get("node") not in switches:
+                raise c.fail(f"{fld}.node", f"{f.get('node')!r} is not a switch of topology {topo.name}")
+            item.node = f["node"]
+        if kind == "plane-down":
+            item.host = host(f"{fld}.host", f.get("host"))
+            item.plane = int(number(f"{fld}.plane", f.get("plane"), 0, topo.planes - 1))
+        if "percent" in f:
+            item.percent = number(f"{fld}.percent", f["percent"], 0.01, 100)
+        if kind == "loss" and "percent" not in f:
+            raise c.fail(f"{fld}.percent", "loss needs a percent")
+        if "duration_ms" in f:
+            item.duration_ms = number(f"{fld}.duration_ms", f["duration_ms"], 1, 600_000)
+        item.period_ms = number(f"{fld}.period_ms", f.get("period_ms", 100), 2, 60_000)
+        item.count = int(number(f"{fld}.count", f.get("count", 3), 1, 1000))
+        item.flows = int(number(f"{fld}.flows", f.get("flows", 1), 1, 16))
+        if "size" in f:
+            item.size = size(f"{fld}.size", f["size"])
+        faults.append(item)
+    name = data.get("name", Path(source).stem if source.endswith((".yaml", ".yml")) else "scenario")
+    if not isinstance(name, str) or not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", name):
+        raise c.fail("name", f"{name!r}: letters, digits, '.', '_' or '-', up to 64")
+    mtu = int(number("mtu", data.get("mtu", 4096), 64, 8192))
+    if mtu % 4 or mtu + 300 > topo.mtu:
+        raise c.fail("mtu", f"{mtu}: a multiple of 4 that fits the links' MTU {topo.mtu} with headers")
+    return Scenario(name=name, topology=topo, workloads=workloads, faults=faults, transports=list(transports),
+                    routing=routing, bfd=bool(data.get("bfd", True)), mtu=mtu,
+                    timeout_s=number("timeout_s", data.get("timeout_s", 90), 1, 3600),
+                    capture=bool(data.get("capture", False)), description=str(data.get("description", "")),
+                    source=source)
+
+
+SCENARIO_DIR = Path(__file__).resolve().parent.parent / "topologies" / "scenarios"
+
+
+def load(spec: str | Path) -> Scenario:
+    """A scenario YAML path, or the name of a shipped scenario (topologies/scenarios/)."""
+    path = Path(spec)
+    if not path.exists() and not str(spec).endswith((".yaml", ".yml")) and "/" not in str(spec):
+        path = SCENARIO_DIR / f"{spec}.yaml"
+        if not path.exists():
+            known = ", ".join(sorted(p.stem for p in SCENARIO_DIR.glob("*.yaml")))
+            raise ScenarioError(f"no scenario file {spec!r} and no shipped scenario of that name (shipped: {known})")
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ScenarioError(f"{path}: cannot read scenario file: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f", line {mark.line + 1}" if mark else ""
+        raise ScenarioError(f"{path}{where}: not valid YAML: {getattr(exc, 'problem', exc)}") from None
+    return from_dict(data, str(path), _key_lines(text), path.parent)
