@@ -150,7 +150,7 @@ def plots(results: dict[str, Any], out_dir: Path) -> dict[str, str]:
         ax.stackplot(xs, shares, labels=[f"EV {e['ev']} (plane {e['plane']}, {e['spine']})" for e in main["per_ev"]])
         for start, _end, text in _fault_marks(mrc):
             ax.axvline(start, color="red", linestyle="--", linewidth=1)
-            ax.text(start, 1.01, " " + text, color="red", fontsize=8)
+            ax.text(start, 0.03, " " + text, color="white", fontsize=8)
         ax.set_ylim(0, 1)
         ax.set_xlabel("ms since the transfer started")
         ax.set_ylabel("share of packets sent")
@@ -225,5 +225,5 @@ def markdown(results: dict[str, Any]) -> str:
             lines += ["", f"## EV events ({transport})", "", "| ms | EV | from | to | reason |", "|---|---|---|---|---|"]
             lines += [f"| {e['time_ms']} | {e['ev']} | {e['old']} | {e['new']} | {e['reason']} |" for e in events[:40]]
         if run.get("pcap"):
-            lines += ["", f"pcap ({transport}): `{Path(run['pcap']).name}` (the first 4000 packets, 160 bytes of each)"]
+            lines += ["", f"pcap ({transport}): `{Path(run['pcap']).name}` (the first 4000 packets, whole)"]
     return "\n".join(lines) + "\n"

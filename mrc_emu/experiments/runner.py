@@ -29,7 +29,7 @@ from .scenario import Fault, Scenario
 from .transfer import Control, TransferResult, TransferSpec, run_transfers
 
 Progress = Callable[[str], None]
-PCAP_PACKETS = 4000  # the first packets of each run: tcpdump at full rate would steal a core
+PCAP_PACKETS = 4000  # the first packets of each run (about 17 MB): tcpdump at full rate would steal a core
 
 
 def _quiet(_: str) -> None:
@@ -191,7 +191,7 @@ def run_transport(scn: Scenario, name: str, transport: str, baseline_link: tuple
         control.hooks.sort(key=lambda h: h[0])
         capture = None
         if scn.capture:
-            capture = ops.Capture(name, scn.transfers()[0][0], str(out_dir / f"{transport}.pcap"), snaplen=160,
+            capture = ops.Capture(name, scn.transfers()[0][0], str(out_dir / f"{transport}.pcap"), snaplen=0,
                                   count=PCAP_PACKETS)
         progress(f"{transport}: {len(specs)} WRITE(s), faults: {', '.join(f.describe() for f in scn.faults) or 'none'}")
         try:
