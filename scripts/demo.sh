@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Set up (idempotently) and run the main job on the built-in default topology: bring the
-# fabric up, probe every EV between every pair of hosts, take it down.
+# Set up (idempotently) and run the main job on the built-in default topology: a 128 MiB
+# RDMA WRITE while a leaf-spine link fails, once with MRC and once with the BGP baseline;
+# prints the comparison and writes results, plots and pcaps to ./mrc-emu-demo (or --out DIR).
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${MRC_EMU_VENV:-$repo/.venv}"
 "$repo/scripts/install.sh"
-exec "$venv/bin/mrc-emu" check "$@"
+exec "$venv/bin/mrc-emu" demo "$@"

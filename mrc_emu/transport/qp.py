@@ -54,7 +54,7 @@ class QpConfig:
     ack_every: int = 32  # the responder acknowledges at least every this many data packets ...
     ack_delay_ns: int = 250_000  # ... or this long after the first packet it has not acknowledged
     probe_interval_ns: int = 1_000_000
-    reorder_floor_ns: int = 200_000  # RACK reordering window, at least this
+    reorder_floor_ns: int = 500_000  # an EV's loss timer is at least this
     burst: int = 32  # packets per pump, so receiving is never starved
     pkey: int = fmt.DEFAULT_PKEY
     path_avoidance: bool = True  # False for the single-path baseline: no EV states, no probes
@@ -215,9 +215,7 @@ class Requester:
         self._window_mask = (1 << self.config.window) - 1
         self._ev_flight: dict[int, int] = dict.fromkeys(paths, 0)  # bytes in flight per EV
         self.bytes_acked = 0
-        self._rack_cache: tuple[int, int] | None = None
         self._gbn_timeouts = 0  # go-back-N: timeouts since the last progress
-        self._rack_calls = 0
         self._last_now = 0
 
     # ---- API -----------------------------------------------------------------------------
@@ -369,52 +367,62 @@ class Requester:
             self.profile.on_lost(pkt.ev, now, why)
         else:
             self.profile.evs[pkt.ev].packets_lost += 1
-        if why is SAME_EV:  # a drop on a path that keeps delivering: congestion, so the window shrinks;
-            self.cc.on_loss(now)  # losses of a failed path (RACK, timeouts) are the EV's business
+        # An isolated loss, or one on a path that keeps delivering, is congestion: the window shrinks.
+        # A run of losses on one EV is a failing path: the EV's state handles it, not the window.
+        if why is SAME_EV or self.profile.evs[pkt.ev].consecutive_losses <= 1:
+            self.cc.on_loss(now)
+
+    def _front(self, ev: int) -> _Pkt | None:
+        """The oldest packet still in flight on `ev` (stale entries are dropped on the way)."""
+        queue = self.by_ev[ev]
+        while queue:
+            psn, sent = queue[0]
+            pkt = self.pkts.get(psn)
+            if pkt is not None and pkt.ev == ev and pkt.sent_ns == sent and psn in self.flight:
+                return pkt
+            queue.popleft()  # delivered, or resent elsewhere
+        return None
+
+    def ev_timer(self, ev: int) -> int:
+        """How long a packet on `ev` may stay unacknowledged once later packets got through:
+        srtt + 4 rttvar of that EV, as TCP's RTO (EVs differ: each plane queues on its own)."""
+        s = self.profile.evs[ev]
+        if s.srtt_ns:
+            return max(self.config.reorder_floor_ns, int(s.srtt_ns + 4 * s.rttvar_ns))
+        known = [x.srtt_ns for x in self.profile.evs.values() if x.srtt_ns]
+        return max(self.config.reorder_floor_ns, int(3 * max(known))) if known else self.config.ack_timeout_ns
 
     def _detect_losses(self, now: int, touched=None) -> None:
+        """Two rules, both per EV. (1) A path keeps order: once a later packet on the same EV is
+        delivered, the earlier ones are lost. (2) A packet older than something already
+        delivered (on any EV) is lost once its EV's timer has run out: how a dead path shows."""
         if self.go_back_n:
             return  # RC learns of losses only from NAKs and timeouts
-        # per EV: a path keeps order, so a later packet delivered on it means earlier ones are lost
         for ev in (touched if touched is not None else self.by_ev):
-            queue = self.by_ev[ev]
             delivered_up_to = self.profile.evs[ev].last_delivered_sent_ns
-            while queue:
-                psn, sent = queue[0]
-                pkt = self.pkts.get(psn)
-                if pkt is None or pkt.ev != ev or pkt.sent_ns != sent or psn not in self.flight:
-                    queue.popleft()  # delivered, or resent elsewhere: stale entry
-                elif sent < delivered_up_to:
-                    queue.popleft()
-                    self._lose(pkt, now, SAME_EV)
-                else:
+            while (pkt := self._front(ev)) is not None and pkt.sent_ns < delivered_up_to:
+                self.by_ev[ev].popleft()
+                self._lose(pkt, now, SAME_EV)
+        if not self.flight:
+            return
+        rack = self.rack_sent_ns
+        for ev in self.by_ev:
+            timer = None
+            while (pkt := self._front(ev)) is not None and pkt.sent_ns < rack:
+                timer = timer or self.ev_timer(ev)
+                if now < pkt.sent_ns + timer:
                     break
-        # RACK: a packet sent before one already delivered is lost once it is later than that
-        # one by the reordering window, or has waited an RTT plus the reordering window
-        flight = self.flight
-        if not flight or self.pkts[next(iter(flight))].sent_ns >= self.rack_sent_ns:
-            return  # the oldest packet in flight was sent after everything known delivered
-        reo, rtt = self._rack_windows()
-        fast_limit = self.rack_sent_ns - reo
-        for psn in list(itertools.islice(flight, 64)):
-            pkt = self.pkts[psn]
-            if pkt.sent_ns >= self.rack_sent_ns:
-                break
-            if pkt.sent_ns < fast_limit:
-                self._lose(pkt, now, "later packets on other EVs arrived")
-            elif now >= pkt.sent_ns + rtt + reo:
-                self._lose(pkt, now, "not acknowledged an RTT after later packets")
-            else:
-                break
+                self.by_ev[ev].popleft()
+                self._lose(pkt, now, "not acknowledged while later packets were")
 
-    def _rack_windows(self) -> tuple[int, int]:
-        """(reordering window, reference RTT): the largest smoothed RTT of a GOOD EV (cached briefly)."""
-        self._rack_calls += 1
-        if self._rack_cache is None or self._rack_calls % 16 == 0:
-            rtts = [s.srtt_ns for s in self.profile.evs.values() if s.srtt_ns and s.state is EvState.GOOD]
-            rtt = int(max(rtts)) if rtts else self.config.reorder_floor_ns
-            self._rack_cache = (max(self.config.reorder_floor_ns, rtt // 4), rtt)
-        return self._rack_cache
+    def _loss_deadline(self) -> int | None:
+        """When the next packet would be declared lost by rule (2), if nothing arrives."""
+        deadlines = []
+        for ev in self.by_ev:
+            pkt = self._front(ev)
+            if pkt is not None and pkt.sent_ns < self.rack_sent_ns:
+                deadlines.append(pkt.sent_ns + self.ev_timer(ev))
+        return min(deadlines) if deadlines else None
 
     # ---- sending -------------------------------------------------------------------------
 
@@ -600,9 +608,8 @@ class Requester:
         if self.flight:
             pkt = self.pkts[next(iter(self.flight))]
             wakes.append(pkt.sent_ns + self._timeout_for(self._tries(pkt)))
-            if pkt.sent_ns < self.rack_sent_ns:
-                reo, rtt = self._rack_windows()
-                wakes.append(pkt.sent_ns + rtt + reo)
+            if not self.go_back_n and (deadline := self._loss_deadline()) is not None:
+                wakes.append(deadline)
         if self.config.path_avoidance:
             wakes += [s.probe_due_ns for k, s in self.profile.evs.items()
                       if s.state is EvState.ASSUMED_BAD and k in self.probe_paths]
