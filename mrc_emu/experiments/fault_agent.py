@@ -19,7 +19,7 @@ import time
 from ..fabric import netns, registry, xdp
 from ..fabric.build import load_topology
 from ..fabric.nodes import FabricSetupError
-from .transfer import _die_with_parent
+from .transfer import _die_with_parent, stop_child
 
 
 def _agent(conn, ends: list[tuple[str, str]], extra: dict) -> None:
@@ -122,17 +122,7 @@ class LinkFaultAgent:
         return result
 
     def close(self) -> None:
-        if self._proc.is_alive():
-            try:
-                self._conn.send("quit")
-            except OSError:
-                pass
-            self._proc.join(timeout=5)
-        if self._proc.is_alive():
-            self._proc.kill()
-            self._proc.join()
-        with registry.Journal.open(self.name) as journal:
-            journal.process_ended(self._proc.pid)
+        stop_child(self.name, self._proc, self._conn, "quit")
 
     def __enter__(self) -> LinkFaultAgent:
         return self

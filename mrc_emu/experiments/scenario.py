@@ -38,6 +38,7 @@ from typing import Any
 import yaml
 
 from ..topology import Role, Topology, TopologyError, resolve
+from ..topology.model import read_yaml
 
 TRANSPORTS = ("mrc", "baseline")
 WORKLOADS = ("write", "incast", "all-to-all", "ring-allreduce")
@@ -314,14 +315,5 @@ def load(spec: str | Path) -> Scenario:
         if not path.exists():
             known = ", ".join(sorted(p.stem for p in SCENARIO_DIR.glob("*.yaml")))
             raise ScenarioError(f"no scenario file {spec!r} and no shipped scenario of that name (shipped: {known})")
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ScenarioError(f"{path}: cannot read scenario file: {exc.strerror}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f", line {mark.line + 1}" if mark else ""
-        raise ScenarioError(f"{path}{where}: not valid YAML: {getattr(exc, 'problem', exc)}") from None
+    data, text = read_yaml(path, "scenario", ScenarioError)
     return from_dict(data, str(path), _key_lines(text), path.parent)

@@ -143,6 +143,21 @@ def _kernel_udp_counters() -> dict[str, int]:
     return out
 
 
+def stop_child(fabric: str, proc, conn, farewell) -> None:
+    """Ask a child to stop, kill it if it does not within 5 s, record that it ended."""
+    if proc.is_alive():
+        try:
+            conn.send(farewell)
+        except OSError:
+            pass
+        proc.join(timeout=5)
+    if proc.is_alive():
+        proc.kill()
+        proc.join()
+    with registry.Journal.open(fabric) as journal:
+        journal.process_ended(proc.pid)
+
+
 class HostMux:
     """All QPs of one host behind one pair of sockets: datagrams go to the QP they name."""
 
@@ -315,17 +330,7 @@ class HostProcess:
             self.inbox.append(msg)
 
     def close(self) -> None:
-        if self.proc.is_alive():
-            try:
-                self.conn.send(("stop",))
-            except OSError:
-                pass
-            self.proc.join(timeout=5)
-        if self.proc.is_alive():
-            self.proc.kill()
-            self.proc.join()
-        with registry.Journal.open(self.name) as journal:
-            journal.process_ended(self.proc.pid)
+        stop_child(self.name, self.proc, self.conn, ("stop",))
 
 
 _qpns = itertools.count(0x100)

@@ -126,16 +126,20 @@ class Batch:
         body += _nla(IFA_LOCAL, _v6(address)) + _nla(IFA_ADDRESS, _v6(address))
         self._add(RTM_NEWADDR, NLM_F_CREATE | NLM_F_REPLACE, body, f"address {address}/{prefixlen}")
 
-    def route(
-        self, prefix: str, oif: int, gateway: str | None = None, seg6local: Seg6Local | None = None
-    ) -> None:
+    @staticmethod
+    def _route_head(prefix: str) -> bytes:
+        """rtmsg for a static unicast IPv6 route in the main table, with its table and destination."""
         net = ipaddress.IPv6Network(prefix)
         body = struct.pack(
             "=BBBBBBBBI", AF_INET6, net.prefixlen, 0, 0, RT_TABLE_MAIN, RTPROT_STATIC,
             RT_SCOPE_UNIVERSE, RTN_UNICAST, 0,
         )
-        body += _nla(RTA_TABLE, struct.pack("=I", RT_TABLE_MAIN))
-        body += _nla(RTA_DST, net.network_address.packed)
+        return body + _nla(RTA_TABLE, struct.pack("=I", RT_TABLE_MAIN)) + _nla(RTA_DST, net.network_address.packed)
+
+    def route(
+        self, prefix: str, oif: int, gateway: str | None = None, seg6local: Seg6Local | None = None
+    ) -> None:
+        body = self._route_head(prefix)
         body += _nla(RTA_OIF, struct.pack("=I", oif))
         if gateway is not None:
             body += _nla(RTA_GATEWAY, _v6(gateway))
@@ -147,13 +151,7 @@ class Batch:
 
     def multipath_route(self, prefix: str, nexthops: list[tuple[int, str]]) -> None:
         """An ECMP route: one nexthop (ifindex, gateway) per entry; the kernel hashes flows over them."""
-        net = ipaddress.IPv6Network(prefix)
-        body = struct.pack(
-            "=BBBBBBBBI", AF_INET6, net.prefixlen, 0, 0, RT_TABLE_MAIN, RTPROT_STATIC,
-            RT_SCOPE_UNIVERSE, RTN_UNICAST, 0,
-        )
-        body += _nla(RTA_TABLE, struct.pack("=I", RT_TABLE_MAIN))
-        body += _nla(RTA_DST, net.network_address.packed)
+        body = self._route_head(prefix)
         hops = b""
         for index, gateway in nexthops:
             attrs = _nla(RTA_GATEWAY, _v6(gateway))

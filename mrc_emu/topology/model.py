@@ -292,18 +292,23 @@ def _key_lines(text: str) -> dict[str, int]:
     return {str(k.value): k.start_mark.line + 1 for k, _ in root.value}
 
 
-def load(path: str | Path) -> Topology:
-    path = Path(path)
+def read_yaml(path: Path, what: str, error: type[Exception]) -> tuple[Any, str]:
+    """(data, text) of a YAML file; `error` names the file (and line) when it cannot be read."""
     try:
         text = path.read_text()
     except OSError as exc:
-        raise TopologyError(f"{path}: cannot read topology file: {exc.strerror}") from None
+        raise error(f"{path}: cannot read {what} file: {exc.strerror}") from None
     try:
-        data = yaml.safe_load(text)
+        return yaml.safe_load(text), text
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f", line {mark.line + 1}" if mark else ""
-        raise TopologyError(f"{path}{where}: not valid YAML: {getattr(exc, 'problem', exc)}") from None
+        raise error(f"{path}{where}: not valid YAML: {getattr(exc, 'problem', exc)}") from None
+
+
+def load(path: str | Path) -> Topology:
+    path = Path(path)
+    data, text = read_yaml(path, "topology", TopologyError)
     return from_dict(data, str(path), _key_lines(text))
 
 

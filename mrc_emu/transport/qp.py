@@ -176,7 +176,16 @@ class ImmCompletion:
     time_ns: int
 
 
-class Requester:
+class _Counts:
+    """Drops by reason: counted, never raised."""
+
+    drops: dict[str, int]
+
+    def _drop(self, why: str) -> None:
+        self.drops[why] = self.drops.get(why, 0) + 1
+
+
+class Requester(_Counts):
     """The sending side of one MRC QP."""
 
     def __init__(self, address: bytes, qpn: int, dest_qp: int, paths: dict[int, Path],
@@ -241,9 +250,6 @@ class Requester:
         return self.profile.events
 
     # ---- receiving -----------------------------------------------------------------------
-
-    def _drop(self, why: str) -> None:
-        self.drops[why] = self.drops.get(why, 0) + 1
 
     def on_datagram(self, payload: bytes | memoryview, src: bytes, sport: int, now: int) -> None:
         packet = fast.decode_udp(payload, src, self.address, sport)
@@ -641,7 +647,7 @@ class _RQp:
     ecn: bool = False
 
 
-class Responder:
+class Responder(_Counts):
     """The receiving side: registered memory and the QPs that may write into it."""
 
     def __init__(self, address: bytes, config: QpConfig | None = None) -> None:
@@ -667,9 +673,6 @@ class Responder:
             raise ValueError("a responder QP needs at least one path back to the requester")
         self.qps[qpn] = _RQp(qpn, peer_qpn, peer, start_psn, start_psn, self.config.window, paths_back,
                              self.config.pkey)
-
-    def _drop(self, why: str) -> None:
-        self.drops[why] = self.drops.get(why, 0) + 1
 
     def on_datagram(self, payload: bytes | memoryview, src: bytes, sport: int, now: int) -> None:
         packet = fast.decode_udp(payload, src, self.address, sport)
