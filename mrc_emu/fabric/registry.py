@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import select
 import shutil
 import signal
 import time
@@ -167,11 +168,25 @@ def kill_recorded(entry: dict[str, Any]) -> bool:
     return True
 
 
+def _zombie(pid: int) -> bool:
+    """A killed child of ours that nobody reaped yet: dead, only its entry is left."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return True
+
+
 def remove(name: str) -> FabricRecord:
     """Remove every process and namespace the journal records, then the journal itself."""
     record = read(name)
-    for entry in record.processes.values():
-        kill_recorded(entry)
+    killed = [entry for entry in record.processes.values() if kill_recorded(entry)]
+    deadline = time.monotonic() + 5.0  # SIGKILL is asynchronous: return once they are gone
+    while killed and time.monotonic() < deadline:
+        killed = [e for e in killed if netns.process_start_time(e["pid"]) == e["start"]
+                  and not _zombie(e["pid"])]
+        if killed:
+            select.select([], [], [], 0.01)
     errors = []
     for path in reversed(record.namespaces):
         try:
