@@ -227,21 +227,27 @@ link.command(name="up")(_link_command(True))
 @click.option("--count", type=int, default=3, show_default=True, help="How many cycles.")
 @click.option("--plane", type=int, default=None, help="Only the link of this plane.")
 @NAME_OPTION
+@JSON_OPTION
 @friendly
-def flap(a: str, b: str, period: float, count: int, plane: int | None, name: str) -> None:
+def flap(a: str, b: str, period: float, count: int, plane: int | None, name: str, as_json: bool) -> None:
     """Take the link down and up COUNT times, half a PERIOD each."""
     from .fabric import build
 
     if period <= 0 or count < 1:
         raise click.UsageError("--period must be above 0 and --count at least 1")
-    next_at = time.monotonic()
+    started = time.monotonic()
+    next_at = started
+    events = []
     for cycle in range(count):
         for up_ in (False, True):
             next_at += period / 2000
-            build.set_link(name, a, b, up_, plane)
+            links = build.set_link(name, a, b, up_, plane)
+            events.append({"ms": round((time.monotonic() - started) * 1000, 1), "state": "up" if up_ else "down"})
             time.sleep(max(0.0, next_at - time.monotonic()))  # the flap's period is the point
-        click.echo(f"  cycle {cycle + 1}/{count} done", err=True)
-    click.echo(f"link {a} <-> {b} flapped {count} times, now up")
+        if not as_json:
+            click.echo(f"  cycle {cycle + 1}/{count} done", err=True)
+    _emit({"a": a, "b": b, "link_ids": links, "cycles": count, "period_ms": period, "events": events}, as_json,
+          f"link {a} <-> {b} flapped {count} times, now up")
 
 
 @main.command()

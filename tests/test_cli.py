@@ -20,7 +20,8 @@ def run(*args):
 
 
 @pytest.mark.parametrize("command", [[], ["up"], ["down"], ["clean"], ["status"], ["exec"], ["paths"], ["probe"],
-                                     ["link"], ["link", "down"], ["link", "flap"], ["capture"], ["check"], ["send"]])
+                                     ["link"], ["link", "down"], ["link", "flap"], ["capture"], ["check"], ["send"],
+                                     ["run"], ["demo"], ["plan"]])
 def test_every_command_has_help(command):
     result = run(*command, "--help")
     assert result.exit_code == 0 and "Usage:" in result.output
