@@ -394,7 +394,7 @@ def _scenario_text(results: dict) -> str:
 @JSON_OPTION
 @friendly
 def run_(scenario_file: str, out: str | None, pcap: bool, as_json: bool) -> None:
-    """Run a scenario (a YAML file or a shipped name: demo, link-down, lossy-plane, collectives).
+    """Run a scenario (a YAML file or a shipped name: demo, link-down, lossy-link, collectives).
 
     Builds its own fabric, runs each transport with the fault schedule, tears down, and writes
     results.json, plots (PNG) and report.md to --out. Exit 1 if a transfer is not verified.

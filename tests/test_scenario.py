@@ -10,7 +10,7 @@ from mrc_emu.experiments.scenario import ScenarioError
 
 
 def test_every_shipped_scenario_loads():
-    for name in ("demo", "link-down", "lossy-plane", "collectives"):
+    for name in ("demo", "link-down", "lossy-link", "collectives"):
         scn = scenario.load(name)
         assert scn.transfers() and scn.topology.name == "default"
     demo = scenario.load("demo")

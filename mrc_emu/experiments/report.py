@@ -190,7 +190,7 @@ def summary_rows(results: dict[str, Any]) -> list[list[str]]:
             transport,
             "-" if run["goodput_gbps"] is None else f"{run['goodput_gbps']:.2f} Gbit/s",
             "-" if run["completion_ms"] is None else f"{run['completion_ms']:.0f} ms",
-            "never" if run["recovery_ms"] is None and run["faults"] else
+            "never" if run.get("unrecovered") else
             ("-" if run["recovery_ms"] is None else f"{run['recovery_ms']:.1f} ms"),
             "yes" if run["verified"] else "NO",
             f"{retx:,}",

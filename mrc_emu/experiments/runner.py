@@ -29,6 +29,7 @@ from .scenario import Fault, Scenario
 from .transfer import Control, TransferResult, TransferSpec, run_transfers
 
 Progress = Callable[[str], None]
+MIN_PRE_FAULT_NS = 20_000_000  # a fault earlier than this has no pre-fault level: no recovery time
 PCAP_PACKETS = 4000  # the first packets of each run (about 17 MB): tcpdump at full rate would steal a core
 
 
@@ -256,7 +257,7 @@ def _summarise(transport: str, results: list[TransferResult], runs: list[FaultRu
         rec = None
         if first_fault is not None and r.timeline:
             fault_rel = int((first_fault - entry["offset_ms"]) * 1e6)
-            if 0 <= fault_rel <= r.end_ns - r.start_ns:
+            if MIN_PRE_FAULT_NS <= fault_rel <= r.end_ns - r.start_ns:  # a level to come back to
                 completed = None if r.completion_ms is None else int(r.completion_ms * 1e6)
                 rec = metrics.recovery(r.timeline, fault_rel, completed).to_dict()
         entry["recovery"] = rec
@@ -274,6 +275,7 @@ def _summarise(transport: str, results: list[TransferResult], runs: list[FaultRu
         "completion_ms": span,
         "goodput_gbps": round(total_bytes * 8 / (span * 1e6), 3) if span else None,
         "recovery_ms": None if unrecovered or not recoveries else max(recoveries),
+        "unrecovered": unrecovered,  # recovery_ms None and this False: nothing to measure (no fault mid-run)
         "faults": [fr.to_dict() for fr in runs],
         "transfers": transfers,
         "pcap": pcap,

@@ -4,7 +4,7 @@ Why it exists: MRC's claim is that endpoints route around a failed path in micro
 while a BGP fabric takes far longer. To measure rather than assume the baseline's repair,
 every leaf and spine runs FRR's zebra, bgpd and bfdd: eBGP on every leaf-spine link, one
 ASN per plane's spine tier and one per leaf, `frr defaults datacenter` timers (keepalive
-3 s, hold 9 s), ECMP over all spines (multipath-relax), BFD on every session (300 ms x 3),
+3 s, hold 9 s; connect retry 1 s), ECMP over all spines (multipath-relax), BFD on every session (300 ms x 3),
 and each leaf announcing its hosts' /128s. Hosts do not run BGP: their ECMP route over their
 planes' leaves is static (fabric/config.py), as servers in RFC 7938 fabrics.
 
@@ -68,6 +68,9 @@ def bgp_config(topo: Topology, node: str, bfd: bool = True) -> str:
         address = ad.link_address(link, peer)
         peers.append(address)
         lines.append(f" neighbor {address} remote-as {_asn(topo, peer)}")
+        # retry a lost session every second (FRR waits 10-120 s): a repaired link is used again
+        # soon, so one run starts on a whole fabric after the last one's fault is reverted
+        lines.append(f" neighbor {address} timers connect 1")
         if bfd:
             lines.append(f" neighbor {address} bfd")
     lines.append(" address-family ipv6 unicast")
@@ -106,7 +109,9 @@ def start(name: str, bfd: bool = True, timeout: float = 60.0, progress=None) -> 
     for node in _switches(topo):
         folder = root / node
         folder.mkdir(exist_ok=True)
-        (folder / "zebra.conf").write_text(f"hostname {node}\n")
+        # plain multipath routes, not kernel nexthop objects: after an interface flap FRR 8.4
+        # left a shared nexthop group one path short in the kernel, while its own RIB was whole
+        (folder / "zebra.conf").write_text(f"hostname {node}\nno zebra nexthop kernel enable\n")
         (folder / "bfdd.conf").write_text(f"hostname {node}\n")
         (folder / "bgpd.conf").write_text(bgp_config(topo, node, bfd))
         for path in [folder, *folder.iterdir()]:

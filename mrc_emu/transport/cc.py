@@ -39,7 +39,9 @@ class Nscc:
     Per ACK covering `acked` bytes with RTT sample r (delay d = r - base_rtt):
       d <= target and no ECN:  cwnd += eta * acked * (target - d) / target  +  fi * mtu * acked / cwnd
       d >  target or ECN:      once per RTT, cwnd *= max(1 - gamma * (d - target) / d, 1 - max_md_jump)
-    A loss shrinks the window by max_md_jump, once per RTT. cwnd stays in [min_cwnd, max_cwnd].
+    A loss shrinks the window by max_md_jump, once per RTT, when the delay shows a queue
+    (d > target/2): a loss without queueing is a lossy or failing path, which the spray
+    weights and EV states handle, not congestion. cwnd stays in [min_cwnd, max_cwnd].
     """
 
     name = "nscc"
@@ -79,7 +81,8 @@ class Nscc:
             self.cwnd = min(p.max_cwnd, self.cwnd + grow)
 
     def on_loss(self, now: int) -> None:
-        self._decrease(now, 1 - self.p.max_md_jump)
+        if self.srtt and self.srtt - self.base_rtt > self.p.target_delay_ns / 2:
+            self._decrease(now, 1 - self.p.max_md_jump)
 
 
 class FixedWindow:
