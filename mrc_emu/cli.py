@@ -69,23 +69,33 @@ def main() -> None:
 
 @main.command()
 @click.option("--topology", "-t", "topology", default=None, help="Topology YAML file or built-in name (default: the built-in default).")
+@click.option("--bgp", is_flag=True, help="Also run FRR BGP (+BFD) in every switch: plain IPv6 routing, for --format UDP.")
 @NAME_OPTION
 @JSON_OPTION
 @friendly
-def up(topology: str | None, name: str, as_json: bool) -> None:
+def up(topology: str | None, bgp: bool, name: str, as_json: bool) -> None:
     """Build the fabric and leave it running."""
-    from .fabric import build
+    from .fabric import build, routing
     from .topology import ev_count
 
     topo = resolve(topology)
+    if bgp and (reason := routing.frr_missing()):
+        raise routing.FabricSetupError(reason)
     result = build.up(topo, name, progress=None if as_json else _progress)
     data = {"name": name, "seconds": round(result.seconds, 3), "phases": result.phases,
             "topology": topo.summary(), "ev_count": ev_count(topo)}
+    if bgp:
+        try:
+            data["bgp_converged_s"] = round(routing.start(name, progress=None if as_json else _progress), 2)
+        except BaseException:
+            build.down(name)  # nothing half-created
+            raise
     s = topo.summary()
     _emit(data, as_json,
           f"fabric {name!r} up in {result.seconds:.2f} s: {s['planes']} planes, {s['hosts']} hosts, "
-          f"{s['nodes']} nodes, {s['links']} links, {ev_count(topo)} EVs between hosts on different leaves\n"
-          f"try: mrc-emu paths h0 h{s['hosts'] - 1} --name {name}")
+          f"{s['nodes']} nodes, {s['links']} links, {ev_count(topo)} EVs between hosts on different leaves"
+          + (f"; BGP converged in {data['bgp_converged_s']} s" if bgp else "")
+          + f"\ntry: mrc-emu paths h0 h{s['hosts'] - 1} --name {name}")
 
 
 @main.command()
@@ -466,7 +476,8 @@ def _ev_selection(text: str | None, count: int) -> list[int] | None:
     except ValueError:
         raise click.BadParameter(f"--evs {text!r}: give a count (4) or a list of EV indexes (0,3,5)") from None
     if not 1 <= n <= count:
-        raise click.BadParameter(f"--evs {n}: there are {count} EVs between these hosts")
+        hint = " (for EV 0 alone, give the list '0,')" if n == 0 else ""
+        raise click.BadParameter(f"--evs {n}: a count must be 1..{count}, the EVs between these hosts{hint}")
     return list(range(n))
 
 
@@ -533,12 +544,16 @@ def send(src: str, dst: str, size: int, evs: str | None, cc: str, mtu: int, ev_f
     Exit code 1 if the transfer fails or the placed bytes differ from the source.
     """
     from .experiments.transfer import send as run_send
+    from .fabric import routing
     from .fabric.build import load_topology
     from .topology.evs import EvFormat
     from .transport.qp import QpConfig
 
     nbytes = size
     count = len(evs_between(load_topology(name), src, dst))
+    if ev_format == "UDP" and not routing.running(name):
+        raise click.UsageError(f"--format UDP needs plain IPv6 routing: bring the fabric up with 'mrc-emu up --bgp' "
+                               f"(fabric {name!r} runs no BGP)")
     selection = _ev_selection(evs, count)
     if imm is not None and not 0 <= imm <= 0xFFFFFFFF:
         raise click.BadParameter("--imm must fit in 32 bits")

@@ -185,6 +185,11 @@ def wait_converged(name: str, topo: Topology, timeout: float) -> None:
         select.select([], [], [], 0.1)
 
 
+def running(name: str) -> bool:
+    """Whether the fabric's journal records live FRR daemons."""
+    return any(e.get("what", "").startswith("FRR ") for e in registry.read(name).processes.values())
+
+
 def stop(name: str) -> None:
     """Stop the FRR daemons of a fabric (the journal's records) and remove their directory."""
     record = registry.read(name)
