@@ -19,6 +19,7 @@ apt_packages=(
     ethtool tcpdump tshark nftables
     frr              # BGP (and BFD) in the switch namespaces: the baseline's route repair
     python3 python3-venv
+    gcc python3-dev zlib1g-dev   # the optional C fast path of the wire encoder (setup.py)
 )
 missing=()
 for pkg in "${apt_packages[@]}"; do

@@ -50,11 +50,25 @@ def both(packet, ev_format, sport=0xC003, flow_label=0):
 
 
 @settings(max_examples=300, deadline=None)
-@given(packets, formats, st.integers(0xC000, 0xFFFF), st.integers(0, 0xFFFFF))
-def test_fast_encoder_equals_scapy(packet, ev_format, sport, flow_label):
+@given(packets, formats, st.integers(0xC000, 0xFFFF), st.integers(0, 0xFFFFF), st.booleans())
+def test_fast_encoder_equals_scapy(packet, ev_format, sport, flow_label, native):
+    """Both fast paths, the C extension's (native) and the pure-Python one, make scapy's bytes."""
     reference, encap, ends = both(packet, ev_format, sport, flow_label)
-    frame = fast.FrameTemplate(ends, encap, flow_label).encode(packet)
+    frame = fast.FrameTemplate(ends, encap, flow_label, native=native).encode(packet)
     assert frame == raw(reference)
+
+
+def test_native_fast_path_is_built_here():
+    """install.sh installs a compiler and headers: on this machine the C path must be there."""
+    assert fast._fastpath is not None and fast.FrameTemplate(fmt.Endpoints(SRC, DST, 0xC000), fast.Encap.udp()).native
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=300), st.integers(0, 2**32 - 1))
+def test_native_crc32_equals_zlib(data, start):
+    import zlib
+
+    assert fast._fastpath.crc32(data, start) == zlib.crc32(data, start)
 
 
 @settings(max_examples=300, deadline=None)

@@ -18,6 +18,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+try:  # the optional C fast path (setup.py); the Python one below makes the same bytes
+    from . import _fastpath
+
+    _patch = _fastpath.patch
+except ImportError:
+    _fastpath = _patch = None
+
 from . import format as fmt
 from .format import AckPacket, DataPacket, DropReason, Endpoints, ProbePacket, RocePacket
 
@@ -117,7 +124,8 @@ class _Prepared:
     payload_end: int
     icrc_at: int
     crc: int  # CRC-32 state after the constant, masked part
-    words: int  # sum of the constant 16-bit words of the UDP checksum
+    words: int  # sum of the constant 16-bit words of the UDP checksum, modulo 0xFFFF
+    head: tuple  # all of the above the C fast path needs, in its order
 
 
 class FrameTemplate:
@@ -128,11 +136,13 @@ class FrameTemplate:
     constant, and the one's-complement sum of the constant words. Per packet it then packs
     PSN and RETH, runs the CRC over those and the payload, and adds up the checksum from
     the payload's word sum (which the caller may have computed in bulk: `payload_sums`).
+    With the C extension built (`native`), that per-packet work is one call into C.
     """
 
     _CACHE_LIMIT = 1024
 
-    def __init__(self, ends: Endpoints, encap: Encap, flow_label: int = 0) -> None:
+    def __init__(self, ends: Endpoints, encap: Encap, flow_label: int = 0, native: bool | None = None) -> None:
+        self.native = _fastpath is not None if native is None else (native and _fastpath is not None)
         self.ends = ends
         self.encap = encap
         self.src = _packed(ends.src)
@@ -171,17 +181,19 @@ class FrameTemplate:
             _ICRC_MASKED_LEAD + struct.pack("!HBB", udp_len, NH_UDP, 0xFF) + self.src + self.dst
             + _UDP.pack(self.ends.sport, self.ends.dport, udp_len, 0xFFFF) + bth8[:4] + b"\xff" + bth8[5:]
         )
-        words = self._pseudo_base + 2 * udp_len + int.from_bytes(bth8, "big") + length
+        words = (self._pseudo_base + 2 * udp_len + int.from_bytes(bth8, "big") + length) % 0xFFFF
         scratch = bytearray(headers + bth8 + bytes(udp_len - fmt.UDP_LEN - 8))
         csum_at = len(headers) - 2
         fields_at = len(headers) + 8
         payload_at = fields_at + fmt.BTH_LEN - 8 + fmt.RETH_LEN + extra
         icrc_at = len(scratch) - fmt.ICRC_LEN
+        crc = zlib.crc32(masked)
         entry = _Prepared(scratch, memoryview(scratch)[fields_at:icrc_at], csum_at, fields_at, payload_at,
-                          payload_at + length, icrc_at, zlib.crc32(masked), words)
+                          payload_at + length, icrc_at, crc, words,
+                          (scratch, fields_at, payload_at, payload_at + length, icrc_at, csum_at, crc, words))
         if len(self._cache) >= self._CACHE_LIMIT:
             self._cache.clear()
-        self._cache[(opcode, length, pkey, dest_qp)] = entry
+        self._cache[(opcode == _WRITE_ONLY, length, pkey, dest_qp)] = entry
         return entry
 
     def write(self, dest_qp: int, psn: int, va: int, rkey: int, payload: bytes | memoryview,
@@ -193,11 +205,13 @@ class FrameTemplate:
         until the next `write` of the same shape. Send it (or copy it) at once.
         """
         length = len(payload)
-        psn_word = (ack_req << 31) | (psn & 0xFFFFFF)
-        opcode = _WRITE_ONLY if imm is None else _WRITE_IMM
-        e = self._cache.get((opcode, length, pkey, dest_qp))
+        e = self._cache.get((imm is None, length, pkey, dest_qp))
         if e is None:
-            e = self._prepared(opcode, length, pkey, dest_qp)
+            e = self._prepared(_WRITE_ONLY if imm is None else _WRITE_IMM, length, pkey, dest_qp)
+        psn_word = (ack_req << 31) | (psn & 0xFFFFFF)
+        if self.native:
+            _patch(e.head, psn_word, va, rkey, -1 if imm is None else imm, payload)
+            return e.frame
         frame = e.frame
         if imm is None:
             _PSN_RETH.pack_into(frame, e.fields_at, psn_word, va, rkey, length)

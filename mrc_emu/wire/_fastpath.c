@@ -1,0 +1,124 @@
+/*
+ * mrc_emu.wire._fastpath: the data path's per-packet work on a frame template, in C.
+ *
+ * Why it exists: CPython spends about 3 us to patch PSN and RETH into a template, copy the
+ * payload, run the ICRC and finish the UDP checksum; the send itself costs about 8 us. This
+ * does the same work in well under a microsecond. It is optional: mrc_emu/wire/fast.py falls
+ * back to its pure-Python path (same bytes, proven by the same golden tests) when this module
+ * was not built.
+ *
+ * patch((frame, fields_at, payload_at, payload_end, icrc_at, csum_at, crc, words),
+ *       psn_word, va, rkey, imm, payload) -> None
+ *   frame      writable buffer holding the template (headers in place, pad bytes zero)
+ *   fields_at  offset of BTH's PSN word; RETH (and ImmDt when imm >= 0) follow it
+ *   crc        CRC-32 state after the ICRC's constant, masked part (zlib's convention)
+ *   words      sum of the UDP checksum's constant 16-bit words (pseudo header, BTH, length),
+ *              reduced modulo 0xFFFF
+ *   imm        the immediate, or -1 for none
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+#include <zlib.h>
+
+/* CRC-32 continuing from `crc`, as zlib.crc32(data, crc): zlib's own (the same code the zlib
+   module runs), so the ICRC cannot differ from the pure-Python path's */
+static uint32_t crc32_update(uint32_t crc, const uint8_t *p, size_t n) {
+    return (uint32_t)crc32_z(crc, p, n);
+}
+
+/* sum of the big-endian 16-bit words of p[0..n) (a trailing odd byte is the high half of a
+   word), modulo 0xFFFF. Whole 32-bit words are summed as they lie in memory: on a
+   little-endian host that is the sum of byte-swapped 16-bit words, which modulo 0xFFFF is
+   256 times the big-endian sum (RFC 1071); multiplying by 256 again undoes it. */
+static uint64_t be_words(const uint8_t *p, size_t n) {
+    uint64_t native = 0, be = 0;
+    size_t i = 0;
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    for (; i + 4 <= n; i += 4) {
+        uint32_t w;
+        memcpy(&w, p + i, 4);
+        native += w;
+    }
+#endif
+    for (; i + 1 < n; i += 2)
+        be += ((uint32_t)p[i] << 8) | p[i + 1];
+    if (i < n)
+        be += (uint32_t)p[i] << 8;
+    return (native % 0xFFFF) * 256 % 0xFFFF + be;
+}
+
+static void put_be32(uint8_t *p, uint32_t v) {
+    p[0] = v >> 24; p[1] = v >> 16; p[2] = v >> 8; p[3] = v;
+}
+
+static PyObject *patch(PyObject *self, PyObject *args) {
+    Py_buffer frame, payload;
+    PyObject *head;
+    Py_ssize_t fields_at, payload_at, payload_end, icrc_at, csum_at;
+    unsigned long crc, psn_word, rkey;
+    unsigned long long words, va;
+    long long imm;
+    if (!PyArg_ParseTuple(args, "O!kKkLy*", &PyTuple_Type, &head, &psn_word, &va, &rkey, &imm, &payload))
+        return NULL;
+    if (!PyArg_ParseTuple(head, "w*nnnnnkK", &frame, &fields_at, &payload_at, &payload_end, &icrc_at, &csum_at,
+                          &crc, &words)) {
+        PyBuffer_Release(&payload);
+        return NULL;
+    }
+    uint8_t *f = frame.buf;
+    Py_ssize_t need = payload_end - payload_at;
+    if (fields_at < 0 || csum_at < 0 || csum_at + 2 > fields_at || payload_at < fields_at + 20 ||
+        payload_end > icrc_at || icrc_at + 4 > frame.len || need != payload.len) {
+        PyBuffer_Release(&frame);
+        PyBuffer_Release(&payload);
+        PyErr_SetString(PyExc_ValueError, "frame offsets and payload length disagree");
+        return NULL;
+    }
+    uint8_t *x = f + fields_at;
+    put_be32(x, (uint32_t)psn_word);
+    put_be32(x + 4, (uint32_t)(va >> 32));
+    put_be32(x + 8, (uint32_t)va);
+    put_be32(x + 12, (uint32_t)rkey);
+    put_be32(x + 16, (uint32_t)payload.len);
+    if (imm >= 0)
+        put_be32(x + 20, (uint32_t)imm);
+    memcpy(f + payload_at, payload.buf, payload.len);
+    uint32_t c = crc32_update((uint32_t)crc, x, (size_t)(icrc_at - fields_at));
+    /* the variable words: PSN word, RETH without its length (in `words`), ImmDt, payload,
+       ICRC as it goes out (little-endian) */
+    uint64_t sum = words + be_words(x, 16) + (imm >= 0 ? be_words(x + 20, 4) : 0) +
+                   be_words(f + payload_at, (size_t)payload.len);
+    f[icrc_at] = c; f[icrc_at + 1] = c >> 8; f[icrc_at + 2] = c >> 16; f[icrc_at + 3] = c >> 24;
+    sum += be_words(f + icrc_at, 4);
+    uint32_t s = (uint32_t)(sum % 0xFFFF);
+    uint16_t csum = s ? (uint16_t)(0xFFFF - s) : 0xFFFF;
+    f[csum_at] = csum >> 8;
+    f[csum_at + 1] = csum & 0xFF;
+    PyBuffer_Release(&frame);
+    PyBuffer_Release(&payload);
+    Py_RETURN_NONE;
+}
+
+static PyObject *crc32_py(PyObject *self, PyObject *args) {
+    Py_buffer data;
+    unsigned long crc = 0;
+    if (!PyArg_ParseTuple(args, "y*|k", &data, &crc))
+        return NULL;
+    uint32_t c = crc32_update((uint32_t)crc, data.buf, (size_t)data.len);
+    PyBuffer_Release(&data);
+    return PyLong_FromUnsignedLong(c);
+}
+
+static PyMethodDef methods[] = {
+    {"patch", patch, METH_VARARGS, "Patch one data packet into a frame template (see the module comment)."},
+    {"crc32", crc32_py, METH_VARARGS, "crc32(data, crc=0): the same as zlib.crc32, for tests."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fastpath", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__fastpath(void) {
+    return PyModule_Create(&module);
+}
