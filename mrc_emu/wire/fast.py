@@ -112,7 +112,7 @@ class Encap:
         return self.outer[24:40] if self.outer else None
 
 
-@dataclass
+@dataclass(slots=True)
 class _Prepared:
     """One data packet shape of a template: a frame buffer and where its fields go."""
 
@@ -204,14 +204,15 @@ class FrameTemplate:
         The frame is patched into a buffer this template keeps per length and QP: it is valid
         until the next `write` of the same shape. Send it (or copy it) at once.
         """
+        e = self._cache.get((imm is None, len(payload), pkey, dest_qp))
+        if e is not None and self.native:  # the data path: everything else happens in C
+            return _patch(e.head, (ack_req << 31) | (psn & 0xFFFFFF), va, rkey, imm, payload)
         length = len(payload)
-        e = self._cache.get((imm is None, length, pkey, dest_qp))
         if e is None:
             e = self._prepared(_WRITE_ONLY if imm is None else _WRITE_IMM, length, pkey, dest_qp)
         psn_word = (ack_req << 31) | (psn & 0xFFFFFF)
         if self.native:
-            _patch(e.head, psn_word, va, rkey, -1 if imm is None else imm, payload)
-            return e.frame
+            return _patch(e.head, psn_word, va, rkey, imm, payload)
         frame = e.frame
         if imm is None:
             _PSN_RETH.pack_into(frame, e.fields_at, psn_word, va, rkey, length)
