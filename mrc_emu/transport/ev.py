@@ -87,6 +87,7 @@ class EvProfile:
     schedule: list[int] = field(default_factory=list)
     _cursor: int = 0
     _cycles: int = 0
+    _bad: int = 0  # EVs ASSUMED_BAD now
     _dirty: bool = True
 
     def __post_init__(self) -> None:
@@ -96,6 +97,9 @@ class EvProfile:
         self.ev_min_active = max(1, min(self.ev_min_active, len(self.indexes)))
 
     # ---- state -------------------------------------------------------------------------
+
+    def any_assumed_bad(self) -> bool:
+        return self._bad > 0
 
     def good(self) -> list[int]:
         return [k for k, s in self.evs.items() if s.state is EvState.GOOD]
@@ -108,6 +112,7 @@ class EvProfile:
             if len(self.good()) - 1 < self.ev_min_active:
                 return False  # ev_min_active: never fewer GOOD EVs than this
         self.events.append(EvEvent(now, ev, stats.state, new, reason, rtt_ns))
+        self._bad += (new is EvState.ASSUMED_BAD) - (stats.state is EvState.ASSUMED_BAD)
         stats.state = new
         stats.consecutive_losses = 0
         stats.probe_due_ns = now

@@ -31,6 +31,7 @@ HALF = 1 << 23
 ACK_TIMEOUT_UNIT_NS = 1024  # the ACK timeout is 1.024 us x 2^t
 INFINITE_RETRIES = 25
 SAME_EV = "a later packet on the same EV arrived"
+LOSS_CHECK_NS = 100_000
 
 
 class _NoSums:
@@ -235,6 +236,7 @@ class Requester(_Counts):
         self._ev_flight: dict[int, int] = dict.fromkeys(paths, 0)  # bytes in flight per EV
         self.bytes_acked = 0
         self._gbn_timeouts = 0  # go-back-N: timeouts since the last progress
+        self._loss_check_at = 0
         self._last_now = 0
 
     # ---- API -----------------------------------------------------------------------------
@@ -537,9 +539,10 @@ class Requester(_Counts):
         if self.error is not None:
             return
         self._check_timeouts(now)
-        if self.flight:
-            self._detect_losses(now)
-        if self.config.path_avoidance and self.probe_paths:
+        if self.flight and now >= self._loss_check_at:  # ACKs run the checks too; the EV timers
+            self._detect_losses(now)  # (>= 0.5 ms) need no finer look than this
+            self._loss_check_at = now + LOSS_CHECK_NS
+        if self.config.path_avoidance and self.probe_paths and self.profile.any_assumed_bad():
             self._send_probes(now, send)
         # the data path: locals only, one frame per iteration (this loop sets the packet rate)
         cfg = self.config
@@ -575,7 +578,7 @@ class Requester(_Counts):
             wr, offset, length = pkt.wr, pkt.offset, pkt.length
             path = paths[ev]
             last = pkt.last
-            ack_req = last or pkt.tx > 0
+            ack_req = last or pkt.tx > 0 or bif + 4 * length > cwnd  # a full window waits for no delayed ACK
             frame = path.template.write(dest_qp, pkt.psn & 0xFFFFFF, wr.remote_va + offset, wr.rkey,
                                         wr.local[offset:offset + length], wr.sums[offset // mtu], ack_req,
                                         wr.imm if last else None, pkey)
@@ -627,7 +630,7 @@ class Requester(_Counts):
             pkt = self.pkts[next(iter(self.flight))]
             wakes.append(pkt.sent_ns + self._timeout_for(self._tries(pkt)))
             if not self.go_back_n and (deadline := self._loss_deadline()) is not None:
-                wakes.append(deadline)
+                wakes.append(max(deadline, self._loss_check_at))
         if self.config.path_avoidance:
             wakes += [s.probe_due_ns for k, s in self.profile.evs.items()
                       if s.state is EvState.ASSUMED_BAD and k in self.probe_paths]
