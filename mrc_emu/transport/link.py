@@ -33,6 +33,10 @@ class Path:
     first_hop: str  # the outer destination address (first segment, carrier, or the host itself)
     template: fast.FrameTemplate
     legs: int = 1  # how often the frame crosses the EV: 2 for an EV probe (out and back)
+    addr: tuple[str, int] = field(init=False, repr=False)  # what sendto takes, built once
+
+    def __post_init__(self) -> None:
+        self.addr = (self.first_hop, 0)
 
 
 Send = Callable[[bytes | bytearray, Path], bool]  # False: the frame could not leave (no route)
@@ -166,10 +170,11 @@ class SocketLink:
         recv_sock.setblocking(False)
         self.send_errors = 0
         self._packed: dict[str, bytes] = {}
+        self._sendto = send_sock.sendto
 
     def send(self, frame: bytes | bytearray, path: Path) -> bool:
         try:
-            self.send_sock.sendto(frame, (path.first_hop, 0))
+            self._sendto(frame, path.addr)
             return True
         except OSError as e:
             self.send_errors += 1
