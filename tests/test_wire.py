@@ -58,6 +58,17 @@ def test_fast_encoder_equals_scapy(packet, ev_format, sport, flow_label, native)
     assert frame == raw(reference)
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 0xFFFFFF), st.booleans(), st.integers(0, 2**64 - 1), st.integers(0, 2**32 - 1),
+       st.binary(min_size=1, max_size=600), formats, st.booleans())
+def test_per_shape_writer_equals_scapy(psn, ack_req, va, rkey, payload, ev_format, native):
+    """The transport's per-shape writer (the C call bound to one buffer) makes scapy's bytes too."""
+    packet = fmt.DataPacket(0x22, psn, va, rkey, payload, ack_req)
+    reference, encap, ends = both(packet, ev_format)
+    writer = fast.FrameTemplate(ends, encap, native=native).writer(0x22, len(payload))
+    assert bytes(writer((ack_req << 31) | psn, va, rkey, None, payload)) == raw(reference)
+
+
 def test_native_fast_path_is_built_here():
     """install.sh installs a compiler and headers: on this machine the C path must be there."""
     assert fast._fastpath is not None and fast.FrameTemplate(fmt.Endpoints(SRC, DST, 0xC000), fast.Encap.udp()).native

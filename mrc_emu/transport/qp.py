@@ -237,6 +237,8 @@ class Requester(_Counts):
         self.bytes_acked = 0
         self._gbn_timeouts = 0  # go-back-N: timeouts since the last progress
         self._loss_check_at = 0
+        self._writers: dict[int, object] = {}
+        self._native = all(p.template.native for p in paths.values())
         self._last_now = 0
 
     # ---- API -----------------------------------------------------------------------------
@@ -551,6 +553,7 @@ class Requester(_Counts):
         window_end = self.una + cfg.window
         pick, paths, pkts, flight, by_ev = self.profile.pick, self.paths, self.pkts, self.flight, self.by_ev
         ev_flight, evs, retx, queue = self._ev_flight, self.profile.evs, self.retx, self.queue
+        writers, native = self._writers, self._native  # per EV: the C encoder bound to full-MTU packets
         sent = 0
         bif = self.bytes_in_flight
         while sent < burst and bif < cwnd and self.error is None:
@@ -579,9 +582,16 @@ class Requester(_Counts):
             path = paths[ev]
             last = pkt.last
             ack_req = last or pkt.tx > 0 or bif + 4 * length > cwnd  # a full window waits for no delayed ACK
-            frame = path.template.write(dest_qp, pkt.psn & 0xFFFFFF, wr.remote_va + offset, wr.rkey,
-                                        wr.local[offset:offset + length], wr.sums[offset // mtu], ack_req,
-                                        wr.imm if last else None, pkey)
+            if length == mtu and (not last or wr.imm is None) and native:
+                writer = writers.get(ev)
+                if writer is None:
+                    writer = writers[ev] = path.template.writer(dest_qp, mtu, pkey)
+                frame = writer((ack_req << 31) | (pkt.psn & 0xFFFFFF), wr.remote_va + offset, wr.rkey, None,
+                               wr.local[offset:offset + length])
+            else:
+                frame = path.template.write(dest_qp, pkt.psn & 0xFFFFFF, wr.remote_va + offset, wr.rkey,
+                                            wr.local[offset:offset + length], wr.sums[offset // mtu], ack_req,
+                                            wr.imm if last else None, pkey)
             pkt.ev = ev
             pkt.sent_ns = now
             pkt.tx += 1

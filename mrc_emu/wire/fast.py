@@ -10,6 +10,7 @@ DropReason, and every read is bounds-checked by struct.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import socket
 import struct
@@ -228,6 +229,19 @@ class FrameTemplate:
         _CSUM.pack_into(frame, e.csum_at, (0xFFFF - s) if s else 0xFFFF)  # never zero: the pseudo-header is not
         _ICRC.pack_into(frame, e.icrc_at, crc)
         return frame
+
+    def writer(self, dest_qp: int, length: int, pkey: int = fmt.DEFAULT_PKEY):
+        """A function for many WRITE_ONLY packets of one length and QP: w(psn_word, va, rkey, None,
+        payload) -> frame, psn_word being AckReq << 31 | PSN. With the C extension it is the C call
+        itself, bound to this shape's buffer (no Python frame per packet); else it wraps `write`."""
+        e = self._cache.get((True, length, pkey, dest_qp)) or self._prepared(_WRITE_ONLY, length, pkey, dest_qp)
+        if self.native:
+            return functools.partial(_patch, e.head)
+
+        def write_one(psn_word: int, va: int, rkey: int, imm: None, payload: bytes | memoryview) -> bytearray:
+            return self.write(dest_qp, psn_word & 0xFFFFFF, va, rkey, payload, None, bool(psn_word >> 31), None, pkey)
+
+        return write_one
 
     def data(self, packet: DataPacket) -> bytes:
         if packet.ecn_ce:
