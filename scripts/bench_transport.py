@@ -154,7 +154,7 @@ def planes() -> dict:
     try:
         runs = []
         for _ in range(ROUNDS):
-            r = send(name, "h0", "h2", SIZE // 2, mtu=MTU)
+            r = send(name, "h0", "h2", SIZE, mtu=MTU)
             assert r.verified, r.error
             runs.append({"goodput_gbps": r.goodput_gbps, "ratio": round(r.goodput_gbps * 1e9 / (topo.planes * PLANE_RATE), 3),
                          "retransmits": r.requester["stats"]["retransmits"]})

@@ -166,9 +166,13 @@ class EvProfile:
     # ---- spraying ----------------------------------------------------------------------
 
     def weight(self, ev: int, best_srtt: float) -> float:
-        """Spray weight: 1 for a clean EV, less with loss, ECN marks or delay above the best EV."""
+        """Spray weight: 1 for a clean EV, less with loss, ECN marks or delay above the best EV.
+
+        Delay counts only beyond half the target above the best EV: queues of a few hundred
+        microseconds come and go on every path, and chasing them moves load back and forth
+        between planes and leaves one idle while the other drains."""
         s = self.evs[ev]
-        excess = max(0.0, s.srtt_ns - best_srtt) if s.srtt_ns else 0.0
+        excess = max(0.0, s.srtt_ns - best_srtt - self.target_delay_ns / 2) if s.srtt_ns else 0.0
         return 1.0 / ((1.0 + 20.0 * s.loss) * (1.0 + 4.0 * s.ecn) * (1.0 + excess / self.target_delay_ns))
 
     def reweigh(self) -> None:
