@@ -212,8 +212,8 @@ def markdown(results: dict[str, Any]) -> str:
     lines += ["| " + " | ".join(r) + " |" for r in rows[1:]]
     if results.get("recovery_ratio"):
         lines += ["", f"MRC recovered **{results['recovery_ratio']:g}x** faster than the baseline."]
-    lines += ["", "Recovery time: from the fault until goodput is back at 90 % of its level in the 50 ms before "
-              "it (2 ms windows; docs/results.md).", ""]
+    lines += ["", "Recovery time: from the fault until the goodput over 2 ms and over 10 ms is back at 90 % of "
+              "its level in the 50 ms before it (docs/results.md).", ""]
     for note in results["notes"]:
         lines.append(f"- {note}")
     for what in ("goodput", "spray_share", "recovery"):
