@@ -63,17 +63,38 @@ def _ones_sum(total: int) -> int:
     return s or (0xFFFF if total else 0)
 
 
+def _icrc_head(src: bytes, dst: bytes, sport: int, dport: int, udp_len: int) -> bytes:
+    """What the ICRC covers before BTH: 8 bytes 0xFF, the inner IPv6 header with traffic class,
+    flow label and hop limit all ones, the UDP header with checksum 0xFFFF."""
+    return (_ICRC_MASKED_LEAD + struct.pack("!HBB", udp_len, NH_UDP, 0xFF) + src + dst
+            + _UDP.pack(sport, dport, udp_len, 0xFFFF))
+
+
+_prefix_cache: dict[tuple[bytes, bytes, int, int, int], int] = {}
+
+
+def _icrc_prefix(src: bytes, dst: bytes, sport: int, dport: int, udp_len: int) -> int:
+    """CRC-32 state after `_icrc_head`, cached per addresses, ports and length."""
+    key = (src, dst, sport, dport, udp_len)
+    crc = _prefix_cache.get(key)
+    if crc is None:
+        crc = zlib.crc32(_icrc_head(src, dst, sport, dport, udp_len))
+        if len(_prefix_cache) >= 4096:
+            _prefix_cache.clear()
+        _prefix_cache[key] = crc
+    return crc
+
+
+def _masked_bth8(bth: bytes | memoryview) -> bytes:
+    """BTH's first 8 bytes as the ICRC sees them: byte 4 (FECN, BECN, reserved) all ones."""
+    return bytes(bth[:4]) + b"\xff" + bytes(bth[5:8])
+
+
 def icrc(src: bytes, dst: bytes, sport: int, dport: int, roce: bytes) -> int:
     """RoCEv2 ICRC (CRC-32) over the masked inner IPv6/UDP headers, BTH and the rest (`roce`)."""
     udp_len = fmt.UDP_LEN + len(roce) + fmt.ICRC_LEN
-    head = (
-        _ICRC_MASKED_LEAD
-        + struct.pack("!HBB", udp_len, NH_UDP, 0xFF)
-        + src + dst
-        + _UDP.pack(sport, dport, udp_len, 0xFFFF)
-        + roce[:4] + b"\xff" + roce[5:fmt.BTH_LEN]
-    )
-    return zlib.crc32(memoryview(roce)[fmt.BTH_LEN:], zlib.crc32(head))
+    crc = zlib.crc32(_masked_bth8(roce), _icrc_prefix(src, dst, sport, dport, udp_len))
+    return zlib.crc32(memoryview(roce)[8:], crc)
 
 
 # ---- encapsulation -------------------------------------------------------------------------
@@ -178,17 +199,14 @@ class FrameTemplate:
         udp_len = fmt.UDP_LEN + fmt.BTH_LEN + fmt.RETH_LEN + extra + length + pad + fmt.ICRC_LEN
         headers = self._headers(udp_len, 0, self._inner_word0)
         bth8 = _BTH.pack(opcode, pad << 4, pkey, dest_qp & fmt.QPN_MASK, 0)[:8]
-        masked = (
-            _ICRC_MASKED_LEAD + struct.pack("!HBB", udp_len, NH_UDP, 0xFF) + self.src + self.dst
-            + _UDP.pack(self.ends.sport, self.ends.dport, udp_len, 0xFFFF) + bth8[:4] + b"\xff" + bth8[5:]
-        )
         words = (self._pseudo_base + 2 * udp_len + int.from_bytes(bth8, "big") + length) % 0xFFFF
         scratch = bytearray(headers + bth8 + bytes(udp_len - fmt.UDP_LEN - 8))
         csum_at = len(headers) - 2
         fields_at = len(headers) + 8
         payload_at = fields_at + fmt.BTH_LEN - 8 + fmt.RETH_LEN + extra
         icrc_at = len(scratch) - fmt.ICRC_LEN
-        crc = zlib.crc32(masked)
+        crc = zlib.crc32(_masked_bth8(bth8), _icrc_prefix(self.src, self.dst, self.ends.sport, self.ends.dport,
+                                                          udp_len))
         entry = _Prepared(scratch, memoryview(scratch)[fields_at:icrc_at], csum_at, fields_at, payload_at,
                           payload_at + length, icrc_at, crc, words,
                           (scratch, fields_at, payload_at, payload_at + length, icrc_at, csum_at, crc, words))
@@ -339,22 +357,6 @@ def decode_roce(payload: bytes, ends: Endpoints, ecn_ce: bool = False) -> RocePa
     except ValueError:
         return DropReason.NOT_IPV6
     return _decode_roce(payload, src, dst, ends.sport, ends.dport, ecn_ce)
-
-
-_prefix_cache: dict[tuple[bytes, bytes, int, int, int], int] = {}
-
-
-def _icrc_prefix(src: bytes, dst: bytes, sport: int, dport: int, udp_len: int) -> int:
-    """CRC-32 state after the ICRC's masked lead, pseudo IPv6 header and masked UDP header."""
-    key = (src, dst, sport, dport, udp_len)
-    crc = _prefix_cache.get(key)
-    if crc is None:
-        crc = zlib.crc32(_ICRC_MASKED_LEAD + struct.pack("!HBB", udp_len, NH_UDP, 0xFF) + src + dst
-                         + _UDP.pack(sport, dport, udp_len, 0xFFFF))
-        if len(_prefix_cache) >= 4096:
-            _prefix_cache.clear()
-        _prefix_cache[key] = crc
-    return crc
 
 
 def _decode_roce(payload: bytes | memoryview, src: bytes, dst: bytes, sport: int, dport: int,
