@@ -84,7 +84,7 @@ class LinkFaultAgent:
         if len(links) != 1:
             raise FabricSetupError(f"expected one link between {a} and {b}, found {len(links)}")
         (link,) = links
-        intf_a, intf_b = (link.a_intf, link.b_intf) if link.a == a else (link.b_intf, link.a_intf)
+        _, intf_a, intf_b = topo.peer(link, a)
         ends = [(str(netns.netns_path(name, a)), intf_a), (str(netns.netns_path(name, b)), intf_b)]
         self.name = name
         ctx = multiprocessing.get_context("fork")

@@ -111,11 +111,6 @@ def _competing(topo: Topology, transport: str, fault: Fault, link: tuple[str, st
 
 # ---- faults --------------------------------------------------------------------------------
 
-def _intf(topo: Topology, a: str, b: str) -> tuple[str, str]:
-    (link,) = topo.links_between(a, b)
-    return (link.a_intf, link.b_intf) if link.a == a else (link.b_intf, link.a_intf)
-
-
 def _wait_ms(ms: float) -> None:
     """The fault schedule's own clock: a flap's half period, a reboot's downtime."""
     select.select([], [], [], ms / 1000)
@@ -132,7 +127,8 @@ def _agent_for(name: str, topo: Topology, fault: Fault, link: tuple[str, str] | 
     else:  # switch-reboot: the agent's own link is any of the switch's, the action takes them all
         a = fault.node
         b = topo.peer(topo.links_of(a)[0], a)[0]
-    ia, ib = _intf(topo, a, b)
+    (edge,) = topo.links_between(a, b)
+    _, ia, _ = topo.peer(edge, a)  # a's interface on that link
 
     def restore_link() -> None:
         build.set_link(name, a, b, True)
