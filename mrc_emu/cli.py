@@ -26,9 +26,8 @@ def _known_errors() -> tuple[type[BaseException], ...]:
     from .fabric.netlink import NetlinkError
     from .fabric.nodes import FabricSetupError
     from .fabric.registry import RegistryError
-    from .transport.qp import TransportError
 
-    return (TopologyError, FabricSetupError, RegistryError, NetlinkError, TransferError, TransportError, ValueError,
+    return (TopologyError, FabricSetupError, RegistryError, NetlinkError, TransferError, ValueError,
             PermissionError)
 
 

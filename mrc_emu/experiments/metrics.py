@@ -28,20 +28,6 @@ def bytes_at(timeline: list[tuple[int, int]], t: int) -> float:
     return b0 + (b1 - b0) * (t - t0) / (t1 - t0) if t1 > t0 else float(b1)
 
 
-def goodput_series(timeline: list[tuple[int, int]], bin_ns: int = 5_000_000) -> list[tuple[float, float]]:
-    """(ms since start, Gbit/s) per bin."""
-    if not timeline:
-        return []
-    end = timeline[-1][0]
-    out = []
-    t = 0
-    while t < end:
-        got = bytes_at(timeline, t + bin_ns) - bytes_at(timeline, t)
-        out.append((t / 1e6, got * 8 / bin_ns))
-        t += bin_ns
-    return out
-
-
 @dataclass
 class Recovery:
     pre_fault_gbps: float

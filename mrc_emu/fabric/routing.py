@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 import pwd
 import select
-import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -188,14 +187,3 @@ def wait_converged(name: str, topo: Topology, timeout: float) -> None:
 def running(name: str) -> bool:
     """Whether the fabric's journal records live FRR daemons."""
     return any(e.get("what", "").startswith("FRR ") for e in registry.read(name).processes.values())
-
-
-def stop(name: str) -> None:
-    """Stop the FRR daemons of a fabric (the journal's records) and remove their directory."""
-    record = registry.read(name)
-    with registry.Journal.open(name) as journal:
-        for pid, entry in record.processes.items():
-            if entry.get("what", "").startswith("FRR "):
-                registry.kill_recorded(entry)
-                journal.process_ended(pid)
-    shutil.rmtree(state_dir(name), ignore_errors=True)

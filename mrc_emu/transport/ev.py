@@ -201,9 +201,6 @@ class EvProfile:
         self._cursor = 0
         self._dirty = False
 
-    def mark_dirty(self) -> None:
-        self._dirty = True
-
     def pick(self, avoid: int | None = None) -> int:
         """The next EV to spray on; `avoid` (a retransmission's previous EV) is skipped if possible."""
         if self._dirty:

@@ -51,10 +51,6 @@ _FATAL_NAKS = {
 }
 
 
-class TransportError(RuntimeError):
-    """A WRITE could not complete (retry budget spent, remote access error, ...)."""
-
-
 @dataclass
 class QpConfig:
     mtu: int = 4096  # payload bytes per packet
