@@ -16,10 +16,13 @@ import bisect
 from dataclasses import dataclass
 
 
+def _time(sample: tuple[int, int]) -> int:
+    return sample[0]
+
+
 def bytes_at(timeline: list[tuple[int, int]], t: int) -> float:
     """Bytes acknowledged by time t (linear between samples)."""
-    times = [p[0] for p in timeline]
-    i = bisect.bisect_right(times, t)
+    i = bisect.bisect_right(timeline, t, key=_time)  # O(log n): recovery() asks thousands of times
     if i == 0:
         return 0.0
     if i == len(timeline):
