@@ -34,16 +34,6 @@ SAME_EV = "a later packet on the same EV arrived"
 LOSS_CHECK_NS = 100_000
 
 
-class _NoSums:
-    """What a WRITE carries instead of payload word sums when the C encoder computes them."""
-
-    def __getitem__(self, index: int) -> None:
-        return None
-
-
-_NO_SUMS = _NoSums()
-
-
 _FATAL_NAKS = {
     Syndrome.NAK_INVALID_REQUEST: "invalid request",
     Syndrome.NAK_REMOTE_ACCESS: "remote access error (wrong R_Key, or address and length outside the registered region)",
@@ -153,7 +143,7 @@ class WriteRequest:
     remote_va: int
     rkey: int
     imm: int | None
-    sums: list[int]
+    sums: list[int] | None  # payload word sums for the Python encoder; None when the C one sums itself
     length: int = 0
     next_offset: int = 0
     acked: int = 0
@@ -247,7 +237,7 @@ class Requester(_Counts):
             raise ValueError("a WRITE carries at least one byte")
         # the pure-Python encoder takes the payload word sums computed here in bulk; the C one sums itself
         native = all(p.template.native for p in self.paths.values())
-        sums = _NO_SUMS if native else fast.payload_sums(view, self.config.mtu)
+        sums = None if native else fast.payload_sums(view, self.config.mtu)
         wr = WriteRequest(next(self._wr_ids), view, remote_va, rkey, imm, sums, posted_ns=now)
         self.queue.append(wr)
         self.active.append(wr)
@@ -586,7 +576,8 @@ class Requester(_Counts):
                                wr.local[offset:offset + length])
             else:
                 frame = path.template.write(dest_qp, pkt.psn & 0xFFFFFF, wr.remote_va + offset, wr.rkey,
-                                            wr.local[offset:offset + length], wr.sums[offset // mtu], ack_req,
+                                            wr.local[offset:offset + length],
+                                            None if wr.sums is None else wr.sums[offset // mtu], ack_req,
                                             wr.imm if last else None, pkey)
             pkt.ev = ev
             pkt.sent_ns = now
