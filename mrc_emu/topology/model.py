@@ -172,14 +172,15 @@ class Topology:
             return link.b, link.a_intf, link.b_intf
         return link.a, link.b_intf, link.a_intf
 
+    def _shape(self) -> dict[str, int]:
+        return {"planes": self.planes, "spines_per_plane": self.spines_per_plane,
+                "leaves_per_plane": self.leaves_per_plane, "hosts_per_leaf": self.hosts_per_leaf}
+
     def summary(self) -> dict[str, Any]:
         return {
             "name": self.name,
             "source": self.source,
-            "planes": self.planes,
-            "spines_per_plane": self.spines_per_plane,
-            "leaves_per_plane": self.leaves_per_plane,
-            "hosts_per_leaf": self.hosts_per_leaf,
+            **self._shape(),
             "hosts": self.host_count,
             "nodes": len(self.nodes),
             "links": len(self.links),
@@ -191,10 +192,7 @@ class Topology:
         """The fields a topology file holds, so the topology can be stored and reloaded."""
         return {
             "name": self.name,
-            "planes": self.planes,
-            "spines_per_plane": self.spines_per_plane,
-            "leaves_per_plane": self.leaves_per_plane,
-            "hosts_per_leaf": self.hosts_per_leaf,
+            **self._shape(),
             "mtu": self.mtu,
             "link_rate": None if self.link_rate_bps is None else f"{self.link_rate_bps / 1e3:g}kbit",
         }
