@@ -35,10 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from ..topology import Role, Topology, TopologyError, resolve
-from ..topology.model import read_yaml
+from ..topology.model import key_lines, read_yaml
 
 TRANSPORTS = ("mrc", "baseline")
 WORKLOADS = ("write", "incast", "all-to-all", "ring-allreduce")
@@ -150,22 +148,6 @@ class _Checker:
             line = self.lines.get(fld) or self.lines.get(top)
             where += (f", line {line}" if line else "") + f", field '{fld}'"
         return ScenarioError(f"{where}: {problem}")
-
-
-def _key_lines(text: str) -> dict[str, int]:
-    """Line numbers of top-level keys and of list items (`workloads[0]`, `faults[1]`)."""
-    try:
-        root = yaml.compose(text)
-    except yaml.YAMLError:
-        return {}
-    out: dict[str, int] = {}
-    if isinstance(root, yaml.MappingNode):
-        for key, value in root.value:
-            out[str(key.value)] = key.start_mark.line + 1
-            if isinstance(value, yaml.SequenceNode):
-                for i, item in enumerate(value.value):
-                    out[f"{key.value}[{i}]"] = item.start_mark.line + 1
-    return out
 
 
 _TOP = {"name", "description", "topology", "transports", "routing", "bfd", "mtu", "timeout_s", "workloads",
@@ -316,4 +298,4 @@ def load(spec: str | Path) -> Scenario:
             known = ", ".join(sorted(p.stem for p in SCENARIO_DIR.glob("*.yaml")))
             raise ScenarioError(f"no scenario file {spec!r} and no shipped scenario of that name (shipped: {known})")
     data, text = read_yaml(path, "scenario", ScenarioError)
-    return from_dict(data, str(path), _key_lines(text), path.parent)
+    return from_dict(data, str(path), key_lines(text), path.parent)

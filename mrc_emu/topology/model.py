@@ -279,15 +279,21 @@ def from_dict(data: Any, source: str = "<dict>", lines: dict[str, int] | None = 
     return topo
 
 
-def _key_lines(text: str) -> dict[str, int]:
-    """Line numbers (1-based) of the top-level keys, so errors can point at them."""
+def key_lines(text: str) -> dict[str, int]:
+    """Line numbers (1-based) of the top-level keys, and of the items of top-level lists
+    (`faults[1]`), so errors can point at them."""
     try:
         root = yaml.compose(text)
     except yaml.YAMLError:
         return {}
-    if not isinstance(root, yaml.MappingNode):
-        return {}
-    return {str(k.value): k.start_mark.line + 1 for k, _ in root.value}
+    out: dict[str, int] = {}
+    if isinstance(root, yaml.MappingNode):
+        for key, value in root.value:
+            out[str(key.value)] = key.start_mark.line + 1
+            if isinstance(value, yaml.SequenceNode):
+                for i, item in enumerate(value.value):
+                    out[f"{key.value}[{i}]"] = item.start_mark.line + 1
+    return out
 
 
 def read_yaml(path: Path, what: str, error: type[Exception]) -> tuple[Any, str]:
@@ -307,7 +313,7 @@ def read_yaml(path: Path, what: str, error: type[Exception]) -> tuple[Any, str]:
 def load(path: str | Path) -> Topology:
     path = Path(path)
     data, text = read_yaml(path, "topology", TopologyError)
-    return from_dict(data, str(path), _key_lines(text))
+    return from_dict(data, str(path), key_lines(text))
 
 
 BUILTIN_DIR = Path(__file__).resolve().parent.parent / "topologies"
