@@ -238,11 +238,12 @@ def _host_main(conn, ns_path: str, address: str, config: QpConfig, cpu: int | No
         elif kind == "write":
             _, key, qpn, dest_qp, forward, probes, cfg, cc, ev_min_active, start_psn, mr, size, imm = msg
             data = os.urandom(size)
+            digest = hashlib.sha256(data).hexdigest()  # before the clock starts: hashing is not the transfer
             requester = Requester(packed, qpn, dest_qp, forward, probes, cfg, make_cc(cc, cfg.mtu),
                                   start_psn=start_psn, ev_min_active=ev_min_active)
             now = time.monotonic_ns()
             requester.post_write(data, mr["va"], mr["rkey"], imm, now=now)
-            jobs[key] = _Job(key, requester, size, hashlib.sha256(data).hexdigest(), now)
+            jobs[key] = _Job(key, requester, size, digest, now)
             mux.add(qpn, requester)
             conn.send(("started", (key, now)))
         elif kind == "hash":
