@@ -7,4 +7,4 @@ build warns and installs without it (scripts/install.sh installs them), and mrc_
 from setuptools import Extension, setup
 
 setup(ext_modules=[Extension("mrc_emu.wire._fastpath", ["mrc_emu/wire/_fastpath.c"], optional=True,
-                             libraries=["z"], extra_compile_args=["-O2"])])
+                             libraries=["z"], extra_compile_args=["-O3"])])

@@ -74,12 +74,16 @@ def test_native_fast_path_is_built_here():
     assert fast._fastpath is not None and fast.FrameTemplate(fmt.Endpoints(SRC, DST, 0xC000), fast.Encap.udp()).native
 
 
-@settings(max_examples=200, deadline=None)
-@given(st.binary(max_size=300), st.integers(0, 2**32 - 1))
-def test_native_crc32_equals_zlib(data, start):
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=300), st.integers(0, 9100), st.integers(0, 2**32 - 1), st.integers(0, 15))
+def test_native_crc32_equals_zlib(short, length, start, skew):
+    """Short inputs, and payload-sized ones at any alignment (the carry-less multiply path)."""
+    import random
     import zlib
 
-    assert fast._fastpath.crc32(data, start) == zlib.crc32(data, start)
+    assert fast._fastpath.crc32(short, start) == zlib.crc32(short, start)
+    long = memoryview(random.Random(length).randbytes(length + skew))[skew:]
+    assert fast._fastpath.crc32(long, start) == zlib.crc32(long, start)
 
 
 @settings(max_examples=300, deadline=None)
