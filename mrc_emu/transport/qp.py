@@ -223,8 +223,10 @@ class Requester(_Counts):
         self.bytes_acked = 0
         self._gbn_timeouts = 0  # go-back-N: timeouts since the last progress
         self._loss_check_at = 0
-        self._writers: dict[int, object] = {}
         self._native = all(p.template.native for p in paths.values())
+        # per EV: the C encoder bound to that EV's buffer for full-MTU WRITE_ONLY packets
+        self._writers = {ev: p.template.writer(dest_qp, self.config.mtu, self.config.pkey)
+                         for ev, p in paths.items()} if self._native else {}
         self._last_now = 0
 
     # ---- API -----------------------------------------------------------------------------
@@ -539,17 +541,18 @@ class Requester(_Counts):
         window_end = self.una + cfg.window
         pick, paths, pkts, flight, by_ev = self.profile.pick, self.paths, self.pkts, self.flight, self.by_ev
         ev_flight, evs, retx, queue = self._ev_flight, self.profile.evs, self.retx, self.queue
-        writers, native = self._writers, self._native  # per EV: the C encoder bound to full-MTU packets
+        writers = self._writers
         sent = 0
         bif = self.bytes_in_flight
-        while sent < burst and bif < cwnd and self.error is None:
+        next_psn = self.next_psn
+        while sent < burst and bif < cwnd:  # (nothing in this loop sets self.error)
             if retx:
                 pkt = pkts.get(retx.popleft())
                 if pkt is None or pkt.psn in flight:
                     continue  # delivered after all, or already resent
                 ev = pick(pkt.ev)
                 evs[ev].retransmits_sent += 1
-            elif queue and self.next_psn < window_end:
+            elif queue and next_psn < window_end:
                 wr = queue[0]
                 offset = wr.next_offset
                 length = wr.length - offset
@@ -559,8 +562,8 @@ class Requester(_Counts):
                 last = wr.next_offset >= wr.length
                 if last:
                     queue.popleft()
-                pkt = pkts[self.next_psn] = _Pkt(self.next_psn, wr, offset, length, last)
-                self.next_psn += 1
+                pkt = pkts[next_psn] = _Pkt(next_psn, wr, offset, length, last)
+                next_psn += 1
                 ev = pick()
             else:
                 break
@@ -568,11 +571,8 @@ class Requester(_Counts):
             path = paths[ev]
             last = pkt.last
             ack_req = last or pkt.tx > 0 or bif + 4 * length > cwnd  # a full window waits for no delayed ACK
-            if length == mtu and (not last or wr.imm is None) and native:
-                writer = writers.get(ev)
-                if writer is None:
-                    writer = writers[ev] = path.template.writer(dest_qp, mtu, pkey)
-                frame = writer((ack_req << 31) | (pkt.psn & 0xFFFFFF), wr.remote_va + offset, wr.rkey, None,
+            if length == mtu and writers and (not last or wr.imm is None):
+                frame = writers[ev]((ack_req << 31) | (pkt.psn & 0xFFFFFF), wr.remote_va + offset, wr.rkey, None,
                                wr.local[offset:offset + length])
             else:
                 frame = path.template.write(dest_qp, pkt.psn & 0xFFFFFF, wr.remote_va + offset, wr.rkey,
@@ -595,6 +595,7 @@ class Requester(_Counts):
                 if cfg.path_avoidance:
                     self.profile.on_lost(ev, now, "no route out of the host")
         self.bytes_in_flight = bif
+        self.next_psn = next_psn
 
     def _can_send(self) -> bool:
         if self.error is not None or self.bytes_in_flight >= self.cc.cwnd:
