@@ -2,8 +2,9 @@
  * mrc_emu.wire._fastpath: the data path's per-packet work on a frame template, in C.
  *
  * Why it exists: CPython spends about 3 us to patch PSN and RETH into a template, copy the
- * payload, run the ICRC and finish the UDP checksum; the send itself costs about 8 us. This
- * does the same work in well under a microsecond. It is optional: mrc_emu/wire/fast.py falls
+ * payload, run the ICRC and finish the UDP checksum of a 1 KiB packet; the send itself costs
+ * about 8 us. This does the same work in about 0.5 us (1.4 us for 4 KiB, most of it reading the
+ * payload from memory). It is optional: mrc_emu/wire/fast.py falls
  * back to its pure-Python path (same bytes, proven by the same golden tests) when this module
  * was not built.
  *
