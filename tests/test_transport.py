@@ -194,6 +194,67 @@ def test_responder_refuses_hostile_writes_without_touching_memory(mutate, reason
         assert responder.stats["naks_sent"] == 1
 
 
+class _Hostile:
+    """A peer that floods the responder with writes it must refuse, every 0.5 us of virtual time."""
+
+    def __init__(self, victim_qpn: int, own_qpn: int, victim_rkey: int, own_mr) -> None:
+        paths = qp_paths(TOPO, "h1", "h2")
+        self.address = socket.inet_pton(socket.AF_INET6, paths.src_address)
+        self.path = paths.forward[0]
+        self.now = 0
+        self.victim_qpn, self.own_qpn, self.victim_rkey, self.own_mr = victim_qpn, own_qpn, victim_rkey, own_mr
+        self.sent = 0
+        self.stopped = False
+
+    def packets(self, psn: int) -> list[DataPacket]:
+        """One round; a new PSN each round, so that nothing is refused merely as a duplicate."""
+        junk, own = b"\xee" * 1024, self.own_mr
+        return [
+            DataPacket(self.victim_qpn, psn, 0x1000_0000, self.victim_rkey, junk),  # the victim's QP, from elsewhere
+            DataPacket(self.own_qpn, psn, 0x1000_0000, self.victim_rkey, junk),  # its own QP, another domain's R_Key
+            DataPacket(self.own_qpn, psn, own.va + own.length, own.rkey, junk),  # past its own region
+            DataPacket(self.own_qpn, psn + 0x400000, own.va, own.rkey, junk),  # far outside the PSN window
+        ]
+
+    def on_datagram(self, payload, src, sport, now) -> None:
+        pass  # NAKs
+
+    def pump(self, now: int, send) -> None:
+        if now >= self.now and not self.stopped:
+            for packet in self.packets(self.sent // 4):
+                send(self.path.template.data(packet), self.path)
+                self.sent += 1
+            self.now = now + 500
+
+    def next_wakeup(self) -> int | None:
+        return None if self.stopped else self.now
+
+
+def test_hostile_peer_neither_corrupts_memory_nor_stalls_another_qp():
+    """Protection domains, peer addresses, bounds and the PSN window, all at once: a peer
+    flooding refused writes while a real WRITE runs; the WRITE completes exactly."""
+    config = QpConfig(mtu=1024)
+    responder = Responder(DST, config)
+    buffer, other = bytearray(200_000), bytearray(4096)
+    mr = responder.register(buffer, pd=1)
+    own = responder.register(other, va=0x2000_0000, pd=2)
+    responder.accept(0x22, 0x11, 0, PATHS.back, peer=SRC, pd=1)
+    hostile = _Hostile(0x22, 0x33, mr.rkey, own)
+    responder.accept(0x33, 0x44, 0, qp_paths(TOPO, "h2", "h1").forward, peer=hostile.address, pd=2)
+    requester = Requester(SRC, 0x11, 0x22, PATHS.forward, PATHS.probes, config)
+    data = os.urandom(len(buffer))
+    requester.post_write(data, mr.va, mr.rkey)
+    net = MemoryNetwork(0)
+    assert net.run([requester, responder, hostile], lambda: requester.done)
+    hostile.stopped = True
+    net.run([responder, hostile], lambda: False)  # deliver what is still on the way
+    assert requester.error is None and buffer == data and other == bytearray(4096)
+    assert hostile.sent >= 100
+    for reason in ("unknown_qp", "bad_rkey", "out_of_bounds", "psn_out_of_window"):
+        assert responder.drops.get(reason) == hostile.sent // 4, reason
+    assert requester.retransmits == 0
+
+
 def test_remote_access_error_fails_the_write_clearly():
     requester, responder, mr, buffer = pair(8192)
     requester.post_write(b"x" * 4000, mr.va + 6000, mr.rkey)  # runs past the region's end

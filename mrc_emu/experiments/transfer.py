@@ -227,12 +227,13 @@ def _host_main(conn, ns_path: str, address: str, config: QpConfig, cpu: int | No
         kind = msg[0]
         if kind == "register":
             _, key, size = msg
-            mr = responder.register(bytearray(size), va=0x1000_0000 + (key << 36))
+            # each transfer is its own protection domain: no other QP can write its region
+            mr = responder.register(bytearray(size), va=0x1000_0000 + (key << 36), pd=key)
             regions[key] = mr
             conn.send(("registered", (key, mr.to_dict())))
         elif kind == "accept":
-            _, qpn, peer_qpn, start_psn, back, peer = msg
-            responder.accept(qpn, peer_qpn, start_psn, back, peer=socket.inet_pton(socket.AF_INET6, peer))
+            _, qpn, peer_qpn, start_psn, back, peer, pd = msg
+            responder.accept(qpn, peer_qpn, start_psn, back, peer=socket.inet_pton(socket.AF_INET6, peer), pd=pd)
             mux.add(qpn, responder)
             conn.send(("accepted", qpn))
         elif kind == "write":
@@ -373,7 +374,7 @@ def run_transfers(name: str, specs: list[TransferSpec], control: Control | None 
             dst, src = hosts[spec.dst], hosts[spec.src]
             dst.conn.send(("register", key, spec.size))
             _, (_, mr) = dst.expect({"registered"})
-            dst.conn.send(("accept", qpn_resp, qpn_req, start_psn, paths.back, paths.src_address))
+            dst.conn.send(("accept", qpn_resp, qpn_req, start_psn, paths.back, paths.src_address, key))
             dst.expect({"accepted"})
             write = ("write", key, qpn_req, qpn_resp, paths.forward, paths.probes, spec.config, spec.cc,
                      spec.ev_min_active, start_psn, mr, spec.size, spec.imm)

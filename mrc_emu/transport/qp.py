@@ -98,11 +98,13 @@ def psn_abs(wire: int, near: int) -> int:
 
 @dataclass
 class MemoryRegion:
-    """A registered buffer: remote writes land here if R_Key and bounds match."""
+    """A registered buffer: remote writes land here if R_Key and bounds match and the writing QP
+    belongs to the region's protection domain."""
 
     rkey: int
     va: int
     buffer: bytearray
+    pd: int = 0
     view: memoryview = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -647,6 +649,7 @@ class _RQp:
     window: int
     paths_back: dict[int, Path]
     pkey: int
+    pd: int = 0  # protection domain: the QP may write only regions registered in it
     received: int = 0  # bit (window-1-i) <=> PSN epsn+i arrived
     pending_imm: dict[int, int] = field(default_factory=dict)
     since_ack: int = 0
@@ -673,19 +676,19 @@ class Responder(_Counts):
         self.drops: dict[str, int] = {}
         self._last_now = 0
 
-    def register(self, buffer: bytearray, va: int = 0x1000_0000) -> MemoryRegion:
-        mr = MemoryRegion(new_rkey(), va, buffer)
+    def register(self, buffer: bytearray, va: int = 0x1000_0000, pd: int = 0) -> MemoryRegion:
+        mr = MemoryRegion(new_rkey(), va, buffer, pd)
         while mr.rkey in self.regions:
             mr.rkey = new_rkey()
         self.regions[mr.rkey] = mr
         return mr
 
     def accept(self, qpn: int, peer_qpn: int, start_psn: int, paths_back: dict[int, Path],
-               peer: bytes | None = None) -> None:
+               peer: bytes | None = None, pd: int = 0) -> None:
         if not paths_back:
             raise ValueError("a responder QP needs at least one path back to the requester")
         self.qps[qpn] = _RQp(qpn, peer_qpn, peer, start_psn, start_psn, self.config.window, paths_back,
-                             self.config.pkey)
+                             self.config.pkey, pd)
 
     def on_datagram(self, payload: bytes | memoryview, src: bytes, sport: int, now: int) -> None:
         packet = fast.decode_udp(payload, src, self.address, sport)
@@ -722,7 +725,7 @@ class Responder(_Counts):
             return
         mr = self.regions.get(packet.rkey)
         data = packet.payload
-        if mr is None:
+        if mr is None or mr.pd != qp.pd:  # another domain's R_Key is as invalid as an unknown one
             self._drop("bad_rkey")
             self._nak(qp, Syndrome.NAK_REMOTE_ACCESS, psn)
             return
