@@ -82,7 +82,7 @@ class Journal:
         try:
             fd = os.open(journal_path(name), os.O_WRONLY | os.O_APPEND)
         except FileNotFoundError:
-            raise RegistryError(f"no fabric named {name!r} is running (no {journal_path(name)})") from None
+            raise RegistryError(_not_running(name, journal_path(name))) from None
         return cls(name, fd)
 
     def append(self, entry: dict[str, Any]) -> None:
@@ -115,13 +115,17 @@ class Journal:
         self.append({"kind": "link", "link_id": link_id, "up": up, "time": time.time()})
 
 
+def _not_running(name: str, path: Path) -> str:
+    return f"no fabric named {name!r} is running (no {path}); `mrc-emu up -n {name}` starts one"
+
+
 def read(name: str) -> FabricRecord:
     check_name(name)
     path = journal_path(name)
     try:
         lines = path.read_text().splitlines()
     except FileNotFoundError:
-        raise RegistryError(f"no fabric named {name!r} is running (no {path})") from None
+        raise RegistryError(_not_running(name, path)) from None
     record = FabricRecord(name)
     for number, line in enumerate(lines, 1):
         try:
