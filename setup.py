@@ -1,10 +1,16 @@
-"""Only the optional C fast path lives here; everything else is in pyproject.toml.
+"""Only the optional C fast paths live here; everything else is in pyproject.toml.
 
-The extension is optional: where no C compiler, Python headers or zlib headers exist, the
-build warns and installs without it (scripts/install.sh installs them), and mrc_emu/wire/fast.py uses its pure-Python path (same bytes).
+mrc_emu.wire._fastpath encodes a data packet into its frame template; mrc_emu.transport._spray
+is the requester's send loop for first transmissions. Both are optional: where no C compiler,
+Python headers or zlib headers exist, the build warns and installs without them
+(scripts/install.sh installs them), and mrc_emu/wire/fast.py and mrc_emu/transport/qp.py run
+their pure-Python paths (the same bytes, the same bookkeeping; the tests run both).
 """
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("mrc_emu.wire._fastpath", ["mrc_emu/wire/_fastpath.c"], optional=True,
-                             libraries=["z"], extra_compile_args=["-O3"])])
+setup(ext_modules=[
+    Extension("mrc_emu.wire._fastpath", ["mrc_emu/wire/_fastpath.c"], optional=True, libraries=["z"],
+              extra_compile_args=["-O3"]),
+    Extension("mrc_emu.transport._spray", ["mrc_emu/transport/_spray.c"], optional=True, extra_compile_args=["-O2"]),
+])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import socket
 
@@ -12,6 +13,7 @@ from hypothesis import strategies as st
 
 from mrc_emu.topology import builtin
 from mrc_emu.topology.evs import EvFormat
+from mrc_emu.transport import qp
 from mrc_emu.transport.cc import Nscc, NsccParams
 from mrc_emu.transport.ev import EvProfile, EvState
 from mrc_emu.transport.link import MemoryNetwork
@@ -26,6 +28,7 @@ DST = socket.inet_pton(socket.AF_INET6, PATHS.dst_address)
 
 
 def pair(size: int, config: QpConfig | None = None, start_psn: int = 0, **kw):
+    """A responder with a region of `size` bytes and a requester that may write it (**kw: Requester's)."""
     config = config or QpConfig(mtu=1024)
     responder = Responder(DST, config)
     buffer = bytearray(size)
@@ -36,8 +39,8 @@ def pair(size: int, config: QpConfig | None = None, start_psn: int = 0, **kw):
 
 
 def transfer(size: int, faults: dict[int, dict], seed: int = 0, config: QpConfig | None = None,
-             start_psn: int = 0, imm: int | None = None):
-    requester, responder, mr, buffer = pair(size, config, start_psn)
+             start_psn: int = 0, imm: int | None = None, c_loop: bool = True):
+    requester, responder, mr, buffer = pair(size, config, start_psn, c_loop=c_loop)
     net = MemoryNetwork(seed)
     for ev, settings_ in faults.items():
         for key, value in settings_.items():
@@ -56,16 +59,75 @@ fault = st.fixed_dictionaries({}, optional={
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(size=st.integers(1, 200_000), faults=st.dictionaries(st.integers(0, 7), fault, max_size=8),
-       seed=st.integers(0, 2**16), start_psn=st.sampled_from([0, 0xFFFFF0, 12345]))
-def test_any_loss_reorder_duplication_delivers_exactly_the_source(size, faults, seed, start_psn):
+       seed=st.integers(0, 2**16), start_psn=st.sampled_from([0, 0xFFFFF0, 12345]), c_loop=st.booleans())
+def test_any_loss_reorder_duplication_delivers_exactly_the_source(size, faults, seed, start_psn, c_loop):
+    """c_loop: first transmissions sent by the C loop (_spray.c) or by qp.py's own."""
     if all(faults.get(k, {}).get("dead") for k in range(8)):
         faults[0]["dead"] = False  # every EV dead is the next test
-    finished, requester, responder, data, buffer, _ = transfer(size, faults, seed, start_psn=start_psn)
+    finished, requester, responder, data, buffer, _ = transfer(size, faults, seed, start_psn=start_psn, c_loop=c_loop)
     assert finished and requester.error is None
     assert hashlib.sha256(buffer).digest() == hashlib.sha256(data).digest()
     assert requester.completions[0].length == size
     assert responder.stats["bytes_placed"] == size  # duplicates are placed once
     assert requester.packets_sent >= -(-size // 1024)
+
+
+class _Recording(MemoryNetwork):
+    """An in-memory network that keeps a copy of every frame sent, in order, and can refuse
+    frames on some EVs as a host whose own port is down does."""
+
+    def __init__(self, seed: int) -> None:
+        super().__init__(seed)
+        self.frames: list[tuple[int, bytes]] = []  # (EV, frame)
+        self.refuse: set[int] = set()  # EVs whose frames cannot leave the host (its port is down)
+
+    def send(self, frame, path) -> bool:
+        self.frames.append((path.ev, bytes(frame)))
+        if path.ev in self.refuse:
+            return False
+        return super().send(frame, path)
+
+
+@pytest.mark.parametrize("faults, refuse", [({}, ()), ({3: {"loss": 0.2}, 5: {"dead": True}}, ()), ({}, (2,))])
+def test_c_send_loop_sends_the_same_frames_as_the_python_loop(monkeypatch, faults, refuse):
+    """Same WRITE, same virtual time, same faults: the C loop and qp.py's own loop send the same
+    frames on the same EVs in the same order, so the C loop changes nothing but the speed."""
+    monkeypatch.setattr(qp, "new_rkey", lambda: 0x5EED)
+    data = os.urandom(300_000 + 100)  # ends in a short packet, which qp.py's loop sends
+    runs = []
+    for c_loop in (True, False):
+        requester, responder, mr, buffer = pair(len(data), c_loop=c_loop)
+        requester._probe_ids = itertools.count(1)  # EV probes carry random ids
+        requester.post_write(data, mr.va, mr.rkey, imm=7)
+        net = _Recording(1)
+        net.refuse = set(refuse)
+        for ev, settings_ in faults.items():
+            for key, value in settings_.items():
+                setattr(net.fault(ev), key, value)
+        assert net.run([requester, responder], lambda r=requester: r.done)
+        assert buffer == data
+        runs.append((net.frames, requester.summary(), [s.to_dict() for s in requester.profile.evs.values()],
+                     [e.to_dict() for e in requester.ev_events]))
+    assert qp._spray is not None and requester._spray is None  # both loops really ran
+    assert runs[0] == runs[1]
+    if refuse:
+        assert runs[0][1]["send_failures"] > 0
+        assert any(e["ev"] == 2 and "no route out of the host" in e["reason"] for e in runs[0][3])
+
+
+def test_c_send_loop_is_built_here():
+    """install.sh installs a compiler and headers: on this machine the C loop must be there and used."""
+    requester, *_ = pair(4096, QpConfig(mtu=1024))
+    assert qp._spray is not None and qp._Pkt is qp._spray.Pkt and requester._spray is not None
+
+
+def test_transfers_without_the_c_extensions(monkeypatch):
+    """Where the C loop and packet record were not built, qp.py's own run the same transfer."""
+    monkeypatch.setattr(qp, "_spray", None)
+    monkeypatch.setattr(qp, "_Pkt", qp._PyPkt)
+    finished, requester, _, data, buffer, _ = transfer(200_000, {2: {"loss": 0.2}, 6: {"dead": True}}, seed=3)
+    assert finished and requester.error is None and buffer == data
+    assert requester._spray is None and all(type(p) is qp._PyPkt for p in requester.pkts.values())
 
 
 def test_every_ev_dead_fails_with_clear_error_after_retry_budget():

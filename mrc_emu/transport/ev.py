@@ -201,18 +201,31 @@ class EvProfile:
         self._cursor = 0
         self._dirty = False
 
-    def pick(self, avoid: int | None = None) -> int:
-        """The next EV to spray on; `avoid` (a retransmission's previous EV) is skipped if possible."""
+    def schedule_at(self) -> tuple[list[int], int]:
+        """The spray schedule, rebuilt if anything changed, and the cursor into it: the next EV
+        is schedule[cursor]. A send loop that takes EVs from it says how far it got with
+        `advance`."""
         if self._dirty:
             self.reweigh()
-        schedule = self.schedule
-        ev = schedule[self._cursor]
-        self._cursor += 1
-        if self._cursor == len(schedule):
-            self._cursor = 0
-            self._cycles += 1
-            if self._cycles % REWEIGH_CYCLES == 0:
-                self._dirty = True  # weights follow the EWMAs even without state changes
+        return self.schedule, self._cursor
+
+    def advance(self, cursor: int) -> None:
+        """The EVs up to schedule[cursor - 1] were taken; at the end the schedule starts over,
+        and every REWEIGH_CYCLES cycles it is rebuilt (the weights follow the EWMAs even without
+        state changes)."""
+        if cursor < len(self.schedule):
+            self._cursor = cursor
+            return
+        self._cursor = 0
+        self._cycles += 1
+        if self._cycles % REWEIGH_CYCLES == 0:
+            self._dirty = True
+
+    def pick(self, avoid: int | None = None) -> int:
+        """The next EV to spray on; `avoid` (a retransmission's previous EV) is skipped if possible."""
+        schedule, cursor = self.schedule_at()
+        ev = schedule[cursor]
+        self.advance(cursor + 1)
         if ev == avoid and len(schedule) > 1:
             for _ in range(len(schedule)):
                 ev = schedule[self._cursor]

@@ -26,6 +26,11 @@ from .cc import CcProfile, make_cc
 from .ev import EvProfile, EvState
 from .link import Path, Send
 
+try:  # the C send loop for first transmissions (optional; see _spray.c)
+    from . import _spray
+except ImportError:  # pragma: no cover - the extension was not built
+    _spray = None
+
 PSN_MOD = 1 << 24
 HALF = 1 << 23
 ACK_TIMEOUT_UNIT_NS = 1024  # the ACK timeout is 1.024 us x 2^t
@@ -124,7 +129,9 @@ def new_rkey() -> int:
 
 # ---- requester -----------------------------------------------------------------------------
 
-class _Pkt:
+class _PyPkt:
+    """One packet of a WRITE, as the requester tracks it (_spray.Pkt is the same in C)."""
+
     __slots__ = ("psn", "wr", "offset", "length", "ev", "sent_ns", "tx", "last")
 
     def __init__(self, psn: int, wr: WriteRequest, offset: int, length: int, last: bool) -> None:
@@ -136,6 +143,9 @@ class _Pkt:
         self.ev = -1
         self.sent_ns = 0
         self.tx = 0
+
+
+_Pkt = _spray.Pkt if _spray is not None else _PyPkt
 
 
 @dataclass
@@ -189,7 +199,8 @@ class Requester(_Counts):
 
     def __init__(self, address: bytes, qpn: int, dest_qp: int, paths: dict[int, Path],
                  probe_paths: dict[int, Path] | None = None, config: QpConfig | None = None,
-                 cc: CcProfile | None = None, start_psn: int = 0, ev_min_active: int = 1) -> None:
+                 cc: CcProfile | None = None, start_psn: int = 0, ev_min_active: int = 1,
+                 c_loop: bool = True) -> None:
         if not paths:
             raise ValueError("a requester needs at least one path (EV)")
         self.address = address
@@ -229,6 +240,9 @@ class Requester(_Counts):
         # per EV: the C encoder bound to that EV's buffer for full-MTU WRITE_ONLY packets
         self._writers = {ev: p.template.writer(dest_qp, self.config.mtu, self.config.pkey)
                          for ev, p in paths.items()} if self._native else {}
+        # the C send loop works on these very tables (None: qp.py's own loop sends every packet)
+        self._spray_ctx = (self.pkts, self.flight, self.by_ev, self._writers, self.paths, self.config.mtu)
+        self._spray = _spray.spray if c_loop and _spray is not None and self._writers else None
         self._last_now = 0
 
     # ---- API -----------------------------------------------------------------------------
@@ -543,7 +557,7 @@ class Requester(_Counts):
         window_end = self.una + cfg.window
         pick, paths, pkts, flight, by_ev = self.profile.pick, self.paths, self.pkts, self.flight, self.by_ev
         ev_flight, evs, retx, queue = self._ev_flight, self.profile.evs, self.retx, self.queue
-        writers = self._writers
+        writers, spray = self._writers, self._spray
         sent = 0
         bif = self.bytes_in_flight
         next_psn = self.next_psn
@@ -556,6 +570,21 @@ class Requester(_Counts):
                 evs[ev].retransmits_sent += 1
             elif queue and next_psn < window_end:
                 wr = queue[0]
+                if spray is not None:  # a run of full-MTU first transmissions, in C
+                    schedule, cursor = self.profile.schedule_at()
+                    n, next_psn, bif, cursor, failed, counts = spray(
+                        self._spray_ctx, wr, send, now, next_psn, window_end, burst - sent, bif, cwnd, schedule, cursor)
+                    self.profile.advance(cursor)
+                    for ev, count in counts.items():
+                        evs[ev].packets_sent += count
+                        ev_flight[ev] += count * mtu
+                    sent += n
+                    if wr.next_offset >= wr.length:
+                        queue.popleft()
+                    if failed is not None:
+                        self._send_failed(failed, now)
+                    if n:
+                        continue
                 offset = wr.next_offset
                 length = wr.length - offset
                 if length > mtu:
@@ -591,13 +620,16 @@ class Requester(_Counts):
             bif += length
             ev_flight[ev] += length
             if not send(frame, path):
-                # it never left (the host's own port is down): count it against the EV now; the
-                # packet stays in flight, so the ACK timeout resends it and spends its retries
-                self.stats["send_failures"] += 1
-                if cfg.path_avoidance:
-                    self.profile.on_lost(ev, now, "no route out of the host")
+                self._send_failed(ev, now)
         self.bytes_in_flight = bif
         self.next_psn = next_psn
+
+    def _send_failed(self, ev: int, now: int) -> None:
+        """A frame never left (the host's own port is down): count it against the EV now. The
+        packet stays in flight, so the ACK timeout resends it and spends its retries."""
+        self.stats["send_failures"] += 1
+        if self.config.path_avoidance:
+            self.profile.on_lost(ev, now, "no route out of the host")
 
     def _can_send(self) -> bool:
         if self.error is not None or self.bytes_in_flight >= self.cc.cwnd:

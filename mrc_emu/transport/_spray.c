@@ -1,0 +1,333 @@
+/*
+ * mrc_emu.transport._spray: the requester's send loop for first transmissions, in C.
+ *
+ * Why it exists: most packets a requester sends are the first transmission of a full-MTU
+ * WRITE_ONLY packet, and for each CPython spent about 2 us of bookkeeping around the
+ * encoder and the send (a packet record, the flight tables, the spray schedule, counters).
+ * This does the same bookkeeping on the same Python objects, so everything else in qp.py
+ * (ACKs, loss detection, retransmissions, odd-sized packets) reads them unchanged. It is
+ * optional: without it qp.py runs its own loop (the unit tests run the transfers both ways).
+ *
+ * Pkt(psn, wr, offset, length, last): one packet of a WRITE; ev, sent_ns and tx are set when
+ *     it is sent. The same fields as qp.py's pure-Python _PyPkt.
+ *
+ * spray(ctx, wr, send, now, next_psn, window_end, budget, bif, cwnd, schedule, cursor)
+ *     -> (sent, next_psn, bif, cursor, failed_ev, counts)
+ *   ctx      (pkts, flight, by_ev, writers, paths, mtu): the requester's tables, by PSN and EV
+ *   wr       the WriteRequest at the head of the queue; its next_offset advances
+ *   send     the link's send(frame, path) -> bool
+ *   schedule the spray schedule (a list of EVs) and the cursor into it; the loop stops at its end
+ *            so that Python counts the cycle (EvProfile.advance)
+ *   It sends while budget, window (PSN and bytes) and schedule allow and the next packet is a
+ *   full-MTU one with no immediate; it returns on the first send that fails (failed_ev, else
+ *   None), leaving that packet in flight as qp.py's own loop does. counts: {ev: packets}.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *wr;
+    long long psn, offset, length, ev, sent_ns, tx;
+    char last;
+} Pkt;
+
+static PyTypeObject PktType;
+
+static Pkt *pkt_make(long long psn, PyObject *wr, long long offset, long long length, int last) {
+    Pkt *p = PyObject_GC_New(Pkt, &PktType);
+    if (p == NULL)
+        return NULL;
+    Py_INCREF(wr);
+    p->wr = wr;
+    p->psn = psn;
+    p->offset = offset;
+    p->length = length;
+    p->last = (char)(last != 0);
+    p->ev = -1;
+    p->sent_ns = 0;
+    p->tx = 0;
+    PyObject_GC_Track(p);
+    return p;
+}
+
+static PyObject *pkt_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    static char *names[] = {"psn", "wr", "offset", "length", "last", NULL};
+    long long psn, offset, length;
+    PyObject *wr;
+    int last;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "LOLLp", names, &psn, &wr, &offset, &length, &last))
+        return NULL;
+    return (PyObject *)pkt_make(psn, wr, offset, length, last);
+}
+
+static int pkt_traverse(Pkt *self, visitproc visit, void *arg) {
+    Py_VISIT(self->wr);
+    return 0;
+}
+
+static int pkt_clear(Pkt *self) {
+    Py_CLEAR(self->wr);
+    return 0;
+}
+
+static void pkt_dealloc(Pkt *self) {
+    PyObject_GC_UnTrack(self);
+    pkt_clear(self);
+    PyObject_GC_Del(self);
+}
+
+static PyMemberDef pkt_members[] = {
+    {"psn", T_LONGLONG, offsetof(Pkt, psn), READONLY, "PSN (unbounded)"},
+    {"wr", T_OBJECT_EX, offsetof(Pkt, wr), READONLY, "the WriteRequest"},
+    {"offset", T_LONGLONG, offsetof(Pkt, offset), READONLY, "offset of the payload in the WRITE"},
+    {"length", T_LONGLONG, offsetof(Pkt, length), READONLY, "payload bytes"},
+    {"last", T_BOOL, offsetof(Pkt, last), READONLY, "the WRITE's last packet"},
+    {"ev", T_LONGLONG, offsetof(Pkt, ev), 0, "EV of the latest transmission (-1: not sent)"},
+    {"sent_ns", T_LONGLONG, offsetof(Pkt, sent_ns), 0, "time of the latest transmission"},
+    {"tx", T_LONGLONG, offsetof(Pkt, tx), 0, "transmissions so far"},
+    {NULL},
+};
+
+static PyTypeObject PktType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "mrc_emu.transport._spray.Pkt",
+    .tp_doc = "One packet of a WRITE, as the requester tracks it.",
+    .tp_basicsize = sizeof(Pkt),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_new = pkt_new,
+    .tp_dealloc = (destructor)pkt_dealloc,
+    .tp_traverse = (traverseproc)pkt_traverse,
+    .tp_clear = (inquiry)pkt_clear,
+    .tp_members = pkt_members,
+};
+
+static PyObject *s_local, *s_remote_va, *s_rkey, *s_imm, *s_length, *s_next_offset, *s_append, *s_release;
+
+static int get_ll(PyObject *obj, PyObject *name, long long *out) {
+    PyObject *v = PyObject_GetAttr(obj, name);
+    if (v == NULL)
+        return -1;
+    *out = PyLong_AsLongLong(v);
+    Py_DECREF(v);
+    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
+}
+
+/* counts[ev] += 1 */
+static int count_one(PyObject *counts, PyObject *ev) {
+    PyObject *n = PyDict_GetItemWithError(counts, ev);
+    if (n == NULL && PyErr_Occurred())
+        return -1;
+    PyObject *m = PyLong_FromLongLong(n == NULL ? 1 : PyLong_AsLongLong(n) + 1);
+    if (m == NULL)
+        return -1;
+    int r = PyDict_SetItem(counts, ev, m);
+    Py_DECREF(m);
+    return r;
+}
+
+/* one packet: encode, record, send. Returns 1 sent, 0 the send failed (recorded all the same), -1 error */
+static int send_one(PyObject *pkts, PyObject *flight, PyObject *by_ev, PyObject *writer, PyObject *path,
+                    PyObject *send, PyObject *wr, PyObject *rkey, PyObject *ev, PyObject *now_obj,
+                    long long now, long long psn, long long offset, long long mtu, int last, int ack_req,
+                    long long va, const char *payload) {
+    int result = -1;
+    PyObject *psn_word = NULL, *va_obj = NULL, *view = NULL, *frame = NULL, *psn_obj = NULL,
+             *entry = NULL, *queue = NULL, *appended = NULL, *sent = NULL;
+    Pkt *pkt = NULL;
+    long long ev_value = PyLong_AsLongLong(ev);
+    if (ev_value == -1 && PyErr_Occurred())
+        return -1;
+    psn_word = PyLong_FromLongLong(((long long)(ack_req != 0) << 31) | (psn & 0xFFFFFF));
+    va_obj = PyLong_FromLongLong(va);
+    view = PyMemoryView_FromMemory((char *)payload, (Py_ssize_t)mtu, PyBUF_READ);
+    if (psn_word == NULL || va_obj == NULL || view == NULL)
+        goto done;
+    PyObject *args[5] = {psn_word, va_obj, rkey, Py_None, view};
+    frame = PyObject_Vectorcall(writer, args, 5, NULL);
+    if (frame == NULL)
+        goto done;
+    pkt = pkt_make(psn, wr, offset, mtu, last);
+    psn_obj = PyLong_FromLongLong(psn);
+    if (pkt == NULL || psn_obj == NULL)
+        goto done;
+    pkt->ev = ev_value;
+    pkt->sent_ns = now;
+    pkt->tx = 1;
+    if (PyDict_SetItem(pkts, psn_obj, (PyObject *)pkt) < 0 || PyDict_SetItem(flight, psn_obj, Py_None) < 0)
+        goto done;
+    queue = PyDict_GetItemWithError(by_ev, ev);  /* borrowed */
+    if (queue == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_KeyError, "an EV of the schedule has no queue");
+        goto done;
+    }
+    entry = PyTuple_Pack(2, psn_obj, now_obj);
+    if (entry == NULL)
+        goto done;
+    appended = PyObject_CallMethodOneArg(queue, s_append, entry);
+    if (appended == NULL)
+        goto done;
+    PyObject *send_args[2] = {frame, path};
+    sent = PyObject_Vectorcall(send, send_args, 2, NULL);
+    if (sent == NULL)
+        goto done;
+    result = PyObject_IsTrue(sent);
+done:
+    Py_XDECREF(psn_word);
+    Py_XDECREF(va_obj);
+    if (view != NULL) {
+        /* The view points into the WRITE's buffer without owning it, and the frame holds a copy:
+           should the encoder have kept the view, release it, so that it can never be read later */
+        if (Py_REFCNT(view) > 1) {
+            PyObject *released = PyObject_CallMethodNoArgs(view, s_release);
+            if (released == NULL)
+                PyErr_Clear();
+            Py_XDECREF(released);
+        }
+        Py_DECREF(view);
+    }
+    Py_XDECREF(frame);
+    Py_XDECREF((PyObject *)pkt);
+    Py_XDECREF(psn_obj);
+    Py_XDECREF(entry);
+    Py_XDECREF(appended);
+    Py_XDECREF(sent);
+    return result;
+}
+
+static PyObject *spray(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 11) {
+        PyErr_SetString(PyExc_TypeError,
+                        "spray(ctx, wr, send, now, next_psn, window_end, budget, bif, cwnd, schedule, cursor)");
+        return NULL;
+    }
+    PyObject *ctx = args[0], *wr = args[1], *send = args[2], *now_obj = args[3], *schedule = args[9];
+    if (!PyTuple_Check(ctx) || PyTuple_GET_SIZE(ctx) != 6 || !PyList_Check(schedule)) {
+        PyErr_SetString(PyExc_TypeError, "ctx is (pkts, flight, by_ev, writers, paths, mtu); schedule a list");
+        return NULL;
+    }
+    PyObject *pkts = PyTuple_GET_ITEM(ctx, 0), *flight = PyTuple_GET_ITEM(ctx, 1), *by_ev = PyTuple_GET_ITEM(ctx, 2),
+             *writers = PyTuple_GET_ITEM(ctx, 3), *paths = PyTuple_GET_ITEM(ctx, 4);
+    if (!PyDict_Check(pkts) || !PyDict_Check(flight) || !PyDict_Check(by_ev) || !PyDict_Check(writers) ||
+        !PyDict_Check(paths)) {
+        PyErr_SetString(PyExc_TypeError, "the requester's tables must be dicts");
+        return NULL;
+    }
+    long long mtu = PyLong_AsLongLong(PyTuple_GET_ITEM(ctx, 5));
+    long long now = PyLong_AsLongLong(now_obj), next_psn = PyLong_AsLongLong(args[4]),
+              window_end = PyLong_AsLongLong(args[5]), budget = PyLong_AsLongLong(args[6]),
+              bif = PyLong_AsLongLong(args[7]);
+    double cwnd = PyFloat_AsDouble(args[8]);  /* a CC profile's window may be fractional */
+    Py_ssize_t cursor = PyLong_AsSsize_t(args[10]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (mtu <= 0 || cursor < 0) {
+        PyErr_SetString(PyExc_ValueError, "MTU must be positive and the cursor not negative");
+        return NULL;
+    }
+    long long wr_length, next_offset, remote_va;
+    if (get_ll(wr, s_length, &wr_length) < 0 || get_ll(wr, s_next_offset, &next_offset) < 0 ||
+        get_ll(wr, s_remote_va, &remote_va) < 0)
+        return NULL;
+    PyObject *local = PyObject_GetAttr(wr, s_local), *rkey = PyObject_GetAttr(wr, s_rkey),
+             *imm = PyObject_GetAttr(wr, s_imm), *counts = PyDict_New(), *failed = Py_None, *out = NULL;
+    Py_buffer buffer = {0};
+    int have_buffer = 0;
+    long long sent = 0;
+    Py_INCREF(failed);
+    if (local == NULL || rkey == NULL || imm == NULL || counts == NULL)
+        goto done;
+    if (PyObject_GetBuffer(local, &buffer, PyBUF_SIMPLE) < 0)
+        goto done;
+    have_buffer = 1;
+    if (buffer.len != wr_length) {
+        PyErr_SetString(PyExc_ValueError, "the WRITE's length and its buffer disagree");
+        goto done;
+    }
+    while (sent < budget && (double)bif < cwnd && next_psn < window_end && cursor < PyList_GET_SIZE(schedule)) {
+        if (next_offset < 0 || wr_length - next_offset < mtu)
+            break;  /* a short packet: qp.py's own loop sends it */
+        int last = next_offset + mtu >= wr_length;
+        if (last && imm != Py_None)
+            break;  /* it carries the immediate */
+        PyObject *ev = PyList_GET_ITEM(schedule, cursor);  /* borrowed */
+        PyObject *writer = PyDict_GetItemWithError(writers, ev), *path = PyDict_GetItemWithError(paths, ev);
+        if (writer == NULL || path == NULL) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_KeyError, "an EV of the schedule has no writer or path");
+            goto done;
+        }
+        int ack_req = last || (double)(bif + 4 * mtu) > cwnd;  /* a full window waits for no delayed ACK */
+        int r = send_one(pkts, flight, by_ev, writer, path, send, wr, rkey, ev, now_obj, now, next_psn,
+                         next_offset, mtu, last, ack_req, remote_va + next_offset,
+                         (const char *)buffer.buf + next_offset);
+        if (r < 0)
+            goto done;
+        /* recorded and on its way (or lost at the host's own port): count it either way */
+        next_psn += 1;
+        next_offset += mtu;
+        bif += mtu;
+        sent += 1;
+        cursor += 1;
+        if (count_one(counts, ev) < 0)
+            goto done;
+        if (r == 0) {
+            Py_DECREF(failed);
+            failed = ev;
+            Py_INCREF(failed);
+            break;
+        }
+    }
+    out = Py_BuildValue("(LLLnOO)", sent, next_psn, bif, cursor, failed, counts);
+done:
+    if (local != NULL && rkey != NULL && imm != NULL) {
+        /* the WRITE's progress is written back even when an error ends the loop */
+        PyObject *offset_obj = PyLong_FromLongLong(next_offset);
+        if (offset_obj == NULL || PyObject_SetAttr(wr, s_next_offset, offset_obj) < 0)
+            Py_CLEAR(out);
+        Py_XDECREF(offset_obj);
+    }
+    if (have_buffer)
+        PyBuffer_Release(&buffer);
+    Py_XDECREF(local);
+    Py_XDECREF(rkey);
+    Py_XDECREF(imm);
+    Py_XDECREF(counts);
+    Py_XDECREF(failed);
+    return out;
+}
+
+static PyMethodDef methods[] = {
+    {"spray", (PyCFunction)(void (*)(void))spray, METH_FASTCALL,
+     "Send first transmissions of full-MTU packets of one WRITE (see the module comment)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_spray", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__spray(void) {
+    if (PyType_Ready(&PktType) < 0)
+        return NULL;
+    s_local = PyUnicode_InternFromString("local");
+    s_remote_va = PyUnicode_InternFromString("remote_va");
+    s_rkey = PyUnicode_InternFromString("rkey");
+    s_imm = PyUnicode_InternFromString("imm");
+    s_length = PyUnicode_InternFromString("length");
+    s_next_offset = PyUnicode_InternFromString("next_offset");
+    s_append = PyUnicode_InternFromString("append");
+    s_release = PyUnicode_InternFromString("release");
+    if (!s_local || !s_remote_va || !s_rkey || !s_imm || !s_length || !s_next_offset || !s_append || !s_release)
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    Py_INCREF(&PktType);
+    if (PyModule_AddObject(m, "Pkt", (PyObject *)&PktType) < 0) {
+        Py_DECREF(&PktType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
