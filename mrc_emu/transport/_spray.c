@@ -283,11 +283,18 @@ static PyObject *spray(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
     out = Py_BuildValue("(LLLnOO)", sent, next_psn, bif, cursor, failed, counts);
 done:
     if (local != NULL && rkey != NULL && imm != NULL) {
-        /* the WRITE's progress is written back even when an error ends the loop */
+        /* the WRITE's progress is written back even when an error ends the loop (with that
+           error put aside meanwhile, as the C API wants no call with an exception set) */
+        PyObject *type, *value, *traceback;
+        PyErr_Fetch(&type, &value, &traceback);
         PyObject *offset_obj = PyLong_FromLongLong(next_offset);
         if (offset_obj == NULL || PyObject_SetAttr(wr, s_next_offset, offset_obj) < 0)
             Py_CLEAR(out);
         Py_XDECREF(offset_obj);
+        if (type != NULL) {
+            PyErr_Clear();
+            PyErr_Restore(type, value, traceback);
+        }
     }
     if (have_buffer)
         PyBuffer_Release(&buffer);
