@@ -4,8 +4,8 @@ Why it exists: the moment of a fault must be known to the microsecond to measure
 and the fault must not stall the transfer it disturbs. Done in the requester's own loop, a
 netlink request (about 2 ms, as the kernel flushes routes) blocks sending; done in another
 thread, it waits for the GIL. So a child process holds a netlink socket opened in the
-node's namespace and acts when told; it reports when its request started and returned
-(CLOCK_MONOTONIC, shared by all processes). Recorded in the fabric's journal; dies with
+node's namespace, with its requests encoded in advance, and acts when told; it reports when
+its request started and returned (CLOCK_MONOTONIC, shared by all processes). Recorded in the fabric's journal; dies with
 its parent.
 """
 
@@ -14,9 +14,10 @@ from __future__ import annotations
 import multiprocessing
 import select
 import signal
+import socket
 import time
 
-from ..fabric import netns, registry, xdp
+from ..fabric import netlink, netns, registry, xdp
 from ..fabric.build import load_topology
 from ..fabric.nodes import FabricSetupError
 from .transfer import _die_with_parent, stop_child
@@ -32,7 +33,16 @@ def _agent(conn, ends: list[tuple[str, str]], extra: dict) -> None:
     for path, intf in ends:  # a netlink socket stays in the namespace it was opened in
         with netns.entered(path):
             ipr = IPRoute()
+            if not sockets:  # a's end: a bare netlink socket for "down" and "up"
+                raw = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
+                raw.bind((0, 0))
         sockets.append((ipr, ipr.link_lookup(ifname=intf)[0]))
+    # "down" and "up" encoded now, so that a fault is the request's system calls alone: timed
+    # from just before the kernel acts (pyroute2 spends 0.3-0.6 ms encoding one message)
+    state_of = {}
+    for state in ("down", "up"):
+        state_of[state] = netlink.Batch()
+        state_of[state].link_up(sockets[0][1], state == "up", f"{ends[0][1]} {state}")
     # The dropping program is attached to both ends from the start (drop fraction 0): the
     # first generic XDP program switches a static key, which stalls every CPU, and swapping
     # programs waits for RCU. Done now, before any transfer runs, a fault is one map write.
@@ -55,9 +65,10 @@ def _agent(conn, ends: list[tuple[str, str]], extra: dict) -> None:
                 dropper.set(float(action[4:]))
             elif action == "xdp-off":
                 dropper.set(0.0)
-            else:  # "down" / "up" of a's end
-                ipr, index = sockets[0]
-                ipr.link("set", index=index, state=action)
+            elif action in state_of:  # "down" / "up" of a's end
+                state_of[action].send(raw)
+            else:
+                raise ValueError(f"unknown fault action {action!r}")
         except Exception as exc:  # reported to the parent, which raises it
             conn.send(("error", time.monotonic_ns(), f"{type(exc).__name__}: {exc}"))
             continue
@@ -68,6 +79,7 @@ def _agent(conn, ends: list[tuple[str, str]], extra: dict) -> None:
         except OSError:
             pass  # the interface is gone with its namespace
         ipr.close()
+    raw.close()
     dropper.close()
 
 
