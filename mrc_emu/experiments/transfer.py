@@ -178,9 +178,9 @@ class HostMux:
             return
         endpoint.on_datagram(payload, src, sport, now)
 
-    def pump(self, now: int, send) -> None:
+    def pump(self, now: int, send, clock=None) -> None:
         for endpoint in self.endpoints:
-            endpoint.pump(now, send)
+            endpoint.pump(now, send, clock)
 
     def next_wakeup(self) -> int | None:
         wakes = [w for w in (e.next_wakeup() for e in self.endpoints) if w is not None]

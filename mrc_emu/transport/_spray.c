@@ -11,13 +11,14 @@
  * Pkt(psn, wr, offset, length, last): one packet of a WRITE; ev, sent_ns and tx are set when
  *     it is sent. The same fields as qp.py's pure-Python _PyPkt.
  *
- * spray(ctx, wr, send, now, next_psn, window_end, budget, bif, cwnd, schedule, cursor)
+ * spray(ctx, wr, send, now, next_psn, window_end, budget, bif, cwnd, schedule, cursor, clock)
  *     -> (sent, next_psn, bif, cursor, failed_ev, counts)
  *   ctx      (pkts, flight, by_ev, writers, paths, mtu): the requester's tables, by PSN and EV
  *   wr       the WriteRequest at the head of the queue; its next_offset advances
  *   send     the link's send(frame, path) -> bool
  *   schedule the spray schedule (a list of EVs) and the cursor into it; the loop stops at its end
  *            so that Python counts the cycle (EvProfile.advance)
+ *   clock    None: every packet is stamped `now`; else called for each packet's send time
  *   It sends while budget, window (PSN and bytes) and schedule allow and the next packet is a
  *   full-MTU one with no immediate; it returns on the first send that fails (failed_ev, else
  *   None), leaving that packet in flight as qp.py's own loop does. counts: {ev: packets}.
@@ -198,12 +199,13 @@ done:
 }
 
 static PyObject *spray(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 11) {
+    if (nargs != 12) {
         PyErr_SetString(PyExc_TypeError,
-                        "spray(ctx, wr, send, now, next_psn, window_end, budget, bif, cwnd, schedule, cursor)");
+                        "spray(ctx, wr, send, now, next_psn, window_end, budget, bif, cwnd, schedule, cursor, clock)");
         return NULL;
     }
-    PyObject *ctx = args[0], *wr = args[1], *send = args[2], *now_obj = args[3], *schedule = args[9];
+    PyObject *ctx = args[0], *wr = args[1], *send = args[2], *now_obj = args[3], *schedule = args[9],
+             *clock = args[11];
     if (!PyTuple_Check(ctx) || PyTuple_GET_SIZE(ctx) != 6 || !PyList_Check(schedule)) {
         PyErr_SetString(PyExc_TypeError, "ctx is (pkts, flight, by_ev, writers, paths, mtu); schedule a list");
         return NULL;
@@ -260,9 +262,24 @@ static PyObject *spray(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
             goto done;
         }
         int ack_req = last || (double)(bif + 4 * mtu) > cwnd;  /* a full window waits for no delayed ACK */
-        int r = send_one(pkts, flight, by_ev, writer, path, send, wr, rkey, ev, now_obj, now, next_psn,
+        PyObject *stamp_obj = now_obj;
+        long long stamp = now;
+        if (clock != Py_None) {
+            stamp_obj = PyObject_CallNoArgs(clock);
+            if (stamp_obj == NULL)
+                goto done;
+            stamp = PyLong_AsLongLong(stamp_obj);
+            if (stamp == -1 && PyErr_Occurred()) {
+                Py_DECREF(stamp_obj);
+                goto done;
+            }
+        } else {
+            Py_INCREF(stamp_obj);
+        }
+        int r = send_one(pkts, flight, by_ev, writer, path, send, wr, rkey, ev, stamp_obj, stamp, next_psn,
                          next_offset, mtu, last, ack_req, remote_va + next_offset,
                          (const char *)buffer.buf + next_offset);
+        Py_DECREF(stamp_obj);
         if (r < 0)
             goto done;
         /* recorded and on its way (or lost at the host's own port): count it either way */

@@ -60,6 +60,7 @@ class EvStats:
     def to_dict(self) -> dict:
         return {
             "ev": self.index, "state": self.state.value, "srtt_us": round(self.srtt_ns / 1e3, 1),
+            "rttvar_us": round(self.rttvar_ns / 1e3, 1),
             "min_rtt_us": round(self.min_rtt_ns / 1e3, 1), "loss": round(self.loss, 4),
             "packets_sent": self.packets_sent, "packets_delivered": self.packets_delivered,
             "packets_lost": self.packets_lost, "retransmits_sent": self.retransmits_sent,
@@ -128,7 +129,8 @@ class EvProfile:
 
     # ---- observations ------------------------------------------------------------------
 
-    def on_rtt(self, ev: int, rtt_ns: int, ecn: bool) -> None:
+    def on_rtt(self, ev: int, rtt_ns: int, ecn: bool | None) -> None:
+        """An RTT sample of `ev`, and the ECN echo of the packet it came from (None: not known)."""
         s = self.evs[ev]
         if s.srtt_ns == 0:
             s.srtt_ns, s.rttvar_ns = float(rtt_ns), rtt_ns / 2
@@ -137,7 +139,8 @@ class EvProfile:
             s.srtt_ns += RTT_GAIN * (rtt_ns - s.srtt_ns)
         if s.min_rtt_ns == 0 or rtt_ns < s.min_rtt_ns:
             s.min_rtt_ns = rtt_ns
-        s.ecn += ECN_GAIN * ((1.0 if ecn else 0.0) - s.ecn)
+        if ecn is not None:
+            s.ecn += ECN_GAIN * ((1.0 if ecn else 0.0) - s.ecn)
 
     def on_delivered(self, ev: int, sent_ns: int, count: int = 1) -> None:
         """`count` packets delivered on `ev`, the latest of them sent at `sent_ns`."""

@@ -48,7 +48,7 @@ class Endpoint(Protocol):
     address: bytes  # packed IPv6 address the endpoint receives on
 
     def on_datagram(self, payload: bytes | memoryview, src: bytes, sport: int, now: int) -> None: ...
-    def pump(self, now: int, send: Send) -> None: ...
+    def pump(self, now: int, send: Send, clock: Callable[[], int] | None = None) -> None: ...
     def next_wakeup(self) -> int | None: ...
 
 
@@ -240,7 +240,7 @@ def _run_socket(endpoint: Endpoint, link: SocketLink, done: Callable[[], bool],
     next_tick = clock() + tick_ns
     while not done():
         now = clock()
-        endpoint.pump(now, link.send)
+        endpoint.pump(now, link.send, clock)
         got = link.receive(endpoint, clock)
         now = clock()
         if tick is not None and now >= next_tick:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import itertools
 import os
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..wire import fast
@@ -294,7 +295,8 @@ class Requester(_Counts):
         self.profile.on_probe(probe.ev, now, now - sent[1])
 
     def _deliver(self, psns, seen: dict[int, list[int]]) -> int:
-        """Mark PSNs delivered; per EV, count them and keep the latest send time. Returns bytes."""
+        """Mark PSNs delivered; per EV: [count, latest send time, that packet's transmissions].
+        Returns bytes."""
         pkts, flight = self.pkts, self.flight
         acked = in_flight = 0
         for psn in psns:
@@ -310,11 +312,12 @@ class Requester(_Counts):
                 self._ev_flight[pkt.ev] -= length
             entry = seen.get(pkt.ev)
             if entry is None:
-                seen[pkt.ev] = [1, pkt.sent_ns]
+                seen[pkt.ev] = [1, pkt.sent_ns, pkt.tx]
             else:
                 entry[0] += 1
                 if pkt.sent_ns > entry[1]:
                     entry[1] = pkt.sent_ns
+                    entry[2] = pkt.tx
         self.bytes_in_flight -= in_flight
         return acked
 
@@ -337,9 +340,11 @@ class Requester(_Counts):
                 return
         # an RTT sample from the echoed packet, if it was sent once on that EV (Karn)
         rtt = None
+        sampled = None
         echo = self.pkts.get(psn_abs(ack.echo_psn, una))
         if echo is not None and echo.tx == 1 and echo.ev == ack.echo_ev:
             rtt = now - echo.sent_ns
+            sampled = echo.ev
             self.profile.on_rtt(echo.ev, rtt, ack.ecn_echo)
         seen: dict[int, list[int]] = {}
         acked = 0
@@ -372,10 +377,17 @@ class Requester(_Counts):
         self.bytes_acked += acked
         if acked == 0:
             self.stats["duplicates_acked"] += 1
-        for ev, (count, latest_sent) in seen.items():
+        for ev, (count, latest_sent, latest_tx) in seen.items():
             self.profile.on_delivered(ev, latest_sent, count)
             if latest_sent > self.rack_sent_ns:
                 self.rack_sent_ns = latest_sent
+            # Every EV that delivered gets an RTT sample from its newest packet in this ACK (Karn:
+            # not from a retransmission). One echo per ACK alone left EVs without any sample: the
+            # ACK every 32nd packet echoes the same one or two EVs of a 8-EV schedule. The newest
+            # packet of an EV arrived at most a few packets before the ACK was sent, so the
+            # coalescing adds little; the echoed EV has its exact sample already.
+            if latest_tx == 1 and ev != sampled:
+                self.profile.on_rtt(ev, now - latest_sent, None)
         self.cc.on_ack(now, acked, rtt, ack.ecn_echo)
         active = self.active
         while active and active[0].acked >= active[0].length:
@@ -502,7 +514,7 @@ class Requester(_Counts):
             self.bytes_acked += self._deliver(range(self.una, cum + 1), seen)
             self.una = cum + 1
             self._gbn_timeouts = 0
-            for ev, (count, latest) in seen.items():
+            for ev, (count, latest, _) in seen.items():
                 self.profile.on_delivered(ev, latest, count)
             active = self.active
             while active and active[0].acked >= active[0].length:
@@ -539,8 +551,12 @@ class Requester(_Counts):
             stale = now - 100 * self.config.probe_interval_ns
             self._probes = {k: v for k, v in self._probes.items() if v[1] > stale}
 
-    def pump(self, now: int, send: Send) -> None:
-        """Send what is due: timeouts' consequences, EV probes, then data while the window allows."""
+    def pump(self, now: int, send: Send, clock: Callable[[], int] | None = None) -> None:
+        """Send what is due: timeouts' consequences, EV probes, then data while the window allows.
+
+        `clock`, when given, stamps each data packet with its own send time (a burst of 32 full
+        packets takes about 0.4 ms over sockets, which would otherwise skew RTT samples by as
+        much); without it every packet of the burst is stamped `now` (virtual time)."""
         self._last_now = now
         if self.error is not None:
             return
@@ -573,7 +589,8 @@ class Requester(_Counts):
                 if spray is not None:  # a run of full-MTU first transmissions, in C
                     schedule, cursor = self.profile.schedule_at()
                     n, next_psn, bif, cursor, failed, counts = spray(
-                        self._spray_ctx, wr, send, now, next_psn, window_end, burst - sent, bif, cwnd, schedule, cursor)
+                        self._spray_ctx, wr, send, now, next_psn, window_end, burst - sent, bif, cwnd, schedule, cursor,
+                        clock)
                     self.profile.advance(cursor)
                     for ev, count in counts.items():
                         evs[ev].packets_sent += count
@@ -582,7 +599,7 @@ class Requester(_Counts):
                     if wr.next_offset >= wr.length:
                         queue.popleft()
                     if failed is not None:
-                        self._send_failed(failed, now)
+                        self._send_failed(failed, now if clock is None else clock())
                     if n:
                         continue
                 offset = wr.next_offset
@@ -610,17 +627,18 @@ class Requester(_Counts):
                                             wr.local[offset:offset + length],
                                             None if wr.sums is None else wr.sums[offset // mtu], ack_req,
                                             wr.imm if last else None, pkey)
+            stamp = now if clock is None else clock()
             pkt.ev = ev
-            pkt.sent_ns = now
+            pkt.sent_ns = stamp
             pkt.tx += 1
             evs[ev].packets_sent += 1
             sent += 1
             flight[pkt.psn] = None
-            by_ev[ev].append((pkt.psn, now))
+            by_ev[ev].append((pkt.psn, stamp))
             bif += length
             ev_flight[ev] += length
             if not send(frame, path):
-                self._send_failed(ev, now)
+                self._send_failed(ev, stamp)
         self.bytes_in_flight = bif
         self.next_psn = next_psn
 
@@ -803,7 +821,7 @@ class Responder(_Counts):
         return AckPacket(qp.peer_qpn, psn & (PSN_MOD - 1), syndrome, (qp.epsn - qp.start_psn) & (PSN_MOD - 1),
                          qp.epsn & (PSN_MOD - 1), qp.echo_psn, qp.echo_ev & 0xFFFF, qp.ecn, bitmap, qp.pkey)
 
-    def pump(self, now: int, send: Send) -> None:
+    def pump(self, now: int, send: Send, clock: Callable[[], int] | None = None) -> None:
         self._last_now = now
         for qp in self.qps.values():
             if not qp.ack_due and not (qp.unacked_since >= 0 and now >= qp.unacked_since + self.config.ack_delay_ns):
