@@ -184,8 +184,13 @@ class SocketLink:
                 return True  # dropped locally, like a full NIC queue: loss recovery handles it
             raise
 
-    def receive(self, endpoint: Endpoint, now_ns: Callable[[], int], budget: int = 256) -> int:
-        """Hand up to `budget` waiting datagrams to the endpoint; how many there were."""
+    def receive(self, endpoint: Endpoint, now_ns: Callable[[], int], budget: int = 32) -> int:
+        """Hand up to `budget` waiting datagrams to the endpoint; how many there were.
+
+        The driver pumps the endpoint between batches, and a responder sends its ACKs only when
+        pumped: the budget bounds how many packets an ACK can wait for. At 256 a busy responder
+        acknowledged once per 256 packets (about 3 ms) instead of every 32, and goodput over
+        2 ms windows swung by 43 % (12 % at 32)."""
         recv = self.recv_sock.recvfrom
         packed = self._packed
         n = 0
