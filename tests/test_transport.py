@@ -6,6 +6,7 @@ import hashlib
 import itertools
 import os
 import socket
+import time
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -16,7 +17,7 @@ from mrc_emu.topology.evs import EvFormat
 from mrc_emu.transport import qp
 from mrc_emu.transport.cc import Nscc, NsccParams
 from mrc_emu.transport.ev import EvProfile, EvState
-from mrc_emu.transport.link import MemoryNetwork
+from mrc_emu.transport.link import MemoryNetwork, SocketLink
 from mrc_emu.transport.paths import qp_paths
 from mrc_emu.transport.qp import QpConfig, Requester, Responder, psn_abs
 from mrc_emu.wire.format import DataPacket
@@ -146,6 +147,34 @@ def test_each_packet_is_stamped_with_its_own_send_time(c_loop):
     assert stamps == list(range(1_000_000, 1_000_000 + 7_000 * len(stamps), 7_000))
     for ev, queue in requester.by_ev.items():  # the per-EV order that loss detection walks
         assert all(requester.pkts[psn].sent_ns == t and requester.pkts[psn].ev == ev for psn, t in queue)
+
+
+def test_socket_driver_pumps_at_least_every_32_datagrams():
+    """The responder sends its ACKs when pumped: the socket driver hands it at most 32 waiting
+    datagrams between pumps (loopback UDP, no root)."""
+    recv = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+    recv.bind(("::1", 0))
+    sender = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+    try:
+        for i in range(100):
+            sender.sendto(i.to_bytes(2, "big"), recv.getsockname()[:2])
+        link = SocketLink(sender, recv)
+        got: list[int] = []
+
+        class Counter:
+            address = b""
+
+            def on_datagram(self, payload, src, sport, now):
+                got.append(int.from_bytes(payload, "big"))
+
+        deadline = time.monotonic() + 5
+        batches = []
+        while len(got) < 100 and time.monotonic() < deadline:
+            batches.append(link.receive(Counter(), time.monotonic_ns))
+        assert got == list(range(100)) and max(batches) == 32
+    finally:
+        sender.close()
+        recv.close()
 
 
 def test_transfers_without_the_c_extensions(monkeypatch):
