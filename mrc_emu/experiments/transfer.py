@@ -29,7 +29,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..fabric import netns, ops, registry
@@ -350,11 +350,11 @@ def run_transfers(name: str, specs: list[TransferSpec], control: Control | None 
             raise TransferError(f"size must be at least one byte, not {spec.size}")
     control = control or Control()
     topo = load_topology(name)
-    plans = []
-    for spec in specs:
-        if spec.ev_format is EvFormat.UDP:
-            spec.config.path_avoidance = False
-        plans.append(qp_paths(topo, spec.src, spec.dst, spec.ev_format, spec.evs))
+    # a UDP EV is whatever path the fabric's ECMP hash picks: no EV states, no probes (the
+    # caller's specs stay as they were)
+    specs = [replace(s, config=replace(s.config, path_avoidance=False)) if s.ev_format is EvFormat.UDP else s
+             for s in specs]
+    plans = [qp_paths(topo, spec.src, spec.dst, spec.ev_format, spec.evs) for spec in specs]
     names = sorted({h for s in specs for h in (s.src, s.dst)})
     addresses = {p.src_address: s.src for s, p in zip(specs, plans)} | {p.dst_address: s.dst for s, p in zip(specs, plans)}
     address_of = {host: a for a, host in addresses.items()}
