@@ -15,7 +15,7 @@ from typing import Any
 
 import click
 
-from .topology import TopologyError, evs_between, resolve
+from .topology import TopologyError, evs_between, model, resolve
 
 NAME_OPTION = click.option("--name", "-n", default="mrc", show_default=True, help="Fabric name (namespaces are <name>-<node>).")
 JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
@@ -431,25 +431,12 @@ def demo(out: str, as_json: bool) -> None:
         sys.exit(1)
 
 
-_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2, "mib": 1024**2,
-          "g": 1000**3, "gb": 1000**3, "gib": 1024**3}
-
-
 def parse_size(text: str) -> int:
-    """'64MiB', '1.5GB', '4096', '100k' -> bytes."""
-    raw = text.strip().lower().replace("_", "")
-    number = raw.rstrip("abcdefghijklmnopqrstuvwxyz")
-    unit = raw[len(number):]
+    """'64MiB', '1.5GB', '4096', '100k' -> bytes (topology.model.parse_size, as a usage error)."""
     try:
-        value = float(number)
-    except ValueError:
-        raise click.BadParameter(f"{text!r} is not a size (examples: 4096, 100k, 64MiB, 1GiB)") from None
-    if unit not in _UNITS:
-        raise click.BadParameter(f"unknown unit {unit!r} in {text!r} (use B, k, KiB, MB, MiB, GB, GiB)")
-    size = int(value * _UNITS[unit])
-    if size < 1:
-        raise click.BadParameter(f"{text!r}: a WRITE carries at least one byte")
-    return size
+        return model.parse_size(text)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
 
 
 class Size(click.ParamType):

@@ -6,6 +6,7 @@ import pytest
 
 from mrc_emu.topology import TopologyError, builtin, evs_between, from_dict, load, probe_segments
 from mrc_emu.topology import addressing as ad
+from mrc_emu.topology.model import parse_size
 
 
 def test_default_counts():
@@ -131,3 +132,15 @@ def test_rate_parsed():
     topo = from_dict({"planes": 1, "spines_per_plane": 1, "leaves_per_plane": 2, "hosts_per_leaf": 1,
                       "link_rate": "100mbit"})
     assert topo.link_rate_bps == 1e8
+
+
+@pytest.mark.parametrize("text, size", [("4096", 4096), (4096, 4096), ("100k", 100_000), ("64MiB", 64 * 2**20),
+                                        ("1.5GB", 1_500_000_000), ("2 KiB", 2048), ("1_000", 1000)])
+def test_one_size_language_for_cli_and_scenarios(text, size):
+    assert parse_size(text) == size
+
+
+@pytest.mark.parametrize("text", ["0", 0, "-5", "1e3", "lots", "5 parsecs", "0.1", True, ""])
+def test_what_is_not_a_size_is_refused_clearly(text):
+    with pytest.raises(ValueError, match="size|byte"):
+        parse_size(text)

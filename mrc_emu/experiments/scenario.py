@@ -36,14 +36,11 @@ from pathlib import Path
 from typing import Any
 
 from ..topology import Role, Topology, TopologyError, resolve
-from ..topology.model import key_lines, read_yaml
+from ..topology.model import key_lines, parse_size, read_yaml
 
 TRANSPORTS = ("mrc", "baseline")
 WORKLOADS = ("write", "incast", "all-to-all", "ring-allreduce")
 FAULTS = ("link-down", "flap", "loss", "blackhole", "switch-reboot", "plane-down", "congestion")
-_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([kmg]i?b?|b)?\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 10**6, "mb": 10**6, "mib": 2**20,
-          "g": 10**9, "gb": 10**9, "gib": 2**30}
 
 
 class ScenarioError(ValueError):
@@ -121,20 +118,6 @@ class Scenario:
                 "transports": self.transports, "routing": self.routing, "bfd": self.bfd, "mtu": self.mtu,
                 "workloads": [{"kind": w.kind, "size": w.size, "pairs": len(w.pairs())} for w in self.workloads],
                 "faults": [f.describe() for f in self.faults]}
-
-
-def parse_size(text: Any) -> int:
-    if isinstance(text, int) and not isinstance(text, bool):
-        if text < 1:
-            raise ValueError(f"{text} is not a positive size")
-        return text
-    m = _SIZE.match(str(text))
-    if not m or (m.group(2) or "").lower() not in _UNITS:
-        raise ValueError(f"{text!r} is not a size (examples: 4096, 100k, 64MiB)")
-    size = int(float(m.group(1)) * _UNITS[(m.group(2) or "").lower()])
-    if size < 1:
-        raise ValueError(f"{text!r} is not a positive size")
-    return size
 
 
 class _Checker:

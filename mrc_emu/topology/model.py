@@ -222,6 +222,27 @@ _INT_FIELDS = {
 _OPTIONAL = {"name", "mtu", "link_rate", "description"}
 
 
+_SIZE_RE = re.compile(r"^\s*(\d[\d_]*(?:\.\d+)?)\s*([kmg]i?b?|b)?\s*$", re.IGNORECASE)
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 10**6, "mb": 10**6, "mib": 2**20,
+               "g": 10**9, "gb": 10**9, "gib": 2**30}
+
+
+def parse_size(text: str | int) -> int:
+    """'64MiB', '1.5GB', '4096', '100k', '1_000' (or an int) -> bytes, at least one; raises
+    ValueError on anything else. The one language of sizes: the CLI's and the scenarios'."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        value = text
+    else:
+        m = _SIZE_RE.match(str(text))
+        unit = (m.group(2) or "").lower() if m else ""
+        if not m or unit not in _SIZE_UNITS:
+            raise ValueError(f"{text!r} is not a size (examples: 4096, 100k, 64MiB, 1.5GB)")
+        value = int(float(m.group(1).replace("_", "")) * _SIZE_UNITS[unit])
+    if value < 1:
+        raise ValueError(f"{text!r} is less than one byte")
+    return value
+
+
 def parse_rate(text: str) -> float:
     """'100mbit' -> 1e8 bits/s; raises ValueError on anything else."""
     m = _RATE_RE.match(str(text))
