@@ -383,8 +383,8 @@ def _scenario_text(results: dict) -> str:
 
     lines = [f"scenario {results['scenario']['name']}: {', '.join(results['scenario']['faults']) or 'no faults'}", "",
              report.table(report.summary_rows(results))]
-    if results.get("recovery_ratio"):
-        lines += ["", f"MRC recovered {results['recovery_ratio']:g}x faster than the baseline."]
+    if (sentence := report.headline(results)) is not None:
+        lines += ["", sentence]
     for note in results["notes"]:
         lines.append(f"note: {note}")
     files = results["files"]

@@ -96,3 +96,14 @@ def test_report_files_and_schema(tmp_path):
     broken = dict(written, runs={"mrc": dict(written["runs"]["mrc"], recovery_ms="fast")})
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(broken, report.RESULTS_SCHEMA)
+
+
+@pytest.mark.parametrize("mrc_ms, ratio, says", [
+    (3.2, 398.0, "MRC recovered 398x faster than the baseline (3.2 ms against 1273.7 ms)."),
+    (0.0, 12737.0, "MRC's goodput never fell below 90 % of its pre-fault level; the baseline took 1273.7 ms to recover "
+                   "(at least 12737x, at the metric's 0.1 ms resolution)."),
+])
+def test_headline_says_what_the_ratio_rests_on(mrc_ms, ratio, says):
+    results = {"recovery_ratio": ratio, "runs": {"mrc": {"recovery_ms": mrc_ms}, "baseline": {"recovery_ms": 1273.7}}}
+    assert report.headline(results) == says
+    assert report.headline({"recovery_ratio": None, "runs": {}}) is None
