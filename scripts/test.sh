@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Set up (idempotently) and run the whole test suite. As root, the system tests run too.
+# Set up (idempotently) and run the whole test suite, system tests included; it makes itself
+# root through sudo when it is not.
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+source "$repo/scripts/as-root.sh"
 venv="${MRC_EMU_VENV:-$repo/.venv}"
 "$repo/scripts/install.sh"
 cd "$repo"
