@@ -255,8 +255,7 @@ class Requester(_Counts):
         if len(view) == 0:
             raise ValueError("a WRITE carries at least one byte")
         # the pure-Python encoder takes the payload word sums computed here in bulk; the C one sums itself
-        native = all(p.template.native for p in self.paths.values())
-        sums = None if native else fast.payload_sums(view, self.config.mtu)
+        sums = None if self._native else fast.payload_sums(view, self.config.mtu)
         wr = WriteRequest(next(self._wr_ids), view, remote_va, rkey, imm, sums, posted_ns=now)
         self.queue.append(wr)
         self.active.append(wr)
@@ -389,11 +388,7 @@ class Requester(_Counts):
             if latest_tx == 1 and ev != sampled:
                 self.profile.on_rtt(ev, now - latest_sent, None)
         self.cc.on_ack(now, acked, rtt, ack.ecn_echo)
-        active = self.active
-        while active and active[0].acked >= active[0].length:
-            wr = active.popleft()
-            wr.completed_ns = now
-            self.completions.append(Completion(wr.wr_id, wr.length, now, wr.imm))
+        self._complete(now)
         self._detect_losses(now, seen)
 
     def _lose(self, pkt: _Pkt, now: int, why: str) -> None:
@@ -516,11 +511,15 @@ class Requester(_Counts):
             self._gbn_timeouts = 0
             for ev, (count, latest, _) in seen.items():
                 self.profile.on_delivered(ev, latest, count)
-            active = self.active
-            while active and active[0].acked >= active[0].length:
-                wr = active.popleft()
-                wr.completed_ns = now
-                self.completions.append(Completion(wr.wr_id, wr.length, now, wr.imm))
+            self._complete(now)
+
+    def _complete(self, now: int) -> None:
+        """Complete, in posting order, every WRITE whose bytes are all acknowledged."""
+        active = self.active
+        while active and active[0].acked >= active[0].length:
+            wr = active.popleft()
+            wr.completed_ns = now
+            self.completions.append(Completion(wr.wr_id, wr.length, now, wr.imm))
 
     def _go_back(self, now: int) -> None:
         """Resend everything from the oldest unacknowledged PSN on, in order (RC's recovery)."""
