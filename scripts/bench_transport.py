@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import multiprocessing
-import os
 import select
 import socket
 import statistics
@@ -46,9 +45,7 @@ PLANE_RATE = 400e6  # R, bits/s per link
 
 def _drain(conn, path: str, address: str) -> None:
     """A receiver in the destination's namespace that reads every datagram, as a responder does."""
-    fd = os.open(path, os.O_RDONLY)
-    netns.setns(fd)
-    os.close(fd)
+    netns.move_to(path)
     sock = udp_receiver(address)
     sock.setblocking(False)
     conn.send("ready")

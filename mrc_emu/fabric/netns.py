@@ -33,6 +33,16 @@ def setns(fd: int) -> None:
     _check(_libc.setns(fd, CLONE_NEWNET), "setns")
 
 
+def move_to(path: str | os.PathLike) -> None:
+    """Put this thread in the network namespace at `path` for good (a child process that lives
+    there); `entered` is the one that comes back."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        setns(fd)
+    finally:
+        os.close(fd)
+
+
 def netns_path(fabric: str, node: str) -> Path:
     """Where a node's namespace is named, so that `ip netns exec <fabric>-<node>` works."""
     return NETNS_DIR / f"{fabric}-{node}"

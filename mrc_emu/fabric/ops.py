@@ -76,9 +76,7 @@ def node_path(name: str, node: str) -> Path:
 def exec_in(name: str, node: str, argv: Sequence[str]) -> None:
     """Replace this process with `argv` running in the node's namespace (like ip netns exec)."""
     path = node_path(name, node)
-    fd = os.open(path, os.O_RDONLY)
-    netns.setns(fd)
-    os.close(fd)
+    netns.move_to(path)
     try:
         os.execvp(argv[0], list(argv))
     except FileNotFoundError:
