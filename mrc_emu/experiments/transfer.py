@@ -206,9 +206,7 @@ def _host_main(conn, ns_path: str, address: str, config: QpConfig, cpu: int | No
         os.sched_setaffinity(0, {cpu})
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and tells us to stop
     try:
-        fd = os.open(ns_path, os.O_RDONLY)
-        netns.setns(fd)
-        os.close(fd)
+        netns.move_to(ns_path)
         recv = udp_receiver(address)
         raw = socket.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_RAW)
     except Exception as exc:  # reported to the parent, which raises it
@@ -385,7 +383,8 @@ def run_transfers(name: str, specs: list[TransferSpec], control: Control | None 
                 deferred.append((spec.start_at, src, write))
         control.started_ns = min(started.values())
         deferred.sort(key=lambda d: d[0])
-        finals = _watch(hosts, specs, control, on_progress, linger_s, timeout_s, deferred)
+        _watch(hosts, specs, control, on_progress, linger_s, timeout_s, deferred)
+        finals: dict[str, dict] = {}
         placed = {}
         for key, spec in enumerate(specs):
             hosts[spec.dst].conn.send(("hash", key))
@@ -402,7 +401,7 @@ def run_transfers(name: str, specs: list[TransferSpec], control: Control | None 
                     placed[key]) for key, spec in enumerate(specs)]
 
 
-def _watch(hosts, specs, control, on_progress, linger_s, timeout_s, deferred) -> dict:
+def _watch(hosts, specs, control, on_progress, linger_s, timeout_s, deferred) -> None:
     """Follow the hosts' progress reports until every transfer is done (and lingering ended)."""
     primary = {k for k, s in enumerate(specs) if s.start_at is None}
     total = sum(s.size for k, s in enumerate(specs) if k in primary)
@@ -448,7 +447,6 @@ def _watch(hosts, specs, control, on_progress, linger_s, timeout_s, deferred) ->
                 break
         if now > deadline:
             raise TransferError(f"the transfers did not finish within {timeout_s:.0f} s")
-    return {}
 
 
 def _result(spec: TransferSpec, paths, req: dict, resp: dict, placed: str) -> TransferResult:
