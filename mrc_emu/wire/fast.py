@@ -99,6 +99,18 @@ def icrc(src: bytes, dst: bytes, sport: int, dport: int, roce: bytes) -> int:
 
 # ---- encapsulation -------------------------------------------------------------------------
 
+def _srh(segments: list[str] | tuple[str, ...]) -> bytes:
+    """An SRH over the inner IPv6 packet, first segment active (Segments Left = Last Entry)."""
+    n = len(segments)
+    return _SRH.pack(NH_IPV6, 2 * n, 4, n - 1, n - 1, 0, 0) + b"".join(_packed(s) for s in reversed(segments))
+
+
+def _outer_ipv6(src: str, dst: str, flow_label: int) -> bytes:
+    """The outer IPv6 header, followed by an SRH; payload length zero (patched per frame)."""
+    return _IPV6.pack((6 << 28) | (fmt.TRAFFIC_CLASS << 20) | flow_label, 0, NH_ROUTING, fmt.OUTER_HOP_LIMIT,
+                      _packed(src), _packed(dst))
+
+
 @dataclass(frozen=True)
 class Encap:
     """The outer headers of one EV format for one path (empty for the UDP format)."""
@@ -108,22 +120,15 @@ class Encap:
 
     @classmethod
     def srv6(cls, src: str, segments: list[str] | tuple[str, ...], flow_label: int = 0) -> Encap:
-        n = len(segments)
-        srh = _SRH.pack(NH_IPV6, 2 * n, 4, n - 1, n - 1, 0, 0) + b"".join(
-            _packed(s) for s in reversed(segments)
-        )
-        ipv6 = _IPV6.pack((6 << 28) | (fmt.TRAFFIC_CLASS << 20) | flow_label, 0, NH_ROUTING,
-                          fmt.OUTER_HOP_LIMIT, _packed(src), _packed(segments[0]))
-        return cls(ipv6 + srh, len(srh))
+        srh = _srh(segments)
+        return cls(_outer_ipv6(src, segments[0], flow_label) + srh, len(srh))
 
     @classmethod
     def usid(cls, src: str, carrier: str, final: str, flow_label: int = 0) -> Encap:
         """Carrier in the destination, plus a one-segment SRH (Segments Left 0) naming `final`,
         so the destination host's kernel decapsulates it like any spent SRH."""
-        srh = _SRH.pack(NH_IPV6, 2, 4, 0, 0, 0, 0) + _packed(final)
-        ipv6 = _IPV6.pack((6 << 28) | (fmt.TRAFFIC_CLASS << 20) | flow_label, 0, NH_ROUTING,
-                          fmt.OUTER_HOP_LIMIT, _packed(src), _packed(carrier))
-        return cls(ipv6 + srh, len(srh))
+        srh = _srh([final])
+        return cls(_outer_ipv6(src, carrier, flow_label) + srh, len(srh))
 
     @classmethod
     def udp(cls) -> Encap:
