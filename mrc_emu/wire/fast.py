@@ -228,14 +228,12 @@ class FrameTemplate:
         The frame is patched into a buffer this template keeps per length and QP: it is valid
         until the next `write` of the same shape. Send it (or copy it) at once.
         """
-        e = self._cache.get((imm is None, len(payload), pkey, dest_qp))
-        if e is not None and self.native:  # the data path: everything else happens in C
-            return _patch(e.head, (ack_req << 31) | (psn & 0xFFFFFF), va, rkey, imm, payload)
         length = len(payload)
+        e = self._cache.get((imm is None, length, pkey, dest_qp))
         if e is None:
             e = self._prepared(_WRITE_ONLY if imm is None else _WRITE_IMM, length, pkey, dest_qp)
         psn_word = (ack_req << 31) | (psn & 0xFFFFFF)
-        if self.native:
+        if self.native:  # everything else happens in C
             return _patch(e.head, psn_word, va, rkey, imm, payload)
         frame = e.frame
         if imm is None:
@@ -276,9 +274,6 @@ class FrameTemplate:
         if isinstance(packet, DataPacket):
             return self.data(packet)
         return self.frame(encode_roce(packet))
-
-
-_PADS = (b"", b"\0", b"\0\0", b"\0\0\0")  # indexed by the pad count
 
 
 def ones_sum_of(payload: bytes | memoryview) -> int:
