@@ -14,7 +14,6 @@ import select
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 from pyroute2 import IPRoute
 
@@ -200,8 +199,3 @@ def wait_operational(name: str, topo: Topology, links: list, timeout: float = 5.
             raise FabricSetupError(f"links did not come up within {timeout:.0f} s: {wanted}")
         select.select([], [], [], 0.01)
 
-
-def namespace_of(name: str, node: str) -> Path:
-    topo = load_topology(name)
-    topo.node(node)
-    return netns.netns_path(name, node)

@@ -80,10 +80,6 @@ def link_address(link: Link, node: str) -> str:
     return _addr(0xFC00, 0xF, link.link_id, 0, 0, 0, 0, 1 if node == link.a else 2)
 
 
-def link_prefix(link: Link) -> str:
-    return _addr(0xFC00, 0xF, link.link_id) + "/64"
-
-
 def usid_carrier(node_ids: list[int], final_function: int | None = None) -> str:
     """A NEXT-C-SID carrier: the block then each uSID in path order, then a local function."""
     usids = list(node_ids) + ([final_function] if final_function is not None else [])

@@ -39,9 +39,6 @@ class Opcode(IntEnum):
     CNP = 0x81
 
 
-DATA_OPCODES = (Opcode.RDMA_WRITE_ONLY, Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE)
-
-
 class Syndrome(IntEnum):
     """AETH syndrome: bits 6:5 = 00 ACK, 11 NAK with the code in the low bits."""
 
