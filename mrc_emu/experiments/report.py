@@ -92,6 +92,12 @@ def _goodput(timeline: list, bin_ms: float = 5.0) -> tuple[list[float], list[flo
     return xs, ys
 
 
+def _save(plt, fig, path: Path) -> str:
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return str(path)
+
+
 def plots(results: dict[str, Any], out_dir: Path) -> dict[str, str]:
     import matplotlib
 
@@ -129,9 +135,7 @@ def plots(results: dict[str, Any], out_dir: Path) -> dict[str, str]:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, ncol=5, loc="lower right")
     fig.tight_layout()
-    files["goodput"] = str(out_dir / "goodput.png")
-    fig.savefig(files["goodput"], dpi=110)
-    plt.close(fig)
+    files["goodput"] = _save(plt, fig, out_dir / "goodput.png")
     # 2. MRC's spray share per EV over time
     mrc = runs.get("mrc")
     if mrc and mrc["transfers"][0]["ev_timeline"]:
@@ -157,9 +161,7 @@ def plots(results: dict[str, Any], out_dir: Path) -> dict[str, str]:
         ax.set_title("MRC spray: share of packets per EV", fontsize=10)
         ax.legend(fontsize=7, ncol=4, loc="lower right")
         fig.tight_layout()
-        files["spray_share"] = str(out_dir / "spray_share.png")
-        fig.savefig(files["spray_share"], dpi=110)
-        plt.close(fig)
+        files["spray_share"] = _save(plt, fig, out_dir / "spray_share.png")
     # 3. recovery and completion, side by side
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.4))
     names = list(runs)
@@ -176,9 +178,7 @@ def plots(results: dict[str, Any], out_dir: Path) -> dict[str, str]:
     for i, v in enumerate(comps):
         ax2.text(i, v, f"{v:.0f}", ha="center", va="bottom", fontsize=9)
     fig.tight_layout()
-    files["recovery"] = str(out_dir / "recovery.png")
-    fig.savefig(files["recovery"], dpi=110)
-    plt.close(fig)
+    files["recovery"] = _save(plt, fig, out_dir / "recovery.png")
     return files
 
 
