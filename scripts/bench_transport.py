@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import multiprocessing
 import select
-import socket
 import statistics
 import sys
 import time
@@ -30,11 +29,10 @@ from mrc_emu.experiments import metrics
 from mrc_emu.experiments.fault_agent import LinkFaultAgent
 from mrc_emu.experiments.transfer import Control, send
 from mrc_emu.fabric import build, netns, ops
-from mrc_emu.topology import addressing as ad
-from mrc_emu.topology import builtin, evs_between, from_dict
+from mrc_emu.topology import builtin, from_dict
 from mrc_emu.transport.link import udp_receiver
-from mrc_emu.wire import fast
-from mrc_emu.wire.format import DataPacket, Endpoints
+from mrc_emu.transport.paths import qp_paths
+from mrc_emu.wire.format import DataPacket
 
 MiB = 1024 * 1024
 SIZE = 64 * MiB
@@ -71,14 +69,12 @@ def ceiling_pps(name: str, topo, sprayed: bool, n: int = 30_000) -> dict:
     everything, as the transfer's frames go: like for like (spraying costs the sender route
     look-ups, and delivering to a reader costs wake-ups, about 25 % together on this VM).
     """
-    evs = evs_between(topo, "h0", "h2") if sprayed else evs_between(topo, "h0", "h2")[:1]
-    src, dst = ad.host_address(topo, "h0"), ad.host_address(topo, "h2")
-    frames = []
-    for ev in evs:
-        template = fast.FrameTemplate(Endpoints(src, dst, ev.udp_sport), fast.Encap.srv6(src, ev.segments))
-        frames.append((bytes(template.data(DataPacket(1, 1, 0x1000, 7, bytes(MTU)))), (ev.segments[0], 0)))
-    with netns.entered(ops.node_path(name, "h0")):
-        raw = socket.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_RAW)
+    paths = qp_paths(topo, "h0", "h2")  # the transfer's own frame templates and first hops
+    dst = paths.dst_address
+    chosen = list(paths.forward.values()) if sprayed else [paths.forward[0]]
+    frames = [(bytes(p.template.data(DataPacket(1, 1, 0x1000, 7, bytes(MTU)))), p.addr) for p in chosen]
+    raw, unused = ops.host_sockets(name, "h0")
+    unused.close()
     ctx = multiprocessing.get_context("fork")
     parent, child = ctx.Pipe()
     reader = None
