@@ -20,10 +20,10 @@ import time
 from scapy.compat import raw
 
 from mrc_emu.fabric import build, ops
-from mrc_emu.topology import addressing as ad
-from mrc_emu.topology import builtin, evs_between
+from mrc_emu.topology import builtin
+from mrc_emu.transport.paths import qp_paths
 from mrc_emu.wire import fast, layers
-from mrc_emu.wire.format import DataPacket, Endpoints
+from mrc_emu.wire.format import DataPacket
 
 PAYLOAD = 1024
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 30_000
@@ -39,14 +39,13 @@ def main() -> None:
     name = "benchw"
     build.up(topo, name)
     try:
-        ev = evs_between(topo, "h0", "h2")[0]
-        src, dst = ad.host_address(topo, "h0"), ad.host_address(topo, "h2")
-        ends = Endpoints(src, dst, ev.udp_sport)
-        template = fast.FrameTemplate(ends, fast.Encap.srv6(src, ev.segments))
+        paths = qp_paths(topo, "h0", "h2")  # EV 0's template and first hop, as a requester has them
+        ev, path = paths.evs[0], paths.forward[0]
+        template, ends = path.template, path.template.ends
         payload = bytes(range(256)) * (PAYLOAD // 256)
         send, recv = ops.host_sockets(name, "h0")
         recv.close()
-        first_hop = (ev.segments[0], 0)
+        first_hop = path.addr
         packets = [DataPacket(1, psn & 0xFFFFFF, 0x10000 + psn * PAYLOAD, 7, payload) for psn in range(N)]
         # the source buffer of one WRITE, segmented as the requester does it
         source = memoryview(payload * N)
