@@ -11,11 +11,13 @@
  * one call per batch leaves that time to the transport.
  *
  * recv_batch(fd, max_count) -> list of (payload: bytes, src: bytes (16, packed IPv6),
- *                                       sport: int, arrival_realtime_ns: int)
+ *                                       sport: int, arrival_realtime_ns: int, tclass: int)
  *   Non-blocking; [] when nothing waits. arrival is CLOCK_REALTIME (0 when the socket has no
- *   SO_TIMESTAMPNS); the caller maps it to its own clock. Raises OSError on other errors.
+ *   SO_TIMESTAMPNS); the caller maps it to its own clock. tclass is the IPv6 traffic class
+ *   the datagram arrived with (its low two bits are ECN), -1 when not known. Raises OSError
+ *   on other errors.
  *
- * enable_timestamps(fd): setsockopt SO_TIMESTAMPNS on a socket.
+ * enable_stamps(fd): SO_TIMESTAMPNS and IPV6_RECVTCLASS on a socket.
  *
  * send_loop(fd, frames, addrs, count, batch) -> sent
  *   Sends frames[i % len(frames)] to addrs[i % len(frames)] (packed IPv6, 16 bytes) until
@@ -35,7 +37,7 @@
 #define SLOT_BYTES 9216 /* the largest frame a fabric MTU of 9000 can deliver */
 
 static unsigned char slots[MAX_BATCH][SLOT_BYTES];
-static char controls[MAX_BATCH][CMSG_SPACE(sizeof(struct timespec))];
+static char controls[MAX_BATCH][CMSG_SPACE(sizeof(struct timespec)) + CMSG_SPACE(sizeof(int))];
 
 static PyObject *recv_batch(PyObject *self, PyObject *args) {
     int fd, max_count;
@@ -70,19 +72,22 @@ static PyObject *recv_batch(PyObject *self, PyObject *args) {
         return NULL;
     for (int i = 0; i < got; i++) {
         long long arrival = 0;
+        int tclass = -1;
         for (struct cmsghdr *c = CMSG_FIRSTHDR(&msgs[i].msg_hdr); c != NULL; c = CMSG_NXTHDR(&msgs[i].msg_hdr, c)) {
             if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_TIMESTAMPNS) {
                 struct timespec ts;
                 memcpy(&ts, CMSG_DATA(c), sizeof(ts));
                 arrival = (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+            } else if (c->cmsg_level == IPPROTO_IPV6 && c->cmsg_type == IPV6_TCLASS) {
+                memcpy(&tclass, CMSG_DATA(c), sizeof(int));
             }
         }
         unsigned len = msgs[i].msg_len;
         if (len > SLOT_BYTES)
             len = SLOT_BYTES; /* truncated: the decoder sees a short datagram and drops it */
-        PyObject *item = Py_BuildValue("(y#y#iL)", (const char *)slots[i], (Py_ssize_t)len,
+        PyObject *item = Py_BuildValue("(y#y#iLi)", (const char *)slots[i], (Py_ssize_t)len,
                                        (const char *)&names[i].sin6_addr, (Py_ssize_t)16,
-                                       (int)ntohs(names[i].sin6_port), arrival);
+                                       (int)ntohs(names[i].sin6_port), arrival, tclass);
         if (item == NULL) {
             Py_DECREF(out);
             return NULL;
@@ -92,11 +97,13 @@ static PyObject *recv_batch(PyObject *self, PyObject *args) {
     return out;
 }
 
-static PyObject *enable_timestamps(PyObject *self, PyObject *args) {
+static PyObject *enable_stamps(PyObject *self, PyObject *args) {
     int fd, on = 1;
     if (!PyArg_ParseTuple(args, "i", &fd))
         return NULL;
     if (setsockopt(fd, SOL_SOCKET, SO_TIMESTAMPNS, &on, sizeof(on)) < 0)
+        return PyErr_SetFromErrno(PyExc_OSError);
+    if (setsockopt(fd, IPPROTO_IPV6, IPV6_RECVTCLASS, &on, sizeof(on)) < 0)
         return PyErr_SetFromErrno(PyExc_OSError);
     Py_RETURN_NONE;
 }
@@ -173,7 +180,7 @@ static PyObject *send_loop(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"recv_batch", recv_batch, METH_VARARGS, "Up to max_count waiting datagrams with their arrival times."},
-    {"enable_timestamps", enable_timestamps, METH_VARARGS, "SO_TIMESTAMPNS on a socket."},
+    {"enable_stamps", enable_stamps, METH_VARARGS, "SO_TIMESTAMPNS and IPV6_RECVTCLASS on a socket."},
     {"send_loop", send_loop, METH_VARARGS, "Send pre-built frames with sendmmsg (the physical reference)."},
     {NULL, NULL, 0, NULL},
 };

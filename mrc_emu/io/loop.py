@@ -172,7 +172,7 @@ class Port:
         self.stamped = False
         if _sockio is not None:
             try:
-                _sockio.enable_timestamps(self.fd)
+                _sockio.enable_stamps(self.fd)
                 self.stamped = True
             except OSError:
                 pass
@@ -214,7 +214,7 @@ class Port:
                 if not batch:
                     return n, None
                 seen = clock.now()
-                for payload, src, sport, real_ns in batch:
+                for payload, src, sport, real_ns, _tclass in batch:
                     at = clock.from_realtime(real_ns) if real_ns else seen
                     if at > seen:
                         at = seen
