@@ -21,7 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from ..wire import fast
+from ..wire.decoder import open_frame
+from ..wire.encoder import FrameTemplate
 from ..wire.format import DropReason
 
 
@@ -31,7 +32,7 @@ class Path:
 
     ev: int
     first_hop: str  # the outer destination address (first segment, carrier, or the host itself)
-    template: fast.FrameTemplate
+    template: FrameTemplate
     legs: int = 1  # how often the frame crosses the EV: 2 for an EV probe (out and back)
     addr: tuple[str, int] = field(init=False, repr=False)  # what sendto takes, built once
 
@@ -115,7 +116,7 @@ class MemoryNetwork:
             start = max(self.now, f.busy_until)
             f.busy_until = start + int(len(data) * 8e9 / f.rate_bps)
             delay += f.busy_until - self.now
-        opened = fast.open_frame(data)
+        opened = open_frame(data)
         if isinstance(opened, DropReason):
             self.dropped_invalid[opened] = self.dropped_invalid.get(opened, 0) + 1
             return True

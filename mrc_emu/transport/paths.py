@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from ..topology import Topology, evs_between, probe_segments
 from ..topology import addressing as ad
 from ..topology.evs import Ev, EvFormat
-from ..wire.fast import Encap, FrameTemplate
+from ..wire.encoder import Encap, FrameTemplate
 from ..wire.format import Endpoints
 from .link import Path
 

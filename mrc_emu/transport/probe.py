@@ -16,7 +16,8 @@ import socket
 import time
 from dataclasses import dataclass
 
-from ..wire import fast
+from ..wire.decoder import decode_roce
+from ..wire.encoder import FrameTemplate
 from ..wire.format import Endpoints, ProbePacket
 
 _ids = itertools.count(int.from_bytes(os.urandom(3), "big") << 8)
@@ -26,7 +27,7 @@ _ids = itertools.count(int.from_bytes(os.urandom(3), "big") << 8)
 class ProbeRequest:
     ev: int
     first_hop: str  # outer destination address: where the raw socket routes the frame
-    template: fast.FrameTemplate
+    template: FrameTemplate
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,7 @@ def probe(send_sock: socket.socket, recv_sock: socket.socket, requests: list[Pro
         sport, dport = int.from_bytes(data[0:2], "big"), int.from_bytes(data[2:4], "big")
         # a raw socket receives the UDP header; the ICRC check needs the inner addresses
         ends = Endpoints(addr[0], requests[0].template.ends.src, sport, dport) if requests else None
-        decoded = fast.decode_roce(data[8:], ends)
+        decoded = decode_roce(data[8:], ends)
         if isinstance(decoded, ProbePacket) and decoded.probe_id in pending:
             ev, sent = pending.pop(decoded.probe_id)
             rtts[ev] = now - sent

@@ -20,8 +20,9 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..wire import fast
 from ..wire import format as fmt
+from ..wire.decoder import decode_udp
+from ..wire.encoder import payload_sums
 from ..wire.format import AckPacket, DataPacket, DropReason, ProbePacket, Syndrome
 from .cc import CcProfile, make_cc
 from .ev import EvProfile, EvState
@@ -255,7 +256,7 @@ class Requester(_Counts):
         if len(view) == 0:
             raise ValueError("a WRITE carries at least one byte")
         # the pure-Python encoder takes the payload word sums computed here in bulk; the C one sums itself
-        sums = None if self._native else fast.payload_sums(view, self.config.mtu)
+        sums = None if self._native else payload_sums(view, self.config.mtu)
         wr = WriteRequest(next(self._wr_ids), view, remote_va, rkey, imm, sums, posted_ns=now)
         self.queue.append(wr)
         self.active.append(wr)
@@ -272,7 +273,7 @@ class Requester(_Counts):
     # ---- receiving -----------------------------------------------------------------------
 
     def on_datagram(self, payload: bytes | memoryview, src: bytes, sport: int, now: int) -> None:
-        packet = fast.decode_udp(payload, src, self.address, sport)
+        packet = decode_udp(payload, src, self.address, sport)
         if isinstance(packet, DropReason):
             self._drop(packet.value)
         elif isinstance(packet, AckPacket):
@@ -740,7 +741,7 @@ class Responder(_Counts):
                              self.config.pkey, pd)
 
     def on_datagram(self, payload: bytes | memoryview, src: bytes, sport: int, now: int) -> None:
-        packet = fast.decode_udp(payload, src, self.address, sport)
+        packet = decode_udp(payload, src, self.address, sport)
         if isinstance(packet, DropReason):
             self._drop(packet.value)
             return
