@@ -12,12 +12,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from mrc_emu.io.memory import MemoryNetwork
+from mrc_emu.io.sockets import SocketLink
 from mrc_emu.topology import builtin
 from mrc_emu.topology.evs import EvFormat
 from mrc_emu.transport import qp
 from mrc_emu.transport.cc import Nscc, NsccParams
 from mrc_emu.transport.ev import EvProfile, EvState
-from mrc_emu.transport.link import MemoryNetwork, SocketLink
 from mrc_emu.transport.paths import qp_paths
 from mrc_emu.transport.qp import QpConfig, Requester, Responder, psn_abs
 from mrc_emu.wire.format import DataPacket

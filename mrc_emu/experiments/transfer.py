@@ -34,10 +34,10 @@ from typing import Any
 
 from ..fabric import netns, ops, registry
 from ..fabric.build import load_topology
+from ..io.sockets import SocketLink, run_socket, udp_receiver
 from ..topology.evs import EvFormat
 from ..transport.cc import make_cc
 from ..transport.ev import EvState
-from ..transport.link import SocketLink, run_socket, udp_receiver
 from ..transport.paths import qp_paths
 from ..transport.qp import QpConfig, Requester, Responder
 

@@ -9,7 +9,7 @@ EVs ASSUMED_BAD and revives them with EV probes. The responder checks every pack
 and acknowledges with a SACK bitmap over the MPR window.
 
 Both are sans-IO state machines: datagrams in (`on_datagram`), frames out (`pump`), time
-passed in as `now` (ns). link.py drives them over memory or over sockets.
+passed in as `now` (ns). mrc_emu.io drives them over memory or over sockets.
 """
 
 from __future__ import annotations
@@ -20,13 +20,14 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..topology.evs import ev_of_sport
 from ..wire import format as fmt
 from ..wire.decoder import decode_udp
 from ..wire.encoder import payload_sums
 from ..wire.format import AckPacket, DataPacket, DropReason, ProbePacket, Syndrome
 from .cc import CcProfile, make_cc
 from .ev import EvProfile, EvState
-from .link import Path, Send
+from .paths import Path, Send
 
 try:  # the C send loop for first transmissions (optional; see _spray.c)
     from . import _spray
@@ -755,7 +756,7 @@ class Responder(_Counts):
         if packet.pkey != qp.pkey:
             self._drop("bad_pkey")
             return
-        ev = sport - 0xC000
+        ev = ev_of_sport(sport)
         psn = psn_abs(packet.psn, qp.epsn)
         offset = psn - qp.epsn
         qp.echo_psn, qp.echo_ev, qp.ecn = packet.psn, ev, packet.ecn_ce

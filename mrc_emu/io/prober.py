@@ -1,16 +1,17 @@
-"""EV probes: send one probe along each EV and time its return.
+"""EV probes over sockets: send one probe along each EV and time its return.
 
-Why it exists: MRC revives an ASSUMED_BAD EV only when a probe of exactly that path
-comes back, and users check a fabric path by path the same way. A probe's segment list
-goes out along the EV and back along its reverse, turned around by the destination
-host's kernel (End SID), so no responder process is needed. This module sees sockets
-and bytes only; which namespace the sockets live in is the caller's business.
+Why it exists: users check a fabric path by path (`mrc-emu probe`), the way MRC revives an
+ASSUMED_BAD EV: a probe of exactly that path comes back or it does not. A probe's segment
+list goes out along the EV and back along its reverse, turned around by the destination
+host's kernel (End SID), so no responder process is needed. This module sees sockets and
+bytes only; which namespace the sockets live in is the caller's business. (A requester's
+own probes are transport/probing.py's.)
 """
 
 from __future__ import annotations
 
 import itertools
-import os
+import secrets
 import select
 import socket
 import time
@@ -20,7 +21,7 @@ from ..wire.decoder import decode_roce
 from ..wire.encoder import FrameTemplate
 from ..wire.format import Endpoints, ProbePacket
 
-_ids = itertools.count(int.from_bytes(os.urandom(3), "big") << 8)
+_ids = itertools.count(secrets.randbits(24) << 8)
 
 
 @dataclass(frozen=True)
