@@ -24,6 +24,7 @@ import itertools
 import multiprocessing
 import multiprocessing.connection
 import os
+import secrets
 import signal
 import socket
 import threading
@@ -37,9 +38,11 @@ from ..fabric.build import load_topology
 from ..io.sockets import SocketLink, run_socket, udp_receiver
 from ..topology.evs import EvFormat
 from ..transport.cc import make_cc
+from ..transport.config import QpConfig
 from ..transport.ev import EvState
 from ..transport.paths import qp_paths
-from ..transport.qp import QpConfig, Requester, Responder
+from ..transport.requester import Requester
+from ..transport.responder import Responder
 
 PR_SET_PDEATHSIG = 1
 TIMELINE_TICK_NS = 1_000_000  # goodput timeline resolution
@@ -214,7 +217,7 @@ def _host_main(conn, ns_path: str, address: str, config: QpConfig, cpu: int | No
         return
     packed = socket.inet_pton(socket.AF_INET6, address)
     mux = HostMux(packed)
-    responder = Responder(packed, config)
+    responder = Responder(packed, config, random_bits=secrets.randbits)
     regions: dict[int, Any] = {}
     jobs: dict[int, _Job] = {}
     counters_before = _kernel_udp_counters()
@@ -239,7 +242,7 @@ def _host_main(conn, ns_path: str, address: str, config: QpConfig, cpu: int | No
             data = os.urandom(size)
             digest = hashlib.sha256(data).hexdigest()  # before the clock starts: hashing is not the transfer
             requester = Requester(packed, qpn, dest_qp, forward, probes, cfg, make_cc(cc, cfg.mtu),
-                                  start_psn=start_psn, ev_min_active=ev_min_active)
+                                  start_psn=start_psn, ev_min_active=ev_min_active, random_bits=secrets.randbits)
             now = time.monotonic_ns()
             requester.post_write(data, mr["va"], mr["rkey"], imm, now=now)
             jobs[key] = _Job(key, requester, size, digest, now)

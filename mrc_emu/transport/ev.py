@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
+from .rtt import RttEstimator
+
 
 class EvState(str, Enum):
     GOOD = "GOOD"
@@ -43,9 +45,7 @@ class EvStats:
 
     index: int
     state: EvState = EvState.GOOD
-    srtt_ns: float = 0.0  # smoothed RTT (0 = no sample yet)
-    rttvar_ns: float = 0.0
-    min_rtt_ns: int = 0
+    rtt: RttEstimator = field(default_factory=RttEstimator, repr=False)  # the EV's one RTT estimator
     loss: float = 0.0  # EWMA of the per-packet loss outcome (1 lost, 0 delivered)
     ecn: float = 0.0  # EWMA of the ECN echo per acknowledged packet
     packets_sent: int = 0
@@ -56,6 +56,19 @@ class EvStats:
     last_delivered_sent_ns: int = -1  # send time of the latest-sent packet known delivered on this EV
     probe_due_ns: int = 0
     probes_sent: int = 0
+
+    @property
+    def srtt_ns(self) -> float:
+        """Smoothed RTT (0: no sample yet)."""
+        return self.rtt.srtt_ns
+
+    @property
+    def rttvar_ns(self) -> float:
+        return self.rtt.rttvar_ns
+
+    @property
+    def min_rtt_ns(self) -> int:
+        return self.rtt.min_rtt_ns
 
     def to_dict(self) -> dict:
         return {
@@ -70,7 +83,6 @@ class EvStats:
 
 LOSS_GAIN = 1 / 32
 ECN_GAIN = 1 / 16
-RTT_GAIN = 1 / 8
 SCHEDULE_SLOTS_PER_EV = 8
 REWEIGH_CYCLES = 4
 
@@ -132,13 +144,7 @@ class EvProfile:
     def on_rtt(self, ev: int, rtt_ns: int, ecn: bool | None) -> None:
         """An RTT sample of `ev`, and the ECN echo of the packet it came from (None: not known)."""
         s = self.evs[ev]
-        if s.srtt_ns == 0:
-            s.srtt_ns, s.rttvar_ns = float(rtt_ns), rtt_ns / 2
-        else:
-            s.rttvar_ns += RTT_GAIN * (abs(s.srtt_ns - rtt_ns) - s.rttvar_ns)
-            s.srtt_ns += RTT_GAIN * (rtt_ns - s.srtt_ns)
-        if s.min_rtt_ns == 0 or rtt_ns < s.min_rtt_ns:
-            s.min_rtt_ns = rtt_ns
+        s.rtt.update(rtt_ns)
         if ecn is not None:
             s.ecn += ECN_GAIN * ((1.0 if ecn else 0.0) - s.ecn)
 
@@ -175,7 +181,8 @@ class EvProfile:
         microseconds come and go on every path, and chasing them moves load back and forth
         between planes and leaves one idle while the other drains."""
         s = self.evs[ev]
-        excess = max(0.0, s.srtt_ns - best_srtt - self.target_delay_ns / 2) if s.srtt_ns else 0.0
+        srtt = s.rtt.srtt_ns
+        excess = max(0.0, srtt - best_srtt - self.target_delay_ns / 2) if srtt else 0.0
         return 1.0 / ((1.0 + 20.0 * s.loss) * (1.0 + 4.0 * s.ecn) * (1.0 + excess / self.target_delay_ns))
 
     def reweigh(self) -> None:
@@ -188,7 +195,9 @@ class EvProfile:
         less than a weighted round robin picking slot by slot (this runs every few hundred packets).
         """
         good = self.good() or [k for k, s in self.evs.items() if s.state is not EvState.DENIED] or self.indexes
-        samples = [self.evs[k].srtt_ns for k in good if self.evs[k].srtt_ns]
+        self._cursor = 0
+        self._dirty = False
+        samples = [self.evs[k].rtt.srtt_ns for k in good if self.evs[k].rtt.srtt_ns]
         best = min(samples) if samples else 0.0
         weights = [self.weight(k, best) for k in good]
         total = sum(weights)
@@ -199,10 +208,7 @@ class EvProfile:
             offset = i / (len(good) * slots)
             positions += [((j + 0.5) / slots + offset, k) for j in range(slots)]
         positions.sort()
-        schedule = [k for _, k in positions]
-        self.schedule = schedule
-        self._cursor = 0
-        self._dirty = False
+        self.schedule = [k for _, k in positions]
 
     def schedule_at(self) -> tuple[list[int], int]:
         """The spray schedule, rebuilt if anything changed, and the cursor into it: the next EV
