@@ -383,6 +383,35 @@ def test_hostile_peer_neither_corrupts_memory_nor_stalls_another_qp():
     assert requester.retransmits == 0
 
 
+def test_one_responder_serves_mrc_and_go_back_n_qps_at_once():
+    """Recovery is per QP: an MRC QP sprayed over seven EVs of different delays (its packets arrive
+    out of PSN order, and are placed as they come: no retransmission) and a go-back-N QP on a lossy
+    EV 0 (out-of-sequence packets dropped and NAKed, then resent) write into one responder at once."""
+    mrc, gbn = QpConfig(mtu=1024), QpConfig.baseline(mtu=1024, ack_timeout_exp=10)
+    responder = Responder(DST, mrc, random_bits=bits(1))
+    sprayed, in_order = bytearray(150_000), bytearray(60_000)
+    mr_sprayed, mr_in_order = responder.register(sprayed, pd=1), responder.register(in_order, va=0x2000_0000, pd=2)
+    other = qp_paths(TOPO, "h1", "h2")
+    h1 = socket.inet_pton(socket.AF_INET6, other.src_address)
+    responder.accept(0x22, 0x11, 0, PATHS.back, peer=SRC, pd=1)  # the responder's own config: MRC
+    responder.accept(0x44, 0x33, 0, {0: other.back[0]}, peer=h1, pd=2, config=gbn)
+    spray_paths = {k: p for k, p in PATHS.forward.items() if k != 0}
+    requester_mrc = Requester(SRC, 0x11, 0x22, spray_paths, PATHS.probes, mrc, random_bits=bits(2))
+    requester_gbn = Requester(h1, 0x33, 0x44, {0: other.forward[0]}, None, gbn, random_bits=bits(3))
+    data_mrc, data_gbn = os.urandom(len(sprayed)), os.urandom(len(in_order))
+    requester_mrc.post_write(data_mrc, mr_sprayed.va, mr_sprayed.rkey)
+    requester_gbn.post_write(data_gbn, mr_in_order.va, mr_in_order.rkey)
+    net = MemoryNetwork(4)
+    net.fault(0).loss = 0.05
+    for k in range(1, 8):
+        net.fault(k).delay_ns = 20_000 * k
+    assert net.run([requester_mrc, requester_gbn, responder], lambda: requester_mrc.done and requester_gbn.done)
+    assert requester_mrc.error is None and requester_gbn.error is None
+    assert sprayed == data_mrc and in_order == data_gbn
+    assert requester_mrc.retransmits == 0  # nothing of the sprayed QP was refused for arriving early
+    assert responder.drops["out_of_sequence"] > 0 and requester_gbn.retransmits > 0
+
+
 def test_remote_access_error_fails_the_write_clearly():
     requester, responder, mr, buffer = pair(8192)
     requester.post_write(b"x" * 4000, mr.va + 6000, mr.rkey)  # runs past the region's end

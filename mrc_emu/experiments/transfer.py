@@ -233,8 +233,9 @@ def _host_main(conn, ns_path: str, address: str, config: QpConfig, cpu: int | No
             regions[key] = mr
             conn.send(("registered", (key, mr.to_dict())))
         elif kind == "accept":
-            _, qpn, peer_qpn, start_psn, back, peer, pd = msg
-            responder.accept(qpn, peer_qpn, start_psn, back, peer=socket.inet_pton(socket.AF_INET6, peer), pd=pd)
+            _, qpn, peer_qpn, start_psn, back, peer, pd, cfg = msg
+            responder.accept(qpn, peer_qpn, start_psn, back, peer=socket.inet_pton(socket.AF_INET6, peer), pd=pd,
+                             config=cfg)
             mux.add(qpn, responder)
             conn.send(("accepted", qpn))
         elif kind == "write":
@@ -375,7 +376,7 @@ def run_transfers(name: str, specs: list[TransferSpec], control: Control | None 
             dst, src = hosts[spec.dst], hosts[spec.src]
             dst.conn.send(("register", key, spec.size))
             _, (_, mr) = dst.expect({"registered"})
-            dst.conn.send(("accept", qpn_resp, qpn_req, start_psn, paths.back, paths.src_address, key))
+            dst.conn.send(("accept", qpn_resp, qpn_req, start_psn, paths.back, paths.src_address, key, spec.config))
             dst.expect({"accepted"})
             write = ("write", key, qpn_req, qpn_resp, paths.forward, paths.probes, spec.config, spec.cc,
                      spec.ev_min_active, start_psn, mr, spec.size, spec.imm)

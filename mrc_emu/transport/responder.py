@@ -3,8 +3,9 @@
 Why it exists: MRC places each packet straight into the registered buffer at its own
 address, in whatever order packets arrive, so the responder must check every one (QPN, peer
 address, P_Key, PSN window, R_Key and protection domain, bounds) before it writes a byte, and
-acknowledge with a SACK bitmap over the MPR window. One responder serves any number of QPs.
-A sans-IO state machine: datagrams in
+acknowledge with a SACK bitmap over the MPR window. One responder serves any number of QPs,
+each with its own attributes (QpConfig): MRC QPs (selective) and go-back-N QPs (RoCEv2 RC,
+which accept only the expected PSN) side by side. A sans-IO state machine: datagrams in
 (`on_datagram`), ACK frames out (`pump`), time passed in as `now` (ns); R_Keys come from an
 injected random source.
 """
@@ -89,7 +90,7 @@ class Responder:
 
     def __init__(self, address: bytes, config: QpConfig | None = None, *, random_bits: RandomBits) -> None:
         self.address = address
-        self.config = config or QpConfig()
+        self.config = config or QpConfig()  # the attributes of QPs accepted without their own
         self.regions: dict[int, MemoryRegion] = {}
         self.qps: dict[int, _RQp] = {}
         self.completions: list[ImmCompletion] = []
@@ -109,10 +110,12 @@ class Responder:
         return mr
 
     def accept(self, qpn: int, peer_qpn: int, start_psn: int, paths_back: dict[int, Path],
-               peer: bytes | None = None, pd: int = 0) -> None:
+               peer: bytes | None = None, pd: int = 0, config: QpConfig | None = None) -> None:
+        """Accept QP `qpn` from the requester's `peer_qpn`, starting at `start_psn`, with its own
+        attributes `config` (the requester's; default: the responder's)."""
         if not paths_back:
             raise ValueError("a responder QP needs at least one path back to the requester")
-        self.qps[qpn] = _RQp(qpn, peer_qpn, peer, start_psn, start_psn, paths_back, self.config, pd)
+        self.qps[qpn] = _RQp(qpn, peer_qpn, peer, start_psn, start_psn, paths_back, config or self.config, pd)
 
     def on_datagram(self, payload: bytes | memoryview, src: bytes, sport: int, now: int) -> None:
         packet = decode_udp(payload, src, self.address, sport)
