@@ -21,7 +21,7 @@ from mrc_emu.transport import recovery
 from mrc_emu.transport import requester as requester_module
 from mrc_emu.transport.cc import Nscc, NsccParams
 from mrc_emu.transport.config import QpConfig, psn_abs
-from mrc_emu.transport.ev import EvProfile, EvState
+from mrc_emu.transport.ev import EvState
 from mrc_emu.transport.paths import qp_paths
 from mrc_emu.transport.requester import Requester
 from mrc_emu.transport.responder import Responder
@@ -464,22 +464,6 @@ def test_nscc_shrinks_on_delay_and_grows_without():
     shrunk = cc.cwnd
     cc.on_acked(20_001, 0, 4096, 500_000, 500_000, False)  # at most one decrease per RTT
     assert cc.cwnd == shrunk
-
-
-def test_ev_min_active_keeps_the_last_evs_good():
-    profile = EvProfile([0, 1, 2], ev_min_active=2)
-    for _ in range(5):
-        profile.on_lost(0, 1, "test")
-        profile.on_lost(1, 1, "test")
-    assert [profile.evs[k].state for k in (0, 1, 2)].count(EvState.GOOD) == 2
-
-
-def test_spray_is_weighted_and_interleaved():
-    profile = EvProfile([0, 1, 2, 3])
-    profile.evs[3].loss = 0.1
-    picks = [profile.pick() for _ in range(320)]
-    assert all(a != b for a, b in zip(picks, picks[1:]))  # no EV twice in a row
-    assert picks.count(3) < 0.5 * picks.count(0)
 
 
 @pytest.mark.parametrize("topo_name, ev_format", [("default", EvFormat.SRV6_USID), ("fourplane", EvFormat.SRV6),

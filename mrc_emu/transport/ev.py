@@ -101,6 +101,7 @@ class EvProfile:
     _cursor: int = 0
     _cycles: int = 0
     _bad: int = 0  # EVs ASSUMED_BAD now
+    _denied: int = 0  # EVs DENIED now
     _dirty: bool = True
 
     def __post_init__(self) -> None:
@@ -114,6 +115,11 @@ class EvProfile:
     def any_assumed_bad(self) -> bool:
         return self._bad > 0
 
+    @property
+    def stalled(self) -> bool:
+        """Every EV is DENIED: no EV may carry data until the controller allows one."""
+        return self._denied == len(self.evs)
+
     def good(self) -> list[int]:
         return [k for k, s in self.evs.items() if s.state is EvState.GOOD]
 
@@ -126,6 +132,7 @@ class EvProfile:
                 return False  # ev_min_active: never fewer GOOD EVs than this
         self.events.append(EvEvent(now, ev, stats.state, new, reason, rtt_ns))
         self._bad += (new is EvState.ASSUMED_BAD) - (stats.state is EvState.ASSUMED_BAD)
+        self._denied += (new is EvState.DENIED) - (stats.state is EvState.DENIED)
         stats.state = new
         stats.consecutive_losses = 0
         stats.probe_due_ns = now
@@ -188,15 +195,22 @@ class EvProfile:
     def reweigh(self) -> None:
         """Rebuild the spray schedule: an interleaved list of GOOD EVs in proportion to weight.
 
+        With no EV GOOD, the ASSUMED_BAD ones stand in (sending on a doubtful path beats not
+        sending; their own losses and probes tell). DENIED EVs never carry data: with every EV
+        DENIED the schedule is empty and the QP is `stalled`.
+
         Each EV gets slots in proportion to its weight (at least one), spread evenly over the
         schedule: its j-th slot sits at (j + 1/2) / slots_k of the way, with a small per-EV
         offset so that EVs with equal weights alternate. Consecutive packets thus go to
         different EVs and each EV's share follows its weight; sorting the positions costs far
         less than a weighted round robin picking slot by slot (this runs every few hundred packets).
         """
-        good = self.good() or [k for k, s in self.evs.items() if s.state is not EvState.DENIED] or self.indexes
+        good = self.good() or [k for k, s in self.evs.items() if s.state is not EvState.DENIED]
         self._cursor = 0
         self._dirty = False
+        if not good:
+            self.schedule = []
+            return
         samples = [self.evs[k].rtt.srtt_ns for k in good if self.evs[k].rtt.srtt_ns]
         best = min(samples) if samples else 0.0
         weights = [self.weight(k, best) for k in good]
@@ -231,7 +245,8 @@ class EvProfile:
             self._dirty = True
 
     def pick(self, avoid: int | None = None) -> int:
-        """The next EV to spray on; `avoid` (a retransmission's previous EV) is skipped if possible."""
+        """The next EV to spray on; `avoid` (a retransmission's previous EV) is skipped if possible.
+        Never call it on a `stalled` profile (there is no EV to give)."""
         schedule, cursor = self.schedule_at()
         ev = schedule[cursor]
         self.advance(cursor + 1)

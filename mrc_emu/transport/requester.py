@@ -121,6 +121,11 @@ class Requester:
         return self.error is not None or not self.active
 
     @property
+    def stalled(self) -> bool:
+        """Every EV is DENIED: the QP sends no data (and its WRITEs wait) until one is allowed."""
+        return self.profile.stalled
+
+    @property
     def ev_events(self):
         return self.profile.events
 
@@ -182,6 +187,8 @@ class Requester:
             return
         if self.config.path_avoidance and self.prober.paths and self.profile.any_assumed_bad():
             self.prober.send_due(now, send)
+        if self.profile.stalled:
+            return  # DENIED EVs never carry data
         # the data path: locals only, one frame per iteration (this loop sets the packet rate)
         cfg, rec = self.config, self.recovery
         table = rec.sent
@@ -262,7 +269,7 @@ class Requester:
             self.profile.on_lost(ev, now, "no route out of the host")
 
     def _can_send(self) -> bool:
-        if self.error is not None or self.sent.bytes_in_flight >= self.cc.cwnd:
+        if self.error is not None or self.profile.stalled or self.sent.bytes_in_flight >= self.cc.cwnd:
             return False
         rec = self.recovery
         return bool(self.sent.retx) or (bool(self.queue) and rec.next_psn < rec.una + self.config.window)
@@ -295,7 +302,7 @@ class Requester:
         return {"packets_sent": self.packets_sent, "retransmits": self.retransmits, "bytes_acked": rec.bytes_acked,
                 "duplicates_acked": rec.duplicates_acked, "naks": self.naks, "timeouts": rec.timeouts,
                 "send_failures": self.send_failures, "probes_sent": self.prober.probes_sent,
-                "probes_returned": self.prober.probes_returned, "cwnd": int(self.cc.cwnd)}
+                "probes_returned": self.prober.probes_returned, "cwnd": int(self.cc.cwnd), "stalled": self.stalled}
 
     def ev_bytes_in_flight(self, ev: int) -> int:
         return self.sent.ev_flight[ev]
