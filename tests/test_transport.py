@@ -19,7 +19,6 @@ from mrc_emu.topology import builtin
 from mrc_emu.topology.evs import EvFormat
 from mrc_emu.transport import recovery
 from mrc_emu.transport import requester as requester_module
-from mrc_emu.transport.cc import Nscc, NsccParams
 from mrc_emu.transport.config import QpConfig, psn_abs
 from mrc_emu.transport.ev import EvState
 from mrc_emu.transport.paths import qp_paths
@@ -450,20 +449,6 @@ def test_ack_timeout_follows_ocp_formula():
         QpConfig(ack_timeout_exp=25)
     with pytest.raises(ValueError):
         QpConfig(mtu=1001)
-
-
-def test_nscc_shrinks_on_delay_and_grows_without():
-    cc = Nscc(NsccParams(base_rtt_ns=10_000, target_delay_ns=50_000, initial_cwnd=100_000), mtu=1024)
-    start = cc.cwnd
-    for i in range(10):
-        cc.on_acked(i * 1000, 0, 4096, 12_000, 12_000, False)
-    assert cc.cwnd > start
-    grown = cc.cwnd
-    cc.on_acked(20_000, 0, 4096, 500_000, 500_000, False)
-    assert cc.cwnd < grown
-    shrunk = cc.cwnd
-    cc.on_acked(20_001, 0, 4096, 500_000, 500_000, False)  # at most one decrease per RTT
-    assert cc.cwnd == shrunk
 
 
 @pytest.mark.parametrize("topo_name, ev_format", [("default", EvFormat.SRV6_USID), ("fourplane", EvFormat.SRV6),
