@@ -165,7 +165,7 @@ def test_the_retry_budget_counts_a_packets_own_transmissions():
     send(rec, 0, 0)
     t = 0
     for tries, timeout in ((1, 1024), (2, 1024), (3, 1024), (4, 2048)):
-        assert rec.timeout_for(tries) == timeout
+        assert rec.config.ack_timeout_for(tries) == timeout
         assert rec.on_timer(t + timeout - 1) is None and rec.timeouts == tries - 1
         t += timeout
         if tries < 4:

@@ -442,9 +442,9 @@ def test_ack_timeout_follows_ocp_formula():
     config = QpConfig(ack_timeout_exp=13, retry_linear=7, retry_exp=3)
     assert config.ack_timeout_ns == 1024 * 2**13
     requester, *_ = pair(1, config)
-    rec = requester.recovery
-    assert [rec.timeout_for(tx) for tx in range(1, 12)] == [8388608] * 8 + [8388608 * 2**k for k in (1, 2, 3)]
-    assert not rec.retry_budget_spent(10) and rec.retry_budget_spent(11)
+    assert requester.config is config
+    assert [config.ack_timeout_for(tx) for tx in range(1, 12)] == [8388608] * 8 + [8388608 * 2**k for k in (1, 2, 3)]
+    assert not config.retry_budget_spent(10) and config.retry_budget_spent(11)
     with pytest.raises(ValueError):
         QpConfig(ack_timeout_exp=25)
     with pytest.raises(ValueError):

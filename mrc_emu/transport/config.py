@@ -75,6 +75,20 @@ class QpConfig:
     def window(self) -> int:
         return self.mpr * 128
 
+    def ack_timeout_for(self, tries: int) -> int:
+        """The ACK timeout of a packet's `tries`-th transmission: `retry_linear` retries at the
+        plain timeout, then each one doubles it."""
+        retries = tries - 1
+        if retries <= self.retry_linear:
+            return self.ack_timeout_ns
+        return self.ack_timeout_ns << min(20, retries - self.retry_linear)
+
+    def retry_budget_spent(self, tries: int) -> bool:
+        """Whether a packet that went unacknowledged `tries` times may not be sent again."""
+        if self.retry_exp >= INFINITE_RETRIES:
+            return False
+        return tries - 1 >= self.retry_linear + self.retry_exp
+
 
 def psn_abs(wire: int, near: int) -> int:
     """The unbounded PSN closest to `near` whose low 24 bits are `wire`."""

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable
+from typing import Protocol
 
 from ..wire.format import AckPacket, Syndrome
 from .cc import CongestionControl
-from .config import INFINITE_RETRIES, PSN_MOD, QpConfig, RecoveryMode, psn_abs
+from .config import PSN_MOD, QpConfig, RecoveryMode, psn_abs
 from .ev import EvProfile
 
 try:  # the C send loop and its packet record (optional; see _spray.c)
@@ -142,7 +143,7 @@ class Recovery:
         self.profile = profile
         self.cc = cc
         self.sent = SentPackets(profile.indexes)
-        self.policy: Selective | GoBackN = GoBackN() if config.recovery is RecoveryMode.GO_BACK_N else Selective()
+        self.policy: RecoveryPolicy = GoBackN() if config.recovery is RecoveryMode.GO_BACK_N else Selective()
         self.una = start_psn  # lowest PSN not known delivered (the responder's expected PSN)
         self.next_psn = start_psn  # the next new PSN (the sender advances it)
         self.sacked = 0  # bit (W-1-i) <=> PSN una+i known delivered
@@ -318,19 +319,6 @@ class Recovery:
 
     # ---- the ACK timeout -----------------------------------------------------------------
 
-    def timeout_for(self, tries: int) -> int:
-        """The ACK timeout of a packet's `tries`-th transmission: linear, then doubling."""
-        base = self.config.ack_timeout_ns
-        retries = tries - 1
-        if retries <= self.config.retry_linear:
-            return base
-        return base << min(20, retries - self.config.retry_linear)
-
-    def retry_budget_spent(self, tries: int) -> bool:
-        if self.config.retry_exp >= INFINITE_RETRIES:
-            return False
-        return tries - 1 >= self.config.retry_linear + self.config.retry_exp
-
     def on_timer(self, now: int) -> str | None:
         """Run what is due at `now`: ACK timeouts, then the loss rules (at most every
         LOSS_CHECK_NS: ACKs run them too, and the EV timers, >= 0.5 ms, need no finer look).
@@ -338,10 +326,10 @@ class Recovery:
         sent = self.sent
         while (pkt := sent.oldest()) is not None:
             tries = self.policy.tries(pkt)
-            if now < pkt.sent_ns + self.timeout_for(tries):
+            if now < pkt.sent_ns + self.config.ack_timeout_for(tries):
                 break
             self.timeouts += 1
-            if self.retry_budget_spent(tries):
+            if self.config.retry_budget_spent(tries):
                 evs = sorted({p.ev for p in sent.pkts.values()})
                 return (f"retry budget spent: PSN {pkt.psn & (PSN_MOD - 1)} went unacknowledged after {tries} "
                         f"transmissions ({self.config.retry_linear} linear + {self.config.retry_exp} exponential "
@@ -358,9 +346,22 @@ class Recovery:
         pkt = self.sent.oldest()
         if pkt is None:
             return None
-        deadline = pkt.sent_ns + self.timeout_for(self.policy.tries(pkt))
+        deadline = pkt.sent_ns + self.config.ack_timeout_for(self.policy.tries(pkt))
         loss = self.policy.loss_deadline(self)
         return deadline if loss is None else min(deadline, max(loss, self._loss_check_at))
+
+
+class RecoveryPolicy(Protocol):
+    """How lost packets are found and resent: what `Recovery` asks of `Selective` and `GoBackN`."""
+
+    mode: RecoveryMode
+
+    def on_sequence_nak(self, recovery: Recovery, cum: int, now: int) -> bool: ...  # True: handled
+    def detect_losses(self, recovery: Recovery, now: int, touched: Iterable[int] | None) -> None: ...
+    def loss_deadline(self, recovery: Recovery) -> int | None: ...
+    def tries(self, pkt: PyPkt) -> int: ...  # transmissions that count against the retry budget
+    def on_ack_timeout(self, recovery: Recovery, pkt: PyPkt, now: int) -> None: ...
+    def on_progress(self) -> None: ...  # the cumulative PSN advanced
 
 
 class Selective:
