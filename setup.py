@@ -3,8 +3,8 @@
 mrc_emu.wire._fastpath encodes a data packet into its frame template; mrc_emu.transport._spray
 is the requester's send loop for first transmissions. Both are optional: where no C compiler,
 Python headers or zlib headers exist, the build warns and installs without them
-(scripts/install.sh installs them), and mrc_emu/wire/fast.py and mrc_emu/transport/qp.py run
-their pure-Python paths (the same bytes, the same bookkeeping; the tests run both).
+(scripts/install.sh installs them), and mrc_emu/wire/encoder.py and mrc_emu/transport/requester.py
+run their pure-Python paths (the same bytes, the same bookkeeping; the tests run both).
 """
 
 from setuptools import Extension, setup

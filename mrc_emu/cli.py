@@ -16,6 +16,7 @@ from typing import Any
 import click
 
 from .topology import TopologyError, evs_between, model, resolve
+from .transport.cc import profile_names
 
 NAME_OPTION = click.option("--name", "-n", default="mrc", show_default=True, help="Fabric name (namespaces are <name>-<node>).")
 JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
@@ -507,7 +508,7 @@ def _transfer_text(r) -> str:
 @click.option("--size", "-s", type=Size(), default="64MiB", show_default=True,
               help="Bytes to WRITE (4096, 100k, 64MiB, 1GiB).")
 @click.option("--evs", default=None, help="EVs to spray over: a count (first N) or a list like 0,3,5 (default: all).")
-@click.option("--cc", type=click.Choice(["nscc", "fixed"]), default="nscc", show_default=True,
+@click.option("--cc", type=click.Choice(profile_names()), default="nscc", show_default=True,
               help="Congestion control profile.")
 @click.option("--mtu", type=int, default=4096, show_default=True, help="Payload bytes per packet (path MTU).")
 @click.option("--format", "ev_format", type=click.Choice(["SRV6", "SRV6_USID", "UDP"]), default="SRV6",
@@ -533,7 +534,7 @@ def send(src: str, dst: str, size: int, evs: str | None, cc: str, mtu: int, ev_f
     from .fabric import routing
     from .fabric.build import load_topology
     from .topology.evs import EvFormat
-    from .transport.qp import QpConfig
+    from .transport.config import QpConfig
 
     nbytes = size
     count = len(evs_between(load_topology(name), src, dst))

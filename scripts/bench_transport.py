@@ -29,8 +29,8 @@ from mrc_emu.experiments import metrics
 from mrc_emu.experiments.fault_agent import LinkFaultAgent
 from mrc_emu.experiments.transfer import Control, send
 from mrc_emu.fabric import build, netns, ops
+from mrc_emu.io.sockets import udp_receiver
 from mrc_emu.topology import builtin, from_dict
-from mrc_emu.transport.link import udp_receiver
 from mrc_emu.transport.paths import qp_paths
 from mrc_emu.wire.format import DataPacket
 
@@ -72,7 +72,7 @@ def ceiling_pps(name: str, topo, sprayed: bool, n: int = 30_000) -> dict:
     paths = qp_paths(topo, "h0", "h2")  # the transfer's own frame templates and first hops
     dst = paths.dst_address
     chosen = list(paths.forward.values()) if sprayed else [paths.forward[0]]
-    frames = [(bytes(p.template.data(DataPacket(1, 1, 0x1000, 7, bytes(MTU)))), p.addr) for p in chosen]
+    frames = [(bytes(p.template.data(DataPacket(1, 1, 0x1000, 7, bytes(MTU)))), (p.first_hop, 0)) for p in chosen]
     raw, unused = ops.host_sockets(name, "h0")
     unused.close()
     ctx = multiprocessing.get_context("fork")

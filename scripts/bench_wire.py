@@ -22,7 +22,8 @@ from scapy.compat import raw
 from mrc_emu.fabric import build, ops
 from mrc_emu.topology import builtin
 from mrc_emu.transport.paths import qp_paths
-from mrc_emu.wire import fast, layers
+from mrc_emu.wire import decoder as wire_decoder
+from mrc_emu.wire import layers
 from mrc_emu.wire.format import DataPacket
 
 PAYLOAD = 1024
@@ -45,7 +46,7 @@ def main() -> None:
         payload = bytes(range(256)) * (PAYLOAD // 256)
         send, recv = ops.host_sockets(name, "h0")
         recv.close()
-        first_hop = path.addr
+        first_hop = (path.first_hop, 0)  # what sendto takes
         packets = [DataPacket(1, psn & 0xFFFFFF, 0x10000 + psn * PAYLOAD, 7, payload) for psn in range(N)]
         # the source buffer of one WRITE, segmented as the requester does it
         source = memoryview(payload * N)
@@ -84,9 +85,9 @@ def main() -> None:
         # the data path receives through a UDP socket (the kernel checks the UDP checksum):
         # the decoder gets the UDP payload and the inner addresses
         frames = [template.data(p) for p in packets[:20_000]]
-        opened = [fast.open_frame(f) for f in frames]
+        opened = [wire_decoder.open_frame(f) for f in frames]
         datagrams = [(bytes(o.payload), o.src, o.dst, o.sport) for o in opened]
-        decode_udp = fast.decode_udp
+        decode_udp = wire_decoder.decode_udp
         t = time.perf_counter()
         for payload_, src_, dst_, sport_ in datagrams:
             decode_udp(payload_, src_, dst_, sport_)
@@ -94,7 +95,7 @@ def main() -> None:
 
         t = time.perf_counter()
         for frame in frames:
-            fast.decode_frame(frame)
+            wire_decoder.decode_frame(frame)
         frame_decoder = rate(len(frames), time.perf_counter() - t)
 
         n_scapy = 500

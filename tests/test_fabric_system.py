@@ -17,7 +17,8 @@ from mrc_emu.experiments.probes import probe_evs
 from mrc_emu.fabric import build, netns, ops, registry
 from mrc_emu.topology import addressing as ad
 from mrc_emu.topology import builtin, evs_between
-from mrc_emu.wire import fast
+from mrc_emu.wire.decoder import decode_roce
+from mrc_emu.wire.encoder import Encap, FrameTemplate
 from mrc_emu.wire.format import DataPacket, Endpoints
 
 pytestmark = pytest.mark.system
@@ -98,7 +99,7 @@ def test_usid_carrier_delivers_to_destination(default_fabric):
     ev = evs_between(topo, "h0", "h2")[5]
     src, dst = ad.host_address(topo, "h0"), ad.host_address(topo, "h2")
     ends = Endpoints(src, dst, ev.udp_sport)
-    template = fast.FrameTemplate(ends, fast.Encap.usid(src, ev.usid_carrier, ev.segments[-1]))
+    template = FrameTemplate(ends, Encap.usid(src, ev.usid_carrier, ev.segments[-1]))
     send, _ = ops.host_sockets(name, "h0")
     _, recv = ops.host_sockets(name, "h2")
     packet = DataPacket(7, 42, 0x1000, 0x99, b"placed by address")
@@ -107,7 +108,7 @@ def test_usid_carrier_delivers_to_destination(default_fabric):
         ready, _, _ = select.select([recv], [], [], 2.0)
         assert ready, "uSID packet did not arrive"
         data, addr = recv.recvfrom(65535)
-        got = fast.decode_roce(data[8:], Endpoints(addr[0], dst, ev.udp_sport))
+        got = decode_roce(data[8:], Endpoints(addr[0], dst, ev.udp_sport))
         assert got == packet
     finally:
         send.close()

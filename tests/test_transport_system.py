@@ -13,7 +13,7 @@ import pytest
 from mrc_emu.experiments.transfer import Control, send
 from mrc_emu.fabric import build, faults, registry
 from mrc_emu.topology import evs_between
-from mrc_emu.transport.qp import QpConfig
+from mrc_emu.transport.config import QpConfig
 from tests.test_fabric_system import wait_for
 
 pytestmark = pytest.mark.system

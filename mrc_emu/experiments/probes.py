@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from ..fabric import ops
 from ..fabric.build import load_topology
+from ..io.prober import ProbeRequest, ProbeResult, probe
 from ..transport.paths import qp_paths
-from ..transport.probe import ProbeRequest, ProbeResult, probe
 
 
 def probe_evs(name: str, src: str, dst: str, ev_indexes: list[int] | None = None,

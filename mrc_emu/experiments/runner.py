@@ -22,7 +22,7 @@ from pyroute2 import IPRoute
 from ..fabric import build, netns, ops, routing
 from ..topology import Role, Topology, evs_between
 from ..topology.evs import EvFormat
-from ..transport.qp import QpConfig
+from ..transport.config import QpConfig
 from . import metrics
 from .fault_agent import LinkFaultAgent
 from .scenario import Fault, Scenario

@@ -24,6 +24,7 @@ import itertools
 import multiprocessing
 import multiprocessing.connection
 import os
+import secrets
 import signal
 import socket
 import threading
@@ -34,12 +35,14 @@ from typing import Any
 
 from ..fabric import netns, ops, registry
 from ..fabric.build import load_topology
+from ..io.sockets import SocketLink, run_socket, udp_receiver
 from ..topology.evs import EvFormat
 from ..transport.cc import make_cc
+from ..transport.config import QpConfig
 from ..transport.ev import EvState
-from ..transport.link import SocketLink, run_socket, udp_receiver
 from ..transport.paths import qp_paths
-from ..transport.qp import QpConfig, Requester, Responder
+from ..transport.requester import Requester
+from ..transport.responder import Responder
 
 PR_SET_PDEATHSIG = 1
 TIMELINE_TICK_NS = 1_000_000  # goodput timeline resolution
@@ -214,7 +217,7 @@ def _host_main(conn, ns_path: str, address: str, config: QpConfig, cpu: int | No
         return
     packed = socket.inet_pton(socket.AF_INET6, address)
     mux = HostMux(packed)
-    responder = Responder(packed, config)
+    responder = Responder(packed, config, random_bits=secrets.randbits)
     regions: dict[int, Any] = {}
     jobs: dict[int, _Job] = {}
     counters_before = _kernel_udp_counters()
@@ -230,8 +233,9 @@ def _host_main(conn, ns_path: str, address: str, config: QpConfig, cpu: int | No
             regions[key] = mr
             conn.send(("registered", (key, mr.to_dict())))
         elif kind == "accept":
-            _, qpn, peer_qpn, start_psn, back, peer, pd = msg
-            responder.accept(qpn, peer_qpn, start_psn, back, peer=socket.inet_pton(socket.AF_INET6, peer), pd=pd)
+            _, qpn, peer_qpn, start_psn, back, peer, pd, cfg = msg
+            responder.accept(qpn, peer_qpn, start_psn, back, peer=socket.inet_pton(socket.AF_INET6, peer), pd=pd,
+                             config=cfg)
             mux.add(qpn, responder)
             conn.send(("accepted", qpn))
         elif kind == "write":
@@ -239,7 +243,7 @@ def _host_main(conn, ns_path: str, address: str, config: QpConfig, cpu: int | No
             data = os.urandom(size)
             digest = hashlib.sha256(data).hexdigest()  # before the clock starts: hashing is not the transfer
             requester = Requester(packed, qpn, dest_qp, forward, probes, cfg, make_cc(cc, cfg.mtu),
-                                  start_psn=start_psn, ev_min_active=ev_min_active)
+                                  start_psn=start_psn, ev_min_active=ev_min_active, random_bits=secrets.randbits)
             now = time.monotonic_ns()
             requester.post_write(data, mr["va"], mr["rkey"], imm, now=now)
             jobs[key] = _Job(key, requester, size, digest, now)
@@ -372,7 +376,7 @@ def run_transfers(name: str, specs: list[TransferSpec], control: Control | None 
             dst, src = hosts[spec.dst], hosts[spec.src]
             dst.conn.send(("register", key, spec.size))
             _, (_, mr) = dst.expect({"registered"})
-            dst.conn.send(("accept", qpn_resp, qpn_req, start_psn, paths.back, paths.src_address, key))
+            dst.conn.send(("accept", qpn_resp, qpn_req, start_psn, paths.back, paths.src_address, key, spec.config))
             dst.expect({"accepted"})
             write = ("write", key, qpn_req, qpn_resp, paths.forward, paths.probes, spec.config, spec.cc,
                      spec.ev_min_active, start_psn, mr, spec.size, spec.imm)

@@ -59,6 +59,16 @@ class Ev:
 UDP_SPORT_BASE = 0xC000  # RoCEv2 source ports come from the dynamic range
 
 
+def udp_sport(index: int) -> int:
+    """The UDP source port (RoCEv2 entropy) that EV `index` carries, in every EV format."""
+    return UDP_SPORT_BASE + index
+
+
+def ev_of_sport(sport: int) -> int:
+    """The EV a datagram came on, from its UDP source port (the inverse of `udp_sport`)."""
+    return sport - UDP_SPORT_BASE
+
+
 def _segments(topo: Topology, hops: list[str]) -> tuple[str, ...]:
     """End.X of every hop that forwards (out of the port towards the next hop), then decapsulation address."""
     segs = []
@@ -95,7 +105,7 @@ def evs_between(topo: Topology, src: str, dst: str) -> list[Ev]:
                     hops=tuple(hops),
                     segments=_segments(topo, hops),
                     usid_carrier=ad.usid_carrier(ids[1:], ad.USID_DECAP_FUNCTION),
-                    udp_sport=UDP_SPORT_BASE + index,
+                    udp_sport=udp_sport(index),
                 )
             )
     return evs

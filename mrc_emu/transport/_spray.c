@@ -4,16 +4,21 @@
  * Why it exists: most packets a requester sends are the first transmission of a full-MTU
  * WRITE_ONLY packet, and for each CPython spent about 2 us of bookkeeping around the
  * encoder and the send (a packet record, the flight tables, the spray schedule, counters).
- * This does the same bookkeeping on the same Python objects, so everything else in qp.py
- * (ACKs, loss detection, retransmissions, odd-sized packets) reads them unchanged. It is
- * optional: without it qp.py runs its own loop (the unit tests run the transfers both ways).
+ * This does the same bookkeeping on the same Python objects, so everything else (ACKs,
+ * loss detection, retransmissions, odd-sized packets: requester.py and recovery.py) reads
+ * them unchanged. It is optional: without it the requester's own loop sends every packet
+ * (the unit tests run the transfers both ways and compare every frame).
  *
  * Pkt(psn, wr, offset, length, last): one packet of a WRITE; ev, sent_ns and tx are set when
- *     it is sent. The same fields as qp.py's pure-Python _PyPkt.
+ *     it is sent. The same fields as recovery.py's pure-Python PyPkt.
  *
- * spray(ctx, wr, send, now, next_psn, window_end, budget, bif, cwnd, schedule, cursor, clock)
- *     -> (sent, next_psn, bif, cursor, failed_ev, counts)
- *   ctx      (pkts, flight, by_ev, writers, paths, mtu): the requester's tables, by PSN and EV
+ * spray(table, writers, paths, mtu, wr, send, now, next_psn, window_end, budget, bif, cwnd,
+ *       schedule, cursor, clock) -> (sent, next_psn, bif, cursor, failed_ev, counts)
+ *   table    the requester's sent-packet table (recovery.SentPackets): each packet sent is
+ *            recorded in its `pkts`, `flight` and `by_ev` as SentPackets.record does; the
+ *            caller adds `bif` and `counts` to its byte counters
+ *   writers  {ev: the C encoder bound to that EV's buffer for full-MTU WRITE_ONLY packets}
+ *   paths    {ev: Path}, handed to `send` with each frame; mtu: the packets' payload bytes
  *   wr       the WriteRequest at the head of the queue; its next_offset advances
  *   send     the link's send(frame, path) -> bool
  *   schedule the spray schedule (a list of EVs) and the cursor into it; the loop stops at its end
@@ -21,7 +26,7 @@
  *   clock    None: every packet is stamped `now`; else called for each packet's send time
  *   It sends while budget, window (PSN and bytes) and schedule allow and the next packet is a
  *   full-MTU one with no immediate; it returns on the first send that fails (failed_ev, else
- *   None), leaving that packet in flight as qp.py's own loop does. counts: {ev: packets}.
+ *   None), leaving that packet in flight as the Python loop does. counts: {ev: packets}.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -104,7 +109,8 @@ static PyTypeObject PktType = {
     .tp_members = pkt_members,
 };
 
-static PyObject *s_local, *s_remote_va, *s_rkey, *s_imm, *s_length, *s_next_offset, *s_append, *s_release;
+static PyObject *s_local, *s_remote_va, *s_rkey, *s_imm, *s_length, *s_next_offset, *s_append, *s_release,
+    *s_pkts, *s_flight, *s_by_ev;
 
 static int get_ll(PyObject *obj, PyObject *name, long long *out) {
     PyObject *v = PyObject_GetAttr(obj, name);
@@ -198,31 +204,19 @@ done:
     return result;
 }
 
-static PyObject *spray(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 12) {
-        PyErr_SetString(PyExc_TypeError,
-                        "spray(ctx, wr, send, now, next_psn, window_end, budget, bif, cwnd, schedule, cursor, clock)");
+static PyObject *spray_on(PyObject *pkts, PyObject *flight, PyObject *by_ev, PyObject *writers, PyObject *paths,
+                          long long mtu, PyObject *wr, PyObject *send, PyObject *now_obj, PyObject *next_psn_obj,
+                          PyObject *window_end_obj, PyObject *budget_obj, PyObject *bif_obj, PyObject *cwnd_obj,
+                          PyObject *schedule, PyObject *cursor_obj, PyObject *clock) {
+    if (!PyDict_Check(pkts) || !PyDict_Check(flight) || !PyDict_Check(by_ev)) {
+        PyErr_SetString(PyExc_TypeError, "the table's pkts, flight and by_ev must be dicts");
         return NULL;
     }
-    PyObject *ctx = args[0], *wr = args[1], *send = args[2], *now_obj = args[3], *schedule = args[9],
-             *clock = args[11];
-    if (!PyTuple_Check(ctx) || PyTuple_GET_SIZE(ctx) != 6 || !PyList_Check(schedule)) {
-        PyErr_SetString(PyExc_TypeError, "ctx is (pkts, flight, by_ev, writers, paths, mtu); schedule a list");
-        return NULL;
-    }
-    PyObject *pkts = PyTuple_GET_ITEM(ctx, 0), *flight = PyTuple_GET_ITEM(ctx, 1), *by_ev = PyTuple_GET_ITEM(ctx, 2),
-             *writers = PyTuple_GET_ITEM(ctx, 3), *paths = PyTuple_GET_ITEM(ctx, 4);
-    if (!PyDict_Check(pkts) || !PyDict_Check(flight) || !PyDict_Check(by_ev) || !PyDict_Check(writers) ||
-        !PyDict_Check(paths)) {
-        PyErr_SetString(PyExc_TypeError, "the requester's tables must be dicts");
-        return NULL;
-    }
-    long long mtu = PyLong_AsLongLong(PyTuple_GET_ITEM(ctx, 5));
-    long long now = PyLong_AsLongLong(now_obj), next_psn = PyLong_AsLongLong(args[4]),
-              window_end = PyLong_AsLongLong(args[5]), budget = PyLong_AsLongLong(args[6]),
-              bif = PyLong_AsLongLong(args[7]);
-    double cwnd = PyFloat_AsDouble(args[8]);  /* a CC profile's window may be fractional */
-    Py_ssize_t cursor = PyLong_AsSsize_t(args[10]);
+    long long now = PyLong_AsLongLong(now_obj), next_psn = PyLong_AsLongLong(next_psn_obj),
+              window_end = PyLong_AsLongLong(window_end_obj), budget = PyLong_AsLongLong(budget_obj),
+              bif = PyLong_AsLongLong(bif_obj);
+    double cwnd = PyFloat_AsDouble(cwnd_obj);  /* a CC profile's window may be fractional */
+    Py_ssize_t cursor = PyLong_AsSsize_t(cursor_obj);
     if (PyErr_Occurred())
         return NULL;
     if (mtu <= 0 || cursor < 0) {
@@ -250,7 +244,7 @@ static PyObject *spray(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
     }
     while (sent < budget && (double)bif < cwnd && next_psn < window_end && cursor < PyList_GET_SIZE(schedule)) {
         if (next_offset < 0 || wr_length - next_offset < mtu)
-            break;  /* a short packet: qp.py's own loop sends it */
+            break;  /* a short packet: the Python loop sends it */
         int last = next_offset + mtu >= wr_length;
         if (last && imm != Py_None)
             break;  /* it carries the immediate */
@@ -323,6 +317,40 @@ done:
     return out;
 }
 
+static PyObject *spray(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 15) {
+        PyErr_SetString(PyExc_TypeError, "spray(table, writers, paths, mtu, wr, send, now, next_psn, window_end, "
+                                         "budget, bif, cwnd, schedule, cursor, clock)");
+        return NULL;
+    }
+    PyObject *table = args[0], *writers = args[1], *paths = args[2], *wr = args[4], *send = args[5],
+             *now_obj = args[6], *schedule = args[12], *clock = args[14];
+    if (!PyDict_Check(writers) || !PyDict_Check(paths) || !PyList_Check(schedule)) {
+        PyErr_SetString(PyExc_TypeError, "writers and paths must be dicts, the schedule a list");
+        return NULL;
+    }
+    long long mtu = PyLong_AsLongLong(args[3]);
+    if (mtu == -1 && PyErr_Occurred())
+        return NULL;
+    /* the table's three dicts, held for the call (new references, released at the end) */
+    PyObject *pkts = PyObject_GetAttr(table, s_pkts), *flight = NULL, *by_ev = NULL;
+    if (pkts != NULL)
+        flight = PyObject_GetAttr(table, s_flight);
+    if (flight != NULL)
+        by_ev = PyObject_GetAttr(table, s_by_ev);
+    if (by_ev == NULL) {
+        Py_XDECREF(pkts);
+        Py_XDECREF(flight);
+        return NULL;
+    }
+    PyObject *out = spray_on(pkts, flight, by_ev, writers, paths, mtu, wr, send, now_obj, args[7], args[8], args[9],
+                             args[10], args[11], schedule, args[13], clock);
+    Py_DECREF(pkts);
+    Py_DECREF(flight);
+    Py_DECREF(by_ev);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"spray", (PyCFunction)(void (*)(void))spray, METH_FASTCALL,
      "Send first transmissions of full-MTU packets of one WRITE (see the module comment)."},
@@ -342,7 +370,11 @@ PyMODINIT_FUNC PyInit__spray(void) {
     s_next_offset = PyUnicode_InternFromString("next_offset");
     s_append = PyUnicode_InternFromString("append");
     s_release = PyUnicode_InternFromString("release");
-    if (!s_local || !s_remote_va || !s_rkey || !s_imm || !s_length || !s_next_offset || !s_append || !s_release)
+    s_pkts = PyUnicode_InternFromString("pkts");
+    s_flight = PyUnicode_InternFromString("flight");
+    s_by_ev = PyUnicode_InternFromString("by_ev");
+    if (!s_local || !s_remote_va || !s_rkey || !s_imm || !s_length || !s_next_offset || !s_append || !s_release ||
+        !s_pkts || !s_flight || !s_by_ev)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)

@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
+from .rtt import RttEstimator
+
 
 class EvState(str, Enum):
     GOOD = "GOOD"
@@ -43,9 +45,7 @@ class EvStats:
 
     index: int
     state: EvState = EvState.GOOD
-    srtt_ns: float = 0.0  # smoothed RTT (0 = no sample yet)
-    rttvar_ns: float = 0.0
-    min_rtt_ns: int = 0
+    rtt: RttEstimator = field(default_factory=RttEstimator, repr=False)  # the EV's one RTT estimator
     loss: float = 0.0  # EWMA of the per-packet loss outcome (1 lost, 0 delivered)
     ecn: float = 0.0  # EWMA of the ECN echo per acknowledged packet
     packets_sent: int = 0
@@ -56,6 +56,19 @@ class EvStats:
     last_delivered_sent_ns: int = -1  # send time of the latest-sent packet known delivered on this EV
     probe_due_ns: int = 0
     probes_sent: int = 0
+
+    @property
+    def srtt_ns(self) -> float:
+        """Smoothed RTT (0: no sample yet)."""
+        return self.rtt.srtt_ns
+
+    @property
+    def rttvar_ns(self) -> float:
+        return self.rtt.rttvar_ns
+
+    @property
+    def min_rtt_ns(self) -> int:
+        return self.rtt.min_rtt_ns
 
     def to_dict(self) -> dict:
         return {
@@ -70,7 +83,6 @@ class EvStats:
 
 LOSS_GAIN = 1 / 32
 ECN_GAIN = 1 / 16
-RTT_GAIN = 1 / 8
 SCHEDULE_SLOTS_PER_EV = 8
 REWEIGH_CYCLES = 4
 
@@ -89,6 +101,7 @@ class EvProfile:
     _cursor: int = 0
     _cycles: int = 0
     _bad: int = 0  # EVs ASSUMED_BAD now
+    _denied: int = 0  # EVs DENIED now
     _dirty: bool = True
 
     def __post_init__(self) -> None:
@@ -102,6 +115,11 @@ class EvProfile:
     def any_assumed_bad(self) -> bool:
         return self._bad > 0
 
+    @property
+    def stalled(self) -> bool:
+        """Every EV is DENIED: no EV may carry data until the controller allows one."""
+        return self._denied == len(self.evs)
+
     def good(self) -> list[int]:
         return [k for k, s in self.evs.items() if s.state is EvState.GOOD]
 
@@ -114,6 +132,7 @@ class EvProfile:
                 return False  # ev_min_active: never fewer GOOD EVs than this
         self.events.append(EvEvent(now, ev, stats.state, new, reason, rtt_ns))
         self._bad += (new is EvState.ASSUMED_BAD) - (stats.state is EvState.ASSUMED_BAD)
+        self._denied += (new is EvState.DENIED) - (stats.state is EvState.DENIED)
         stats.state = new
         stats.consecutive_losses = 0
         stats.probe_due_ns = now
@@ -132,13 +151,7 @@ class EvProfile:
     def on_rtt(self, ev: int, rtt_ns: int, ecn: bool | None) -> None:
         """An RTT sample of `ev`, and the ECN echo of the packet it came from (None: not known)."""
         s = self.evs[ev]
-        if s.srtt_ns == 0:
-            s.srtt_ns, s.rttvar_ns = float(rtt_ns), rtt_ns / 2
-        else:
-            s.rttvar_ns += RTT_GAIN * (abs(s.srtt_ns - rtt_ns) - s.rttvar_ns)
-            s.srtt_ns += RTT_GAIN * (rtt_ns - s.srtt_ns)
-        if s.min_rtt_ns == 0 or rtt_ns < s.min_rtt_ns:
-            s.min_rtt_ns = rtt_ns
+        s.rtt.update(rtt_ns)
         if ecn is not None:
             s.ecn += ECN_GAIN * ((1.0 if ecn else 0.0) - s.ecn)
 
@@ -175,11 +188,16 @@ class EvProfile:
         microseconds come and go on every path, and chasing them moves load back and forth
         between planes and leaves one idle while the other drains."""
         s = self.evs[ev]
-        excess = max(0.0, s.srtt_ns - best_srtt - self.target_delay_ns / 2) if s.srtt_ns else 0.0
+        srtt = s.rtt.srtt_ns
+        excess = max(0.0, srtt - best_srtt - self.target_delay_ns / 2) if srtt else 0.0
         return 1.0 / ((1.0 + 20.0 * s.loss) * (1.0 + 4.0 * s.ecn) * (1.0 + excess / self.target_delay_ns))
 
     def reweigh(self) -> None:
         """Rebuild the spray schedule: an interleaved list of GOOD EVs in proportion to weight.
+
+        With no EV GOOD, the ASSUMED_BAD ones stand in (sending on a doubtful path beats not
+        sending; their own losses and probes tell). DENIED EVs never carry data: with every EV
+        DENIED the schedule is empty and the QP is `stalled`.
 
         Each EV gets slots in proportion to its weight (at least one), spread evenly over the
         schedule: its j-th slot sits at (j + 1/2) / slots_k of the way, with a small per-EV
@@ -187,8 +205,13 @@ class EvProfile:
         different EVs and each EV's share follows its weight; sorting the positions costs far
         less than a weighted round robin picking slot by slot (this runs every few hundred packets).
         """
-        good = self.good() or [k for k, s in self.evs.items() if s.state is not EvState.DENIED] or self.indexes
-        samples = [self.evs[k].srtt_ns for k in good if self.evs[k].srtt_ns]
+        good = self.good() or [k for k, s in self.evs.items() if s.state is not EvState.DENIED]
+        self._cursor = 0
+        self._dirty = False
+        if not good:
+            self.schedule = []
+            return
+        samples = [self.evs[k].rtt.srtt_ns for k in good if self.evs[k].rtt.srtt_ns]
         best = min(samples) if samples else 0.0
         weights = [self.weight(k, best) for k in good]
         total = sum(weights)
@@ -199,10 +222,7 @@ class EvProfile:
             offset = i / (len(good) * slots)
             positions += [((j + 0.5) / slots + offset, k) for j in range(slots)]
         positions.sort()
-        schedule = [k for _, k in positions]
-        self.schedule = schedule
-        self._cursor = 0
-        self._dirty = False
+        self.schedule = [k for _, k in positions]
 
     def schedule_at(self) -> tuple[list[int], int]:
         """The spray schedule, rebuilt if anything changed, and the cursor into it: the next EV
@@ -225,7 +245,8 @@ class EvProfile:
             self._dirty = True
 
     def pick(self, avoid: int | None = None) -> int:
-        """The next EV to spray on; `avoid` (a retransmission's previous EV) is skipped if possible."""
+        """The next EV to spray on; `avoid` (a retransmission's previous EV) is skipped if possible.
+        Never call it on a `stalled` profile (there is no EV to give)."""
         schedule, cursor = self.schedule_at()
         ev = schedule[cursor]
         self.advance(cursor + 1)

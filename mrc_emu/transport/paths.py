@@ -1,20 +1,46 @@
-"""Paths of a QP from the topology's EV list: EV profile EXPLICIT.
+"""Paths of a QP from the topology's EV list (EV profile EXPLICIT), and the driver interface.
 
 Why it exists: a QP needs, per EV, a frame template and a first hop, for data (requester
 to responder), for ACKs (the reverse EV: same plane and spine, back) and for EV probes
 (out along the EV, back along its reverse). The fabric's EV list is the controller's.
+`Send` and `Endpoint` are the whole contract between a QP and the driver that carries its
+frames (mrc_emu.io): frames out through `send(frame, path)`, datagrams and time in.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from ..topology import Topology, evs_between, probe_segments
 from ..topology import addressing as ad
 from ..topology.evs import Ev, EvFormat
-from ..wire.fast import Encap, FrameTemplate
+from ..wire.encoder import Encap, FrameTemplate
 from ..wire.format import Endpoints
-from .link import Path
+
+
+@dataclass
+class Path:
+    """One way to send: an EV's frame template and the first hop the frame is routed to."""
+
+    ev: int
+    first_hop: str  # the outer destination address (first segment, carrier, or the host itself)
+    template: FrameTemplate
+    legs: int = 1  # how often the frame crosses the EV: 2 for an EV probe (out and back)
+
+
+Send = Callable[[bytes | bytearray, Path], bool]  # False: the frame could not leave (no route)
+
+
+class Endpoint(Protocol):
+    """The face of a requester or responder that a driver sees."""
+
+    address: bytes  # packed IPv6 address the endpoint receives on
+
+    def on_datagram(self, payload: bytes | memoryview, src: bytes, sport: int, now: int) -> None: ...
+    def pump(self, now: int, send: Send, clock: Callable[[], int] | None = None) -> None: ...
+    def next_wakeup(self) -> int | None: ...
 
 
 @dataclass

@@ -4,7 +4,7 @@
  * Why it exists: CPython spends about 3 us to patch PSN and RETH into a template, copy the
  * payload, run the ICRC and finish the UDP checksum of a 1 KiB packet; the send itself costs
  * about 8 us. This does the same work in about 0.5 us (1.4 us for 4 KiB, most of it reading the
- * payload from memory). It is optional: mrc_emu/wire/fast.py falls
+ * payload from memory). It is optional: mrc_emu/wire/encoder.py falls
  * back to its pure-Python path (same bytes, proven by the same golden tests) when this module
  * was not built.
  *

@@ -1,7 +1,7 @@
 """Constants and records of the MRC wire format (one source of truth; docs/wire-format.md).
 
-Why it exists: the scapy definitions (layers.py), the fast encoder/decoder (fast.py) and
-the transport all speak of the same opcodes, syndromes and fields; they take them from
+Why it exists: the scapy definitions (layers.py), the fast encoder (encoder.py), the decoder
+(decoder.py) and the transport all speak of the same opcodes, syndromes and fields; they take them from
 here. Pure data: no sockets, no scapy.
 """
 

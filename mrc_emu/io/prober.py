@@ -1,32 +1,34 @@
-"""EV probes: send one probe along each EV and time its return.
+"""EV probes over sockets: send one probe along each EV and time its return.
 
-Why it exists: MRC revives an ASSUMED_BAD EV only when a probe of exactly that path
-comes back, and users check a fabric path by path the same way. A probe's segment list
-goes out along the EV and back along its reverse, turned around by the destination
-host's kernel (End SID), so no responder process is needed. This module sees sockets
-and bytes only; which namespace the sockets live in is the caller's business.
+Why it exists: users check a fabric path by path (`mrc-emu probe`), the way MRC revives an
+ASSUMED_BAD EV: a probe of exactly that path comes back or it does not. A probe's segment
+list goes out along the EV and back along its reverse, turned around by the destination
+host's kernel (End SID), so no responder process is needed. This module sees sockets and
+bytes only; which namespace the sockets live in is the caller's business. (A requester's
+own probes are transport/probing.py's.)
 """
 
 from __future__ import annotations
 
 import itertools
-import os
+import secrets
 import select
 import socket
 import time
 from dataclasses import dataclass
 
-from ..wire import fast
+from ..wire.decoder import decode_roce
+from ..wire.encoder import FrameTemplate
 from ..wire.format import Endpoints, ProbePacket
 
-_ids = itertools.count(int.from_bytes(os.urandom(3), "big") << 8)
+_ids = itertools.count(secrets.randbits(24) << 8)
 
 
 @dataclass(frozen=True)
 class ProbeRequest:
     ev: int
     first_hop: str  # outer destination address: where the raw socket routes the frame
-    template: fast.FrameTemplate
+    template: FrameTemplate
 
 
 @dataclass(frozen=True)
@@ -65,7 +67,7 @@ def probe(send_sock: socket.socket, recv_sock: socket.socket, requests: list[Pro
         sport, dport = int.from_bytes(data[0:2], "big"), int.from_bytes(data[2:4], "big")
         # a raw socket receives the UDP header; the ICRC check needs the inner addresses
         ends = Endpoints(addr[0], requests[0].template.ends.src, sport, dport) if requests else None
-        decoded = fast.decode_roce(data[8:], ends)
+        decoded = decode_roce(data[8:], ends)
         if isinstance(decoded, ProbePacket) and decoded.probe_id in pending:
             ev, sent = pending.pop(decoded.probe_id)
             rtts[ev] = now - sent

@@ -1,0 +1,128 @@
+"""The socket driver: a QP's frames over a raw IPv6 socket, datagrams in from UDP port 4791.
+
+Why it exists: inside a fabric namespace the transport's frames must become real packets.
+`SocketLink` sends each whole frame (outer IPv6, SRH, inner IPv6, UDP, RoCE) through a raw
+socket, routed by the frame's outer destination (the path's first hop), and hands the
+datagrams a UDP socket on [address]:4791 receives to an endpoint; the kernel has checked
+each one's UDP checksum. `run_socket` drives one endpoint in real time (the monotonic
+clock). The sockets are created by the caller inside the host's namespace (fabric.ops).
+"""
+
+from __future__ import annotations
+
+import errno
+import gc
+import select
+import socket
+import time
+from collections.abc import Callable
+
+from ..transport.paths import Endpoint, Path
+
+RECV_BUFFER = 16 * 1024 * 1024
+
+
+class SocketLink:
+    """A raw IPv6 socket that sends whole frames and a UDP socket on [address]:4791 that receives.
+
+    Both must have been created inside the host's namespace (see fabric.ops); this class
+    only uses them. The kernel checks each arriving UDP checksum and counts failures.
+    """
+
+    def __init__(self, send_sock: socket.socket, recv_sock: socket.socket) -> None:
+        self.send_sock = send_sock
+        self.recv_sock = recv_sock
+        recv_sock.setblocking(False)
+        self.send_errors = 0
+        self._packed: dict[str, bytes] = {}
+        self._addresses: dict[str, tuple[str, int]] = {}  # first hop -> what sendto takes, built once
+        self._sendto = send_sock.sendto
+
+    def send(self, frame: bytes | bytearray, path: Path) -> bool:
+        address = self._addresses.get(path.first_hop)
+        if address is None:
+            address = self._addresses[path.first_hop] = (path.first_hop, 0)
+        try:
+            self._sendto(frame, address)
+            return True
+        except OSError as e:
+            self.send_errors += 1
+            if e.errno in (errno.ENETUNREACH, errno.EHOSTUNREACH, errno.ENETDOWN, errno.EINVAL):
+                return False  # the host's own port of that plane is down
+            if e.errno in (errno.ENOBUFS, errno.EAGAIN):
+                return True  # dropped locally, like a full NIC queue: loss recovery handles it
+            raise
+
+    def receive(self, endpoint: Endpoint, now_ns: Callable[[], int], budget: int = 32) -> int:
+        """Hand up to `budget` waiting datagrams to the endpoint; how many there were.
+
+        The driver pumps the endpoint between batches, and a responder sends its ACKs only when
+        pumped: the budget bounds how many packets an ACK can wait for. At 256 a busy responder
+        acknowledged once per 256 packets (about 3 ms) instead of every 32, and goodput over
+        2 ms windows swung by 43 % (12 % at 32)."""
+        recv = self.recv_sock.recvfrom
+        packed = self._packed
+        n = 0
+        while n < budget:
+            try:
+                data, addr = recv(65535)
+            except BlockingIOError:
+                break
+            src = packed.get(addr[0])
+            if src is None:
+                src = packed[addr[0]] = socket.inet_pton(socket.AF_INET6, addr[0])
+            endpoint.on_datagram(data, src, addr[1], now_ns())
+            n += 1
+        return n
+
+    def wait(self, timeout_s: float) -> None:
+        select.select([self.recv_sock], [], [], max(0.0, timeout_s))
+
+
+def udp_receiver(address: str, port: int = 4791) -> socket.socket:
+    """A UDP socket bound to the host address on the RoCEv2 port, with a large receive buffer.
+    Call it inside the host's namespace."""
+    sock = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, 33, RECV_BUFFER)  # SO_RCVBUFFORCE (root)
+    except OSError:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECV_BUFFER)
+    sock.bind((address, port))
+    return sock
+
+
+def run_socket(endpoint: Endpoint, link: SocketLink, done: Callable[[], bool],
+               tick: Callable[[int], None] | None = None, tick_ns: int = 100_000_000,
+               clock: Callable[[], int] = time.monotonic_ns) -> None:
+    """Drive one endpoint over sockets until `done()`. `tick(now)` runs every `tick_ns`.
+
+    The cyclic garbage collector is paused meanwhile: a full collection over a large heap
+    stalls the loop for milliseconds, and the transport's objects are freed by reference
+    counting anyway.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        _run_socket(endpoint, link, done, tick, tick_ns, clock)
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _run_socket(endpoint: Endpoint, link: SocketLink, done: Callable[[], bool],
+                tick: Callable[[int], None] | None, tick_ns: int, clock: Callable[[], int]) -> None:
+    next_tick = clock() + tick_ns
+    while not done():
+        now = clock()
+        endpoint.pump(now, link.send, clock)
+        got = link.receive(endpoint, clock)
+        now = clock()
+        if tick is not None and now >= next_tick:
+            tick(now)
+            next_tick = now + tick_ns
+        if got:
+            continue
+        wake = endpoint.next_wakeup()
+        if wake is None or wake > now:
+            limit = min(wake if wake is not None else now + tick_ns, next_tick)
+            link.wait(min((limit - now) / 1e9, 0.05))

@@ -1,0 +1,443 @@
+"""Loss recovery of a requester: the sent-packet table, delivery from ACKs, loss rules, timers.
+
+Why it exists: which packets are out, which arrived and which are lost is the heart of a
+reliable transport, and it must be testable alone, with synthetic packets and hand-made
+ACKs (tests/test_recovery.py). `SentPackets` is the table of packets sent and not known
+delivered (the C send loop records into the same object). `Recovery` reads ACKs into it
+(cumulative PSN and SACK bitmap), applies the loss rules, runs the ACK timeout and the retry
+budget, and tells the EV profile and the congestion control what it learned. How lost
+packets are found and resent is a policy: `Selective` (MRC) or `GoBackN` (RoCEv2 RC).
+No clock and no sockets: time comes in as `now` (ns), frames go out through the requester.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from typing import Protocol
+
+from ..wire.format import AckPacket, Syndrome
+from .cc import CongestionControl
+from .config import PSN_MOD, QpConfig, RecoveryMode, psn_abs
+from .ev import EvProfile
+
+try:  # the C send loop and its packet record (optional; see _spray.c)
+    from . import _spray
+except ImportError:  # pragma: no cover - the extension was not built
+    _spray = None
+
+SAME_EV = "a later packet on the same EV arrived"  # loss rule 1: a path keeps order
+EV_TIMER = "not acknowledged while later packets were"  # loss rule 2: the EV's timer ran out
+ACK_TIMEOUT = "ACK timeout"
+SEQUENCE_NAK = "PSN sequence NAK"  # go-back-N: the responder saw a gap
+LOSS_CHECK_NS = 100_000  # how often the pump re-runs the loss rules when no ACK comes
+
+
+class PyPkt:
+    """One packet of a WRITE, as the requester tracks it (_spray.Pkt is the same in C)."""
+
+    __slots__ = ("psn", "wr", "offset", "length", "ev", "sent_ns", "tx", "last")
+
+    def __init__(self, psn: int, wr, offset: int, length: int, last: bool) -> None:
+        self.psn = psn
+        self.wr = wr
+        self.offset = offset
+        self.length = length
+        self.last = last
+        self.ev = -1
+        self.sent_ns = 0
+        self.tx = 0
+
+
+Pkt = _spray.Pkt if _spray is not None else PyPkt
+
+
+class SentPackets:
+    """Every packet sent and not yet known delivered, by PSN, by send order and by EV.
+
+    `pkts` holds them all (PSN -> packet record); `flight` the ones in flight, in order of their
+    latest send; `by_ev` per EV (PSN, send time) in send order, which loss rule 1 walks (stale
+    entries, of packets delivered or resent elsewhere since, are skipped on the way); `retx` the
+    PSNs declared lost, to resend. `bytes_in_flight` and `ev_flight` add up what is in flight.
+    The C send loop (_spray.c) records its packets in `pkts`, `flight` and `by_ev` as `record` does.
+    """
+
+    def __init__(self, evs: Iterable[int]) -> None:
+        evs = list(evs)
+        self.pkts: dict[int, PyPkt] = {}
+        self.flight: dict[int, None] = {}
+        self.by_ev: dict[int, deque[tuple[int, int]]] = {ev: deque() for ev in evs}
+        self.ev_flight: dict[int, int] = dict.fromkeys(evs, 0)
+        self.bytes_in_flight = 0
+        self.retx: deque[int] = deque()
+        self.Pkt = Pkt  # the record type, fixed when the table is made (tests swap the module's)
+
+    def new(self, psn: int, wr, offset: int, length: int, last: bool) -> PyPkt:
+        pkt = self.pkts[psn] = self.Pkt(psn, wr, offset, length, last)
+        return pkt
+
+    def record(self, pkt: PyPkt, ev: int, stamp: int) -> None:
+        """`pkt` left on `ev` at `stamp`."""
+        pkt.ev = ev
+        pkt.sent_ns = stamp
+        pkt.tx += 1
+        self.flight[pkt.psn] = None
+        self.by_ev[ev].append((pkt.psn, stamp))
+        self.bytes_in_flight += pkt.length
+        self.ev_flight[ev] += pkt.length
+
+    def out_of_flight(self, pkt: PyPkt) -> None:
+        del self.flight[pkt.psn]
+        self.bytes_in_flight -= pkt.length
+        self.ev_flight[pkt.ev] -= pkt.length
+
+    def deliver(self, psns: Iterable[int], seen: dict[int, list[int]]) -> int:
+        """Mark PSNs delivered (unknown ones are skipped); returns the bytes. Per EV `seen` gets
+        [packets, latest send time, that packet's transmissions, bytes]."""
+        pkts, flight, ev_flight = self.pkts, self.flight, self.ev_flight
+        acked = in_flight = 0
+        for psn in psns:
+            pkt = pkts.pop(psn, None)
+            if pkt is None:
+                continue
+            length = pkt.length
+            acked += length
+            pkt.wr.acked += length
+            if psn in flight:
+                del flight[psn]
+                in_flight += length
+                ev_flight[pkt.ev] -= length
+            entry = seen.get(pkt.ev)
+            if entry is None:
+                seen[pkt.ev] = [1, pkt.sent_ns, pkt.tx, length]
+            else:
+                entry[0] += 1
+                entry[3] += length
+                if pkt.sent_ns > entry[1]:
+                    entry[1] = pkt.sent_ns
+                    entry[2] = pkt.tx
+        self.bytes_in_flight -= in_flight
+        return acked
+
+    def front(self, ev: int) -> PyPkt | None:
+        """The oldest packet still in flight on `ev` (stale entries are dropped on the way)."""
+        queue = self.by_ev[ev]
+        while queue:
+            psn, sent = queue[0]
+            pkt = self.pkts.get(psn)
+            if pkt is not None and pkt.ev == ev and pkt.sent_ns == sent and psn in self.flight:
+                return pkt
+            queue.popleft()
+        return None
+
+    def oldest(self) -> PyPkt | None:
+        """The packet in flight longest since its latest send (the ACK timeout's)."""
+        return self.pkts[next(iter(self.flight))] if self.flight else None
+
+
+class Recovery:
+    """What a requester knows of its packets' fate, and what it does about the lost ones."""
+
+    def __init__(self, config: QpConfig, profile: EvProfile, cc: CongestionControl, start_psn: int = 0) -> None:
+        self.config = config
+        self.profile = profile
+        self.cc = cc
+        self.sent = SentPackets(profile.indexes)
+        self.policy: RecoveryPolicy = GoBackN() if config.recovery is RecoveryMode.GO_BACK_N else Selective()
+        self.una = start_psn  # lowest PSN not known delivered (the responder's expected PSN)
+        self.next_psn = start_psn  # the next new PSN (the sender advances it)
+        self.sacked = 0  # bit (W-1-i) <=> PSN una+i known delivered
+        self.rack_sent_ns = -1  # latest send time of any packet known delivered
+        self.bytes_acked = 0
+        self.timeouts = 0
+        self.duplicates_acked = 0
+        self._window_mask = (1 << config.window) - 1
+        self._loss_check_at = 0
+
+    # ---- ACKs ----------------------------------------------------------------------------
+
+    def in_range(self, ack: AckPacket) -> bool:
+        """Whether the ACK's cumulative PSN is one this QP could be acknowledged up to."""
+        cum = psn_abs(ack.psn, self.una)
+        return self.una - self.config.window - 1 <= cum < self.next_psn
+
+    def on_ack(self, ack: AckPacket, now: int) -> None:
+        """An ACK (or non-fatal NAK) that is `in_range`: deliver, sample RTTs, find losses."""
+        W = self.config.window
+        una = self.una
+        cum = psn_abs(ack.psn, una)  # every PSN up to this one has arrived
+        if ack.syndrome == Syndrome.NAK_PSN_SEQUENCE and self.policy.on_sequence_nak(self, cum, now):
+            return
+        sent = self.sent
+        evs = self.profile.evs
+        # an RTT sample from the echoed packet, if it was sent once on that EV (Karn)
+        rtt = sampled = None
+        echo = sent.pkts.get(psn_abs(ack.echo_psn, una))
+        if echo is not None and echo.tx == 1 and echo.ev == ack.echo_ev:
+            rtt = now - echo.sent_ns
+            sampled = echo.ev
+            self.profile.on_rtt(echo.ev, rtt, ack.ecn_echo)
+        ecn_ev = ack.echo_ev if ack.ecn_echo and ack.echo_ev in evs else None
+        seen: dict[int, list[int]] = {}
+        acked = 0
+        if cum >= una:
+            acked += sent.deliver(range(una, cum + 1), seen)
+            shift = cum + 1 - una
+            self.sacked = (self.sacked << shift) & self._window_mask if shift < W else 0
+            una = self.una = cum + 1
+            self.policy.on_progress()
+        if ack.sack_bitmap:
+            acked += sent.deliver(self._newly_sacked(ack, una), seen)
+        self.bytes_acked += acked
+        if acked == 0:
+            self.duplicates_acked += 1
+        self._credit(seen, now, sampled, rtt, ecn_ev, newest_samples=True)
+        self.policy.detect_losses(self, now, seen)
+
+    def _newly_sacked(self, ack: AckPacket, una: int) -> list[int]:
+        """PSNs the ACK's bitmap marks that were not known delivered; the bitmap joins `sacked`.
+
+        The bitmap starts at the ACK's SACK base, which may lie below `una` (an older ACK
+        overtaken by a newer one: a negative shift drops the bits below una) or above it."""
+        W = self.config.window
+        base = psn_abs(ack.sack_base, una)
+        nbits = 8 * len(ack.sack_bitmap)
+        bits = int.from_bytes(ack.sack_bitmap, "big") << (W - nbits) if nbits <= W else 0
+        shift = base - una
+        if 0 <= shift < W:
+            bits >>= shift
+        elif -W < shift < 0:
+            bits = (bits << -shift) & self._window_mask
+        else:
+            bits = 0
+        new = bits & ~self.sacked
+        self.sacked |= bits
+        psns = []
+        top_psn = una + W - 1
+        while new:
+            top = new.bit_length() - 1
+            new ^= 1 << top
+            psns.append(top_psn - top)
+        return psns
+
+    def ack_cumulative(self, cum: int, now: int) -> None:
+        """Everything up to `cum` arrived (a NAK's cumulative part): no RTT sample, no SACK."""
+        if cum >= self.una:
+            seen: dict[int, list[int]] = {}
+            self.bytes_acked += self.sent.deliver(range(self.una, cum + 1), seen)
+            self.una = cum + 1
+            self.policy.on_progress()
+            self._credit(seen, now, None, None, None, newest_samples=False)
+
+    def _credit(self, seen: dict[int, list[int]], now: int, sampled: int | None, rtt: int | None,
+                ecn_ev: int | None, newest_samples: bool) -> None:
+        """Tell the EV profile and the CC what each EV delivered.
+
+        Every EV that delivered gets an RTT sample from its newest packet in this ACK (Karn: not
+        from a retransmission). One echo per ACK alone left EVs without any sample: the ACK
+        every 32nd packet echoes the same one or two EVs of an 8-EV schedule. The newest packet
+        of an EV arrived at most a few packets before the ACK was sent, so the coalescing adds
+        little; the echoed EV has its exact sample already."""
+        profile, cc = self.profile, self.cc
+        evs = profile.evs
+        for ev, (count, latest_sent, latest_tx, nbytes) in seen.items():
+            profile.on_delivered(ev, latest_sent, count)
+            if latest_sent > self.rack_sent_ns:
+                self.rack_sent_ns = latest_sent
+            sample = None
+            if ev == sampled:
+                sample = rtt
+            elif newest_samples and latest_tx == 1:
+                sample = now - latest_sent
+                profile.on_rtt(ev, sample, None)
+            cc.on_acked(now, ev, nbytes, sample, evs[ev].rtt.srtt_ns, ev == ecn_ev)
+        for ev in {sampled, ecn_ev} - seen.keys() - {None}:  # an echo (sample, ECN mark) whose EV delivered nothing new
+            cc.on_acked(now, ev, 0, rtt if ev == sampled else None, evs[ev].rtt.srtt_ns, ev == ecn_ev)
+
+    # ---- losses --------------------------------------------------------------------------
+
+    def lose(self, pkt: PyPkt, now: int, why: str) -> None:
+        """`pkt` is lost: out of flight, queued to resend, counted against its EV and told to the CC."""
+        self.sent.out_of_flight(pkt)
+        self.sent.retx.append(pkt.psn)
+        stats = self.profile.evs[pkt.ev]
+        if self.config.path_avoidance:
+            self.profile.on_lost(pkt.ev, now, why)
+        else:
+            stats.packets_lost += 1
+        # An isolated loss, or one on a path that keeps delivering, is congestion: the window shrinks.
+        # A run of losses on one EV is a failing path: the EV's state handles it, not the window.
+        congestion = why is SAME_EV or stats.consecutive_losses <= 1
+        if why is ACK_TIMEOUT:
+            self.cc.on_timeout(now, pkt.ev, pkt.length, stats.rtt.srtt_ns, congestion)
+        else:
+            self.cc.on_lost(now, pkt.ev, pkt.length, stats.rtt.srtt_ns, congestion)
+
+    def ev_timer(self, ev: int) -> int:
+        """How long a packet on `ev` may stay unacknowledged once later packets got through:
+        srtt + 4 rttvar of that EV, as TCP's RTO (EVs differ: each plane queues on its own).
+        An EV without a sample yet borrows 3 x the largest srtt of the others."""
+        rtt = self.profile.evs[ev].rtt
+        floor = self.config.reorder_floor_ns
+        if rtt.srtt_ns:
+            return rtt.timer(floor)
+        known = [s.rtt.srtt_ns for s in self.profile.evs.values() if s.rtt.srtt_ns]
+        return max(floor, int(3 * max(known))) if known else self.config.ack_timeout_ns
+
+    def path_order_losses(self, now: int, evs: Iterable[int]) -> None:
+        """Rule 1: a path keeps order, so once a later packet on an EV is delivered, the earlier
+        ones on that EV are lost."""
+        sent = self.sent
+        for ev in evs:
+            delivered_up_to = self.profile.evs[ev].last_delivered_sent_ns
+            while (pkt := sent.front(ev)) is not None and pkt.sent_ns < delivered_up_to:
+                sent.by_ev[ev].popleft()
+                self.lose(pkt, now, SAME_EV)
+
+    def ev_timer_losses(self, now: int) -> None:
+        """Rule 2: a packet older than something already delivered (on any EV) is lost once its
+        EV's timer has run out: how a dead path shows."""
+        sent = self.sent
+        rack = self.rack_sent_ns
+        for ev in sent.by_ev:
+            timer = None
+            while (pkt := sent.front(ev)) is not None and pkt.sent_ns < rack:
+                timer = timer or self.ev_timer(ev)
+                if now < pkt.sent_ns + timer:
+                    break
+                sent.by_ev[ev].popleft()
+                self.lose(pkt, now, EV_TIMER)
+
+    def ev_timer_deadline(self) -> int | None:
+        """When rule 2 would declare the next packet lost, if nothing arrives."""
+        deadlines = []
+        for ev in self.sent.by_ev:
+            pkt = self.sent.front(ev)
+            if pkt is not None and pkt.sent_ns < self.rack_sent_ns:
+                deadlines.append(pkt.sent_ns + self.ev_timer(ev))
+        return min(deadlines) if deadlines else None
+
+    # ---- the ACK timeout -----------------------------------------------------------------
+
+    def on_timer(self, now: int) -> str | None:
+        """Run what is due at `now`: ACK timeouts, then the loss rules (at most every
+        LOSS_CHECK_NS: ACKs run them too, and the EV timers, >= 0.5 ms, need no finer look).
+        Returns the QP's error when a packet's retry budget is spent."""
+        sent = self.sent
+        while (pkt := sent.oldest()) is not None:
+            tries = self.policy.tries(pkt)
+            if now < pkt.sent_ns + self.config.ack_timeout_for(tries):
+                break
+            self.timeouts += 1
+            if self.config.retry_budget_spent(tries):
+                evs = sorted({p.ev for p in sent.pkts.values()})
+                return (f"retry budget spent: PSN {pkt.psn & (PSN_MOD - 1)} went unacknowledged after {tries} "
+                        f"transmissions ({self.config.retry_linear} linear + {self.config.retry_exp} exponential "
+                        f"retries, ACK timeout {self.config.ack_timeout_ns / 1e6:.1f} ms); "
+                        f"EVs tried: {evs}. Every path to the responder seems dead.")
+            self.policy.on_ack_timeout(self, pkt, now)
+        if sent.flight and now >= self._loss_check_at:
+            self.policy.detect_losses(self, now, None)
+            self._loss_check_at = now + LOSS_CHECK_NS
+        return None
+
+    def next_deadline(self) -> int | None:
+        """When `on_timer` next has something to do, if nothing arrives meanwhile."""
+        pkt = self.sent.oldest()
+        if pkt is None:
+            return None
+        deadline = pkt.sent_ns + self.config.ack_timeout_for(self.policy.tries(pkt))
+        loss = self.policy.loss_deadline(self)
+        return deadline if loss is None else min(deadline, max(loss, self._loss_check_at))
+
+
+class RecoveryPolicy(Protocol):
+    """How lost packets are found and resent: what `Recovery` asks of `Selective` and `GoBackN`."""
+
+    mode: RecoveryMode
+
+    def on_sequence_nak(self, recovery: Recovery, cum: int, now: int) -> bool: ...  # True: handled
+    def detect_losses(self, recovery: Recovery, now: int, touched: Iterable[int] | None) -> None: ...
+    def loss_deadline(self, recovery: Recovery) -> int | None: ...
+    def tries(self, pkt: PyPkt) -> int: ...  # transmissions that count against the retry budget
+    def on_ack_timeout(self, recovery: Recovery, pkt: PyPkt, now: int) -> None: ...
+    def on_progress(self) -> None: ...  # the cumulative PSN advanced
+
+
+class Selective:
+    """MRC's recovery: each lost packet found by the two per-EV loss rules or its own ACK
+    timeout, and resent alone (on another EV); its retry budget counts its own transmissions."""
+
+    mode = RecoveryMode.SACK
+
+    def on_sequence_nak(self, recovery: Recovery, cum: int, now: int) -> bool:
+        return False  # a sequence NAK (a PSN beyond the window) is read as any ACK: its SACK tells
+
+    def detect_losses(self, recovery: Recovery, now: int, touched: Iterable[int] | None) -> None:
+        recovery.path_order_losses(now, recovery.sent.by_ev if touched is None else touched)
+        if recovery.sent.flight:
+            recovery.ev_timer_losses(now)
+
+    def loss_deadline(self, recovery: Recovery) -> int | None:
+        return recovery.ev_timer_deadline()
+
+    def tries(self, pkt: PyPkt) -> int:
+        return pkt.tx
+
+    def on_ack_timeout(self, recovery: Recovery, pkt: PyPkt, now: int) -> None:
+        recovery.lose(pkt, now, ACK_TIMEOUT)
+
+    def on_progress(self) -> None:
+        pass
+
+
+class GoBackN:
+    """RoCEv2 RC's recovery, the baseline: losses are learned only from a PSN-sequence NAK or
+    the ACK timeout, and then everything from the oldest unacknowledged PSN is resent, in
+    order. The retry budget counts the QP's timeouts without progress (an RC QP's counter)."""
+
+    mode = RecoveryMode.GO_BACK_N
+
+    def __init__(self) -> None:
+        self.timeouts_without_progress = 0
+
+    def on_sequence_nak(self, recovery: Recovery, cum: int, now: int) -> bool:
+        recovery.ack_cumulative(cum, now)
+        self.rewind(recovery, now, SEQUENCE_NAK)
+        return True
+
+    def detect_losses(self, recovery: Recovery, now: int, touched: Iterable[int] | None) -> None:
+        pass  # RC learns of losses only from NAKs and timeouts
+
+    def loss_deadline(self, recovery: Recovery) -> int | None:
+        return None
+
+    def tries(self, pkt: PyPkt) -> int:
+        return self.timeouts_without_progress + 1
+
+    def on_ack_timeout(self, recovery: Recovery, pkt: PyPkt, now: int) -> None:
+        self.timeouts_without_progress += 1
+        self.rewind(recovery, now, ACK_TIMEOUT)
+
+    def on_progress(self) -> None:
+        self.timeouts_without_progress = 0
+
+    def rewind(self, recovery: Recovery, now: int, why: str) -> None:
+        """Resend everything from the oldest unacknowledged PSN on, in order."""
+        sent, evs = recovery.sent, recovery.profile.evs
+        psns = sorted(p for p in sent.pkts if p >= recovery.una)
+        lost: dict[int, int] = {}  # EV -> bytes that were in flight
+        for psn in psns:
+            pkt = sent.pkts[psn]
+            lost.setdefault(pkt.ev, 0)
+            if psn in sent.flight:
+                sent.out_of_flight(pkt)
+                evs[pkt.ev].packets_lost += 1
+                lost[pkt.ev] += pkt.length
+        sent.retx.clear()
+        sent.retx.extend(psns)
+        for ev, nbytes in lost.items():
+            if why is ACK_TIMEOUT:
+                recovery.cc.on_timeout(now, ev, nbytes, evs[ev].rtt.srtt_ns, True)
+            else:
+                recovery.cc.on_lost(now, ev, nbytes, evs[ev].rtt.srtt_ns, True)

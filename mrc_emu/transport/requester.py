@@ -1,0 +1,308 @@
+"""The sending side of an MRC QP: RDMA WRITEs segmented, sprayed over EVs, acknowledged.
+
+Why it exists: this is MRC's sender. It segments each WRITE at the path MTU into packets
+that each carry their own address (RETH), sprays them over the GOOD EVs of its EV profile
+(ev.py) within the congestion window (cc.py), reads ACKs and probes, and completes WRITEs
+in posting order. What happened to each packet, and what to resend, is recovery.py's; EV
+probes are probing.py's. A sans-IO state machine: datagrams in (`on_datagram`), frames out
+(`pump`), time passed in as `now` (ns); randomness (probe ids) from an injected source.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..wire.decoder import decode_udp
+from ..wire.encoder import payload_sums
+from ..wire.format import AckPacket, DropReason, ProbePacket, Syndrome
+from .cc import CongestionControl, make_cc
+from .config import QpConfig, RandomBits
+from .ev import EvProfile
+from .paths import Path, Send
+from .probing import EvProber
+from .recovery import Recovery
+
+try:  # the C send loop for first transmissions (optional; see _spray.c)
+    from . import _spray
+except ImportError:  # pragma: no cover - the extension was not built
+    _spray = None
+
+_FATAL_NAKS = {
+    Syndrome.NAK_INVALID_REQUEST: "invalid request",
+    Syndrome.NAK_REMOTE_ACCESS: "remote access error (wrong R_Key, or address and length outside the registered region)",
+    Syndrome.NAK_REMOTE_OPERATIONAL: "remote operational error",
+}
+
+
+@dataclass
+class WriteRequest:
+    wr_id: int
+    local: memoryview
+    remote_va: int
+    rkey: int
+    imm: int | None
+    sums: list[int] | None  # payload word sums for the Python encoder; None when the C one sums itself
+    length: int = 0
+    next_offset: int = 0
+    acked: int = 0
+    posted_ns: int = 0
+    completed_ns: int | None = None
+
+    def __post_init__(self) -> None:
+        self.length = len(self.local)
+
+
+@dataclass
+class Completion:
+    """A requester's WRITE whose every byte is acknowledged."""
+
+    wr_id: int
+    length: int
+    time_ns: int
+    imm: int | None = None
+
+
+class Requester:
+    """The sending side of one MRC QP."""
+
+    def __init__(self, address: bytes, qpn: int, dest_qp: int, paths: dict[int, Path],
+                 probe_paths: dict[int, Path] | None = None, config: QpConfig | None = None,
+                 cc: CongestionControl | None = None, start_psn: int = 0, ev_min_active: int = 1,
+                 c_loop: bool = True, *, random_bits: RandomBits) -> None:
+        if not paths:
+            raise ValueError("a requester needs at least one path (EV)")
+        self.address = address
+        self.qpn = qpn
+        self.dest_qp = dest_qp
+        self.paths = paths
+        self.config = config or QpConfig()
+        self.cc = cc or make_cc("nscc", self.config.mtu)
+        self.profile = EvProfile(sorted(paths), ev_min_active=ev_min_active)
+        self.recovery = Recovery(self.config, self.profile, self.cc, start_psn)
+        self.sent = self.recovery.sent
+        self.prober = EvProber(qpn, probe_paths or {}, self.profile, self.config.probe_interval_ns, random_bits)
+        self.start_psn = start_psn
+        self.queue: deque[WriteRequest] = deque()  # posted, not all packets sent yet
+        self.active: deque[WriteRequest] = deque()  # posted, not completed (in order)
+        self.completions: list[Completion] = []
+        self.error: str | None = None
+        self.naks = 0
+        self.send_failures = 0
+        self.drops: Counter[str] = Counter()
+        self._wr_ids = itertools.count(1)
+        self._native = all(p.template.native for p in paths.values())
+        # per EV: the C encoder bound to that EV's buffer for full-MTU WRITE_ONLY packets
+        self._writers = {ev: p.template.writer(dest_qp, self.config.mtu, self.config.pkey)
+                         for ev, p in paths.items()} if self._native else {}
+        # the C send loop records into the sent-packet table (None: the Python loop sends every packet)
+        self._spray = _spray.spray if c_loop and _spray is not None and self._writers else None
+        self._last_now = 0
+
+    # ---- API -----------------------------------------------------------------------------
+
+    def post_write(self, local: bytes | bytearray | memoryview, remote_va: int, rkey: int,
+                   imm: int | None = None, now: int = 0) -> int:
+        """Queue an RDMA WRITE (WRITE_WITH_IMM when `imm` is given); returns its wr_id."""
+        view = memoryview(local).cast("B")
+        if len(view) == 0:
+            raise ValueError("a WRITE carries at least one byte")
+        # the pure-Python encoder takes the payload word sums computed here in bulk; the C one sums itself
+        sums = None if self._native else payload_sums(view, self.config.mtu)
+        wr = WriteRequest(next(self._wr_ids), view, remote_va, rkey, imm, sums, posted_ns=now)
+        self.queue.append(wr)
+        self.active.append(wr)
+        return wr.wr_id
+
+    @property
+    def done(self) -> bool:
+        return self.error is not None or not self.active
+
+    @property
+    def stalled(self) -> bool:
+        """Every EV is DENIED: the QP sends no data (and its WRITEs wait) until one is allowed."""
+        return self.profile.stalled
+
+    @property
+    def ev_events(self):
+        return self.profile.events
+
+    @property
+    def bytes_acked(self) -> int:
+        return self.recovery.bytes_acked
+
+    # ---- receiving -----------------------------------------------------------------------
+
+    def on_datagram(self, payload: bytes | memoryview, src: bytes, sport: int, now: int) -> None:
+        packet = decode_udp(payload, src, self.address, sport)
+        if isinstance(packet, DropReason):
+            self.drops[packet.value] += 1
+        elif isinstance(packet, AckPacket):
+            if packet.dest_qp != self.qpn or packet.pkey != self.config.pkey:
+                self.drops["unknown_qp" if packet.dest_qp != self.qpn else "bad_pkey"] += 1
+            else:
+                self._on_ack(packet, now)
+        elif isinstance(packet, ProbePacket):
+            if not self.prober.on_probe(packet, now):
+                self.drops["unknown_probe"] += 1
+        else:
+            self.drops["unexpected_data"] += 1
+
+    def _on_ack(self, ack: AckPacket, now: int) -> None:
+        if not self.recovery.in_range(ack):
+            self.drops["ack_out_of_range"] += 1
+            return
+        if ack.is_nak:
+            self.naks += 1
+            meaning = _FATAL_NAKS.get(ack.syndrome)
+            if meaning is not None:
+                self.error = f"the responder refused the WRITE at PSN {ack.psn}: {meaning}"
+                return
+        self.recovery.on_ack(ack, now)
+        self._complete(now)
+
+    def _complete(self, now: int) -> None:
+        """Complete, in posting order, every WRITE whose bytes are all acknowledged."""
+        active = self.active
+        while active and active[0].acked >= active[0].length:
+            wr = active.popleft()
+            wr.completed_ns = now
+            self.completions.append(Completion(wr.wr_id, wr.length, now, wr.imm))
+
+    # ---- sending -------------------------------------------------------------------------
+
+    def pump(self, now: int, send: Send, clock: Callable[[], int] | None = None) -> None:
+        """Send what is due: timeouts' consequences, EV probes, then data while the window allows.
+
+        `clock`, when given, stamps each data packet with its own send time (a burst of 32 full
+        packets takes about 0.4 ms over sockets, which would otherwise skew RTT samples by as
+        much); without it every packet of the burst is stamped `now` (virtual time)."""
+        self._last_now = now
+        if self.error is not None:
+            return
+        self.error = self.recovery.on_timer(now)
+        if self.error is not None:
+            return
+        if self.config.path_avoidance and self.prober.paths and self.profile.any_assumed_bad():
+            self.prober.send_due(now, send)
+        if self.profile.stalled:
+            return  # DENIED EVs never carry data
+        # the data path: locals only, one frame per iteration (this loop sets the packet rate)
+        cfg, rec = self.config, self.recovery
+        table = rec.sent
+        mtu, burst, pkey, dest_qp = cfg.mtu, cfg.burst, cfg.pkey, self.dest_qp
+        cwnd = self.cc.cwnd
+        window_end = rec.una + cfg.window
+        pick, paths, pkts, flight, retx = self.profile.pick, self.paths, table.pkts, table.flight, table.retx
+        record, new_pkt, cc_sent = table.record, table.new, self.cc.on_sent
+        evs, queue, writers, spray = self.profile.evs, self.queue, self._writers, self._spray
+        sent = 0
+        next_psn = rec.next_psn
+        while sent < burst and table.bytes_in_flight < cwnd:
+            if retx:
+                pkt = pkts.get(retx.popleft())
+                if pkt is None or pkt.psn in flight:
+                    continue  # delivered after all, or already resent
+                ev = pick(pkt.ev)
+                evs[ev].retransmits_sent += 1
+            elif queue and next_psn < window_end:
+                wr = queue[0]
+                if spray is not None:  # a run of full-MTU first transmissions, in C
+                    schedule, cursor = self.profile.schedule_at()
+                    n, next_psn, table.bytes_in_flight, cursor, failed, counts = spray(
+                        table, writers, paths, mtu, wr, send, now, next_psn, window_end, burst - sent,
+                        table.bytes_in_flight, cwnd, schedule, cursor, clock)
+                    self.profile.advance(cursor)
+                    for ev, count in counts.items():
+                        evs[ev].packets_sent += count
+                        table.ev_flight[ev] += count * mtu
+                        cc_sent(now, ev, count * mtu)
+                    sent += n
+                    if wr.next_offset >= wr.length:
+                        queue.popleft()
+                    if failed is not None:
+                        self._send_failed(failed, now if clock is None else clock())
+                    if n:
+                        continue
+                offset = wr.next_offset
+                length = wr.length - offset
+                if length > mtu:
+                    length = mtu
+                wr.next_offset = offset + length
+                last = wr.next_offset >= wr.length
+                if last:
+                    queue.popleft()
+                pkt = new_pkt(next_psn, wr, offset, length, last)
+                next_psn += 1
+                ev = pick()
+            else:
+                break
+            wr, offset, length = pkt.wr, pkt.offset, pkt.length
+            path = paths[ev]
+            last = pkt.last
+            # a full window waits for no delayed ACK
+            ack_req = last or pkt.tx > 0 or table.bytes_in_flight + 4 * length > cwnd
+            if length == mtu and writers and (not last or wr.imm is None):
+                frame = writers[ev]((ack_req << 31) | (pkt.psn & 0xFFFFFF), wr.remote_va + offset, wr.rkey, None,
+                                    wr.local[offset:offset + length])
+            else:
+                frame = path.template.write(dest_qp, pkt.psn & 0xFFFFFF, wr.remote_va + offset, wr.rkey,
+                                            wr.local[offset:offset + length],
+                                            None if wr.sums is None else wr.sums[offset // mtu], ack_req,
+                                            wr.imm if last else None, pkey)
+            stamp = now if clock is None else clock()
+            record(pkt, ev, stamp)
+            evs[ev].packets_sent += 1
+            cc_sent(stamp, ev, length)
+            sent += 1
+            if not send(frame, path):
+                self._send_failed(ev, stamp)
+        rec.next_psn = next_psn
+
+    def _send_failed(self, ev: int, now: int) -> None:
+        """A frame never left (the host's own port is down): count it against the EV now. The
+        packet stays in flight, so the ACK timeout resends it and spends its retries."""
+        self.send_failures += 1
+        if self.config.path_avoidance:
+            self.profile.on_lost(ev, now, "no route out of the host")
+
+    def _can_send(self) -> bool:
+        if self.error is not None or self.profile.stalled or self.sent.bytes_in_flight >= self.cc.cwnd:
+            return False
+        rec = self.recovery
+        return bool(self.sent.retx) or (bool(self.queue) and rec.next_psn < rec.una + self.config.window)
+
+    def next_wakeup(self) -> int | None:
+        if self.error is not None:
+            return None
+        if self._can_send():
+            return self._last_now
+        wakes = []
+        if (deadline := self.recovery.next_deadline()) is not None:
+            wakes.append(deadline)
+        if self.config.path_avoidance and (probe := self.prober.next_wakeup()) is not None:
+            wakes.append(probe)
+        return min(wakes) if wakes else None
+
+    # ---- reports -------------------------------------------------------------------------
+
+    @property
+    def packets_sent(self) -> int:
+        return sum(s.packets_sent for s in self.profile.evs.values())
+
+    @property
+    def retransmits(self) -> int:
+        return sum(s.retransmits_sent for s in self.profile.evs.values())
+
+    def summary(self) -> dict:
+        """QP-wide counters (per-EV ones are in the profile)."""
+        rec = self.recovery
+        return {"packets_sent": self.packets_sent, "retransmits": self.retransmits, "bytes_acked": rec.bytes_acked,
+                "duplicates_acked": rec.duplicates_acked, "naks": self.naks, "timeouts": rec.timeouts,
+                "send_failures": self.send_failures, "probes_sent": self.prober.probes_sent,
+                "probes_returned": self.prober.probes_returned, "cwnd": int(self.cc.cwnd), "stalled": self.stalled}
+
+    def ev_bytes_in_flight(self, ev: int) -> int:
+        return self.sent.ev_flight[ev]

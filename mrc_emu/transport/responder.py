@@ -1,0 +1,218 @@
+"""The receiving side of MRC QPs: registered memory, checks on every packet, placement, ACKs.
+
+Why it exists: MRC places each packet straight into the registered buffer at its own
+address, in whatever order packets arrive, so the responder must check every one (QPN, peer
+address, P_Key, PSN window, R_Key and protection domain, bounds) before it writes a byte, and
+acknowledge with a SACK bitmap over the MPR window. One responder serves any number of QPs,
+each with its own attributes (QpConfig): MRC QPs (selective) and go-back-N QPs (RoCEv2 RC,
+which accept only the expected PSN) side by side. A sans-IO state machine: datagrams in
+(`on_datagram`), ACK frames out (`pump`), time passed in as `now` (ns); R_Keys come from an
+injected random source.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..topology.evs import ev_of_sport
+from ..wire.decoder import decode_udp
+from ..wire.format import AckPacket, DataPacket, DropReason, Syndrome
+from .config import PSN_MOD, QpConfig, RandomBits, RecoveryMode, psn_abs
+from .paths import Path, Send
+
+
+@dataclass
+class MemoryRegion:
+    """A registered buffer: remote writes land here if R_Key and bounds match and the writing QP
+    belongs to the region's protection domain."""
+
+    rkey: int
+    va: int
+    buffer: bytearray
+    pd: int = 0
+    view: memoryview = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.view = memoryview(self.buffer)
+
+    @property
+    def length(self) -> int:
+        return len(self.buffer)
+
+    def to_dict(self) -> dict:
+        return {"rkey": self.rkey, "va": self.va, "length": self.length}
+
+
+@dataclass
+class ImmCompletion:
+    """A responder's WRITE_WITH_IMM whose data, and all data before it, is placed."""
+
+    psn: int
+    imm: int
+    time_ns: int
+
+
+@dataclass
+class _RQp:
+    qpn: int
+    peer_qpn: int
+    peer: bytes | None  # the requester's packed address (None: accept any)
+    epsn: int  # expected PSN (unbounded): everything below has arrived
+    start_psn: int
+    paths_back: dict[int, Path]
+    config: QpConfig  # this QP's attributes: window, P_Key, ACK pacing, recovery mode
+    pd: int = 0  # protection domain: the QP may write only regions registered in it
+    window: int = field(init=False)
+    pkey: int = field(init=False)
+    in_order_only: bool = field(init=False)  # go-back-N: only the expected PSN is accepted
+    received: int = 0  # bit (window-1-i) <=> PSN epsn+i arrived
+    pending_imm: dict[int, int] = field(default_factory=dict)
+    since_ack: int = 0
+    unacked_since: int = -1  # arrival time of the first packet not yet acknowledged
+    ack_due: bool = False
+    nak: int | None = None  # syndrome to send with the next ACK
+    nak_sent_at: int = -1  # go-back-N: the expected PSN a sequence NAK was sent for (one per gap)
+    nak_psn: int = 0
+    echo_psn: int = 0
+    echo_ev: int = 0
+    ecn: bool = False
+
+    def __post_init__(self) -> None:
+        self.window = self.config.window
+        self.pkey = self.config.pkey
+        self.in_order_only = self.config.recovery is RecoveryMode.GO_BACK_N
+
+
+class Responder:
+    """The receiving side: registered memory and the QPs that may write into it."""
+
+    def __init__(self, address: bytes, config: QpConfig | None = None, *, random_bits: RandomBits) -> None:
+        self.address = address
+        self.config = config or QpConfig()  # the attributes of QPs accepted without their own
+        self.regions: dict[int, MemoryRegion] = {}
+        self.qps: dict[int, _RQp] = {}
+        self.completions: list[ImmCompletion] = []
+        self.stats = {"packets_placed": 0, "bytes_placed": 0, "duplicates": 0, "acks_sent": 0, "naks_sent": 0}
+        self.drops: Counter[str] = Counter()
+        self._random_bits = random_bits
+        self._last_now = 0
+
+    def _new_rkey(self) -> int:
+        while (rkey := self._random_bits(32)) == 0 or rkey in self.regions:
+            pass
+        return rkey
+
+    def register(self, buffer: bytearray, va: int = 0x1000_0000, pd: int = 0) -> MemoryRegion:
+        mr = MemoryRegion(self._new_rkey(), va, buffer, pd)
+        self.regions[mr.rkey] = mr
+        return mr
+
+    def accept(self, qpn: int, peer_qpn: int, start_psn: int, paths_back: dict[int, Path],
+               peer: bytes | None = None, pd: int = 0, config: QpConfig | None = None) -> None:
+        """Accept QP `qpn` from the requester's `peer_qpn`, starting at `start_psn`, with its own
+        attributes `config` (the requester's; default: the responder's)."""
+        if not paths_back:
+            raise ValueError("a responder QP needs at least one path back to the requester")
+        self.qps[qpn] = _RQp(qpn, peer_qpn, peer, start_psn, start_psn, paths_back, config or self.config, pd)
+
+    def on_datagram(self, payload: bytes | memoryview, src: bytes, sport: int, now: int) -> None:
+        packet = decode_udp(payload, src, self.address, sport)
+        if isinstance(packet, DropReason):
+            self.drops[packet.value] += 1
+            return
+        if not isinstance(packet, DataPacket):
+            self.drops["unexpected_ack"] += 1
+            return
+        qp = self.qps.get(packet.dest_qp)
+        if qp is None or (qp.peer is not None and qp.peer != src):
+            self.drops["unknown_qp"] += 1
+            return
+        if packet.pkey != qp.pkey:
+            self.drops["bad_pkey"] += 1
+            return
+        psn = psn_abs(packet.psn, qp.epsn)
+        offset = psn - qp.epsn
+        qp.echo_psn, qp.echo_ev, qp.ecn = packet.psn, ev_of_sport(sport), packet.ecn_ce
+        if offset < 0 or (offset < qp.window and qp.received >> (qp.window - 1 - offset) & 1):
+            self.stats["duplicates"] += 1
+            qp.ack_due = True
+            return
+        if offset > 0 and qp.in_order_only:
+            self.drops["out_of_sequence"] += 1  # RC: only the expected PSN is accepted
+            if qp.nak_sent_at != qp.epsn:
+                qp.nak_sent_at = qp.epsn
+                self._nak(qp, Syndrome.NAK_PSN_SEQUENCE, qp.epsn - 1)
+            return
+        if offset >= qp.window:
+            self.drops["psn_out_of_window"] += 1
+            self._nak(qp, Syndrome.NAK_PSN_SEQUENCE, qp.epsn - 1)
+            return
+        mr = self.regions.get(packet.rkey)
+        data = packet.payload
+        if mr is None or mr.pd != qp.pd:  # another domain's R_Key is as invalid as an unknown one
+            self.drops["bad_rkey"] += 1
+            self._nak(qp, Syndrome.NAK_REMOTE_ACCESS, psn)
+            return
+        start = packet.va - mr.va
+        if start < 0 or start + len(data) > mr.length:
+            self.drops["out_of_bounds"] += 1
+            self._nak(qp, Syndrome.NAK_REMOTE_ACCESS, psn)
+            return
+        mr.view[start:start + len(data)] = data
+        self.stats["packets_placed"] += 1
+        self.stats["bytes_placed"] += len(data)
+        if packet.imm is not None:
+            qp.pending_imm[psn] = packet.imm
+        received = qp.received | (1 << (qp.window - 1 - offset))
+        mask = (1 << qp.window) - 1
+        run = qp.window - (~received & mask).bit_length()  # arrived in order from epsn on
+        if run:
+            received = (received << run) & mask
+            qp.epsn += run
+            if qp.pending_imm:
+                for p in sorted(k for k in qp.pending_imm if k < qp.epsn):
+                    self.completions.append(ImmCompletion(p & (PSN_MOD - 1), qp.pending_imm.pop(p), now))
+        qp.received = received
+        qp.since_ack += 1
+        if qp.unacked_since < 0:
+            qp.unacked_since = now
+        if packet.ack_req or qp.since_ack >= qp.config.ack_every:
+            qp.ack_due = True
+
+    def _nak(self, qp: _RQp, syndrome: Syndrome, psn: int) -> None:
+        qp.nak, qp.nak_psn, qp.ack_due = syndrome, psn, True
+
+    def _ack_for(self, qp: _RQp) -> AckPacket:
+        bitmap = b""
+        if qp.received:
+            lowest = (qp.received & -qp.received).bit_length() - 1
+            nbits = -(-(qp.window - lowest) // 32) * 32
+            bitmap = (qp.received >> (qp.window - nbits)).to_bytes(nbits // 8, "big")
+        if qp.nak is not None:
+            syndrome, psn = qp.nak, qp.nak_psn
+        else:
+            syndrome, psn = Syndrome.ACK, qp.epsn - 1
+        return AckPacket(qp.peer_qpn, psn & (PSN_MOD - 1), syndrome, (qp.epsn - qp.start_psn) & (PSN_MOD - 1),
+                         qp.epsn & (PSN_MOD - 1), qp.echo_psn, qp.echo_ev & 0xFFFF, qp.ecn, bitmap, qp.pkey)
+
+    def pump(self, now: int, send: Send, clock: Callable[[], int] | None = None) -> None:
+        self._last_now = now
+        for qp in self.qps.values():
+            if not qp.ack_due and not (qp.unacked_since >= 0 and now >= qp.unacked_since + qp.config.ack_delay_ns):
+                continue
+            path = qp.paths_back.get(qp.echo_ev) or next(iter(qp.paths_back.values()))
+            ack = self._ack_for(qp)
+            send(path.template.encode(ack), path)
+            self.stats["naks_sent" if qp.nak is not None else "acks_sent"] += 1
+            qp.ack_due, qp.nak, qp.since_ack, qp.unacked_since = False, None, 0, -1
+
+    def next_wakeup(self) -> int | None:
+        wakes = []
+        for qp in self.qps.values():
+            if qp.ack_due:
+                return self._last_now
+            if qp.unacked_since >= 0:
+                wakes.append(qp.unacked_since + qp.config.ack_delay_ns)
+        return min(wakes) if wakes else None

@@ -1,0 +1,197 @@
+"""The decoder: frames and UDP payloads back into packet records, without scapy.
+
+Why it exists: the responder and the requester read every datagram they receive, the
+in-memory network opens every frame as a destination kernel would, and pcaps and fuzzers
+feed it anything. It never raises on hostile input: every problem is a DropReason, and
+every read is bounds-checked by struct. Building frames is encoder.py's job.
+"""
+
+from __future__ import annotations
+
+import socket
+import zlib
+from dataclasses import dataclass
+
+from . import format as fmt
+from .format import AckPacket, DataPacket, DropReason, Endpoints, ProbePacket, RocePacket
+from .headers import (
+    ACK,
+    AETH_HDR,
+    BTH_HDR,
+    ICRC,
+    IMM_HDR,
+    IPV6_HDR,
+    MRCX_HDR,
+    NH_IPV6,
+    NH_ROUTING,
+    NH_UDP,
+    PROBE_HDR,
+    RETH_HDR,
+    SACK_HDR,
+    SRH_HDR,
+    UDP_HDR,
+    WRITE_IMM,
+    WRITE_ONLY,
+    icrc_prefix,
+    ones_sum,
+    ones_sum_of,
+    packed,
+)
+
+
+@dataclass(frozen=True)
+class Received:
+    packet: RocePacket
+    ends: Endpoints
+    segments_left: int | None = None  # of the SRH, when the frame still had one
+
+
+def decode_roce(payload: bytes, ends: Endpoints, ecn_ce: bool = False) -> RocePacket | DropReason:
+    """Decode the UDP payload of a RoCEv2 packet (what a UDP socket on port 4791 receives)."""
+    try:
+        src, dst = packed(ends.src), packed(ends.dst)
+    except ValueError:
+        return DropReason.NOT_IPV6
+    return _decode_roce(payload, src, dst, ends.sport, ends.dport, ecn_ce)
+
+
+def _decode_roce(payload: bytes | memoryview, src: bytes, dst: bytes, sport: int, dport: int,
+                 ecn_ce: bool) -> RocePacket | DropReason:
+    n = len(payload)
+    if n < fmt.BTH_LEN + fmt.ICRC_LEN:
+        return DropReason.TRUNCATED
+    view = memoryview(payload)
+    crc = icrc_prefix(src, dst, sport, dport, n + fmt.UDP_LEN)
+    crc = zlib.crc32(view[5:n - 4], zlib.crc32(bytes(view[:4]) + b"\xff", crc))
+    if ICRC.unpack_from(view, n - 4)[0] != crc:
+        return DropReason.BAD_ICRC
+    opcode, flags, pkey, qp_word, psn_word = BTH_HDR.unpack_from(view, 0)
+    if flags & 0x0F:
+        return DropReason.BAD_VERSION
+    end = n - 4
+    if opcode == WRITE_ONLY or opcode == WRITE_IMM:
+        pad = (flags >> 4) & 0x3
+        offset = fmt.BTH_LEN + fmt.RETH_LEN + (fmt.IMMDT_LEN if opcode == WRITE_IMM else 0)
+        if end < offset + pad:
+            return DropReason.TRUNCATED
+        va, rkey, dma_len = RETH_HDR.unpack_from(view, fmt.BTH_LEN)
+        imm = IMM_HDR.unpack_from(view, offset - fmt.IMMDT_LEN)[0] if opcode == WRITE_IMM else None
+        if dma_len != end - pad - offset:
+            return DropReason.BAD_LENGTH
+        return DataPacket(qp_word & fmt.QPN_MASK, psn_word & fmt.PSN_MASK, va, rkey, view[offset:end - pad],
+                          bool(psn_word >> 31), imm, pkey, ecn_ce)
+    if opcode == ACK:
+        body = view[:end]
+        dest_qp = qp_word & fmt.QPN_MASK
+        psn = psn_word & fmt.PSN_MASK
+        offset = fmt.BTH_LEN
+        if end < offset + fmt.AETH_LEN:
+            return DropReason.TRUNCATED
+        (aeth,) = AETH_HDR.unpack_from(body, offset)
+        offset += fmt.AETH_LEN
+        syndrome, msn = aeth >> 24, aeth & 0xFFFFFF
+        if end == offset:
+            return AckPacket(dest_qp, psn, syndrome, msn, pkey=pkey)
+        if end < offset + fmt.MRCX_HEADER_LEN:
+            return DropReason.TRUNCATED
+        ext_type, ext_flags, ext_len = MRCX_HDR.unpack_from(body, offset)
+        if ext_len != end - offset:
+            return DropReason.BAD_EXTENSION
+        if ext_type == fmt.MrcxType.SACK and ext_len >= fmt.SACK_FIXED_LEN and ext_len % 4 == 0:
+            base, echo, echo_ev, _ = SACK_HDR.unpack_from(body, offset + fmt.MRCX_HEADER_LEN)
+            bitmap = bytes(body[offset + fmt.SACK_FIXED_LEN:])
+            return AckPacket(dest_qp, psn, syndrome, msn, base & fmt.PSN_MASK, echo & fmt.PSN_MASK, echo_ev,
+                             bool(ext_flags & 1), bitmap, pkey)
+        if ext_type == fmt.MrcxType.PROBE and ext_len == fmt.PROBE_LEN:
+            probe_id, ev, _, send_time = PROBE_HDR.unpack_from(body, offset + fmt.MRCX_HEADER_LEN)
+            return ProbePacket(dest_qp, probe_id, ev, send_time, pkey)
+        return DropReason.BAD_EXTENSION
+    return DropReason.UNKNOWN_OPCODE
+
+
+@dataclass(frozen=True)
+class Opened:
+    """What the kernel's UDP socket hands over for a frame: the inner addresses and UDP payload."""
+
+    payload: memoryview
+    src: bytes
+    dst: bytes
+    sport: int
+    dport: int
+    ecn_ce: bool
+    segments_left: int | None
+
+
+def open_frame(frame: bytes | memoryview) -> Opened | DropReason:
+    """Strip outer IPv6 (+ SRH) and inner IPv6 + UDP, checking lengths and the UDP checksum.
+
+    This is what the destination's kernel does for a real packet (decapsulate, check the
+    checksum, deliver to port 4791); the in-memory link and pcap readers do it here.
+    """
+    frame = memoryview(frame)
+    segments_left = None
+    if len(frame) < fmt.IPV6_LEN:
+        return DropReason.TRUNCATED
+    word0, plen, nh, _hlim, src, dst = IPV6_HDR.unpack_from(frame, 0)
+    if word0 >> 28 != 6:
+        return DropReason.NOT_IPV6
+    if plen != len(frame) - fmt.IPV6_LEN:
+        return DropReason.BAD_IP_LENGTH
+    offset = fmt.IPV6_LEN
+    if nh == NH_ROUTING:
+        if len(frame) < offset + fmt.SRH_FIXED_LEN:
+            return DropReason.TRUNCATED
+        nh, hdr_len, rtype, segments_left, last_entry, _, _ = SRH_HDR.unpack_from(frame, offset)
+        srh_len = 8 + 8 * hdr_len
+        if rtype != 4 or last_entry * 16 + 16 > srh_len - 8 or segments_left > last_entry:
+            return DropReason.BAD_SRH
+        if len(frame) < offset + srh_len:
+            return DropReason.TRUNCATED
+        offset += srh_len
+    if nh == NH_IPV6:
+        if len(frame) < offset + fmt.IPV6_LEN:
+            return DropReason.TRUNCATED
+        word0, plen, nh, _hlim, src, dst = IPV6_HDR.unpack_from(frame, offset)
+        if word0 >> 28 != 6:
+            return DropReason.NOT_IPV6
+        if plen != len(frame) - offset - fmt.IPV6_LEN:
+            return DropReason.BAD_IP_LENGTH
+        offset += fmt.IPV6_LEN
+    if nh != NH_UDP:
+        return DropReason.NOT_UDP
+    if len(frame) < offset + fmt.UDP_LEN:
+        return DropReason.TRUNCATED
+    sport, dport, ulen, csum = UDP_HDR.unpack_from(frame, offset)
+    if dport != fmt.ROCE_UDP_PORT:
+        return DropReason.NOT_ROCE_PORT
+    if ulen != len(frame) - offset:
+        return DropReason.BAD_UDP_LENGTH
+    segment = frame[offset:]
+    # a correct checksum makes the one's-complement sum over pseudo-header and segment 0xFFFF
+    total = int.from_bytes(src + dst, "big") + ulen + NH_UDP + ones_sum_of(segment)
+    if csum == 0 or ones_sum(total) != 0xFFFF:
+        return DropReason.BAD_UDP_CHECKSUM
+    return Opened(segment[fmt.UDP_LEN:], src, dst, sport, dport, (word0 >> 20) & 0x3 == 0x3, segments_left)
+
+
+def decode_udp(payload: bytes | memoryview, src: bytes, dst: bytes, sport: int,
+               dport: int = fmt.ROCE_UDP_PORT, ecn_ce: bool = False) -> RocePacket | DropReason:
+    """The data path's decoder: a UDP payload as a socket on port 4791 receives it.
+
+    The kernel has checked the UDP checksum already; this checks the ICRC and every length.
+    `src` and `dst` are the packed inner addresses (the ICRC covers them).
+    """
+    return _decode_roce(payload, src, dst, sport, dport, ecn_ce)
+
+
+def decode_frame(frame: bytes | memoryview) -> Received | DropReason:
+    """Decode a whole IPv6 frame in any EV format (pcaps, the in-memory link, fuzzing)."""
+    opened = open_frame(frame)
+    if isinstance(opened, DropReason):
+        return opened
+    decoded = _decode_roce(opened.payload, opened.src, opened.dst, opened.sport, opened.dport, opened.ecn_ce)
+    if isinstance(decoded, DropReason):
+        return decoded
+    ends = Endpoints(socket.inet_ntop(socket.AF_INET6, opened.src), socket.inet_ntop(socket.AF_INET6, opened.dst),
+                     opened.sport, opened.dport)
+    return Received(decoded, ends, opened.segments_left)

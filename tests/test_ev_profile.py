@@ -1,0 +1,113 @@
+"""The EV profile alone: states, the spray schedule, and what a DENIED EV may never do."""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+
+from mrc_emu.io.memory import MemoryNetwork
+from mrc_emu.topology import builtin
+from mrc_emu.transport.config import QpConfig
+from mrc_emu.transport.ev import EvProfile, EvState
+from mrc_emu.transport.paths import qp_paths
+from mrc_emu.transport.requester import Requester
+from mrc_emu.transport.responder import Responder
+
+PATHS = qp_paths(builtin(), "h0", "h2")
+SRC = socket.inet_pton(socket.AF_INET6, PATHS.src_address)
+DST = socket.inet_pton(socket.AF_INET6, PATHS.dst_address)
+
+
+def test_ev_min_active_keeps_the_last_evs_good():
+    profile = EvProfile([0, 1, 2], ev_min_active=2)
+    for _ in range(5):
+        profile.on_lost(0, 1, "test")
+        profile.on_lost(1, 1, "test")
+    assert [profile.evs[k].state for k in (0, 1, 2)].count(EvState.GOOD) == 2
+
+
+def test_spray_is_weighted_and_interleaved():
+    profile = EvProfile([0, 1, 2, 3])
+    profile.evs[3].loss = 0.1
+    picks = [profile.pick() for _ in range(320)]
+    assert all(a != b for a, b in zip(picks, picks[1:]))  # no EV twice in a row
+    assert picks.count(3) < 0.5 * picks.count(0)
+
+
+def test_pick_avoids_the_previous_ev_of_a_retransmission():
+    profile = EvProfile([0, 1, 2, 3])
+    for avoid in [0, 1, 2, 3] * 50:
+        assert profile.pick(avoid) != avoid
+    alone = EvProfile([0, 1])
+    alone.deny(1, 0)
+    assert alone.pick(0) == 0  # the only EV left carries the retransmission all the same
+
+
+def test_assumed_bad_evs_stand_in_when_nothing_is_good():
+    profile = EvProfile([0, 1, 2, 3])
+    profile.set_state(0, EvState.ASSUMED_BAD, 0, "test")
+    profile.set_state(1, EvState.ASSUMED_BAD, 0, "test")
+    profile.deny(2, 0)
+    profile.deny(3, 0)
+    assert profile.good() == []
+    assert {profile.pick() for _ in range(50)} == {0, 1}  # never the DENIED 2 and 3
+
+
+def test_denied_evs_never_carry_data_even_when_every_ev_is_denied():
+    profile = EvProfile([0, 1, 2])
+    for ev in (0, 1, 2):
+        profile.deny(ev, 0)
+    assert profile.stalled and profile.schedule_at()[0] == []
+    profile.allow(1, 5)
+    assert not profile.stalled and profile.evs[1].state is EvState.ASSUMED_BAD
+    assert {profile.pick() for _ in range(20)} == {1}
+
+
+def _pair(size: int):
+    config = QpConfig(mtu=1024)
+    responder = Responder(DST, config, random_bits=random.Random(1).getrandbits)
+    buffer = bytearray(size)
+    mr = responder.register(buffer)
+    responder.accept(0x22, 0x11, 0, PATHS.back)
+    requester = Requester(SRC, 0x11, 0x22, PATHS.forward, PATHS.probes, config,
+                          random_bits=random.Random(2).getrandbits)
+    return requester, responder, mr, buffer
+
+
+def test_a_requester_sends_nothing_on_denied_evs():
+    requester, responder, mr, buffer = _pair(200_000)
+    for ev in (0, 2, 5):
+        requester.profile.deny(ev, 0)
+    data = os.urandom(len(buffer))
+    requester.post_write(data, mr.va, mr.rkey)
+    assert MemoryNetwork(0).run([requester, responder], lambda: requester.done)
+    assert buffer == data
+    assert [requester.profile.evs[ev].packets_sent for ev in (0, 2, 5)] == [0, 0, 0]
+
+
+def test_a_requester_with_every_ev_denied_stalls_until_one_is_allowed():
+    """It sends no data and says so (`stalled`); its WRITE waits, and completes once the
+    controller allows an EV again (ASSUMED_BAD first: a probe must pass before it is GOOD)."""
+    requester, responder, mr, buffer = _pair(50_000)
+    for ev in requester.profile.evs:
+        requester.profile.deny(ev, 0)
+    data = os.urandom(len(buffer))
+    requester.post_write(data, mr.va, mr.rkey)
+    net = MemoryNetwork(0)
+    sent: list[int] = []  # the EV of every frame either side sends
+    carry = net.send
+
+    def send(frame, path) -> bool:
+        sent.append(path.ev)
+        return carry(frame, path)
+
+    net.send = send
+    assert not net.run([requester, responder], lambda: requester.done)  # nothing left to happen
+    assert sent == [] and requester.stalled and requester.summary()["stalled"]
+    assert requester.error is None and not requester.completions
+    requester.profile.allow(3, net.now)
+    assert net.run([requester, responder], lambda: requester.done)
+    assert buffer == data and not requester.stalled
+    assert set(sent) == {3}
+    assert requester.profile.evs[3].state is EvState.GOOD and requester.prober.probes_returned >= 1

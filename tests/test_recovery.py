@@ -1,0 +1,226 @@
+"""Loss recovery alone: synthetic packets in the sent-packet table, hand-made ACKs, no network."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from mrc_emu.transport.cc import CongestionControl
+from mrc_emu.transport.config import QpConfig, RecoveryMode
+from mrc_emu.transport.ev import EvProfile
+from mrc_emu.transport.recovery import SAME_EV, GoBackN, Recovery, Selective
+from mrc_emu.wire.format import AckPacket, Syndrome
+
+MTU = 1000
+US = 1000
+
+
+class RecordingCc(CongestionControl):
+    """A fixed window that writes down every event it is fed."""
+
+    name = "recording"
+
+    def __init__(self) -> None:
+        self.cwnd = 1e9
+        self.events: list[tuple] = []
+
+    def on_sent(self, now, ev, nbytes):
+        self.events.append(("sent", ev, nbytes))
+
+    def on_acked(self, now, ev, nbytes, rtt_ns, srtt_ns, ecn):
+        self.events.append(("acked", ev, nbytes, rtt_ns, ecn))
+
+    def on_lost(self, now, ev, nbytes, srtt_ns, congestion):
+        self.events.append(("lost", ev, nbytes, congestion))
+
+    def on_trimmed(self, now, ev, nbytes, srtt_ns):
+        self.events.append(("trimmed", ev, nbytes))
+
+    def on_timeout(self, now, ev, nbytes, srtt_ns, congestion):
+        self.events.append(("timeout", ev, nbytes, congestion))
+
+    def of(self, kind: str) -> list[tuple]:
+        return [e for e in self.events if e[0] == kind]
+
+
+def make(evs=(0, 1, 2), mode=RecoveryMode.SACK, start_psn=0, **config):
+    cc = RecordingCc()
+    return Recovery(QpConfig(mtu=MTU, recovery=mode, **config), EvProfile(list(evs)), cc, start_psn), cc
+
+
+def send(rec: Recovery, ev: int, t: int, length: int = MTU):
+    """A new packet leaves on `ev` at `t`, as the requester records it."""
+    pkt = rec.sent.new(rec.next_psn, SimpleNamespace(acked=0), 0, length, False)
+    rec.sent.record(pkt, ev, t)
+    rec.next_psn += 1
+    return pkt
+
+
+def resend(rec: Recovery, ev: int, t: int):
+    """The requester resends the oldest lost packet on `ev` at `t`."""
+    pkt = rec.sent.pkts[rec.sent.retx.popleft()]
+    rec.sent.record(pkt, ev, t)
+    return pkt
+
+
+def ack(cum: int, arrived=(), base: int | None = None, echo: tuple[int, int] = (0, 0xFFFF), nak: bool = False,
+        ecn: bool = False) -> AckPacket:
+    """An ACK as the responder builds it: every PSN up to `cum` arrived, and the PSNs in `arrived`
+    as a SACK bitmap from `base` (default cum + 1) in whole 32-bit words; echo = (PSN, EV)."""
+    base = cum + 1 if base is None else base
+    bitmap = b""
+    if arrived:
+        nbits = -(-(max(arrived) - base + 1) // 32) * 32
+        word = sum(1 << (nbits - 1 - (psn - base)) for psn in arrived)
+        bitmap = word.to_bytes(nbits // 8, "big")
+    syndrome = Syndrome.NAK_PSN_SEQUENCE if nak else Syndrome.ACK
+    return AckPacket(0x11, cum & 0xFFFFFF, syndrome, 0, base & 0xFFFFFF, echo[0] & 0xFFFFFF, echo[1], ecn, bitmap)
+
+
+def test_sack_delivers_out_of_order_and_the_gap_before_a_later_packet_on_its_ev_is_lost():
+    rec, cc = make()
+    for ev, t in ((0, 0), (1, 10 * US), (0, 20 * US), (1, 30 * US)):  # PSNs 0..3
+        send(rec, ev, t)
+    rec.on_ack(ack(-1, arrived=(1, 2, 3), base=0, echo=(3, 1)), 100 * US)
+    assert rec.una == 0 and sorted(rec.sent.pkts) == [0] and rec.bytes_acked == 3 * MTU
+    # PSN 0 left on EV 0 before PSN 2, which arrived: a path keeps order, so PSN 0 is lost
+    assert list(rec.sent.retx) == [0] and 0 not in rec.sent.flight and rec.sent.bytes_in_flight == 0
+    assert rec.profile.evs[0].packets_lost == 1
+    assert cc.of("lost") == [("lost", 0, MTU, True)]
+    # RTT: the echoed packet's exact sample for EV 1, the newest delivered packet's for EV 0
+    assert rec.profile.evs[1].rtt.latest_ns == 70 * US and rec.profile.evs[0].rtt.latest_ns == 80 * US
+    assert sorted(cc.of("acked")) == [("acked", 0, MTU, 80 * US, False), ("acked", 1, 2 * MTU, 70 * US, False)]
+    rec.on_ack(ack(3), 120 * US)  # the resent PSN 0 arrived: everything is delivered
+    assert rec.una == 4 and not rec.sent.pkts and rec.sacked == 0
+
+
+def test_each_ev_has_its_own_loss_timer():
+    """A packet passed by later deliveries is lost once ITS EV's timer (srtt + 4 rttvar, at least
+    the reorder floor) runs out: a fast EV's after 0.5 ms, a slow EV's only after 3 ms."""
+    rec, cc = make()
+    rec.profile.on_rtt(0, 100 * US, None)  # timer: the 0.5 ms floor
+    rec.profile.on_rtt(1, 1000 * US, None)  # timer: 1 ms + 4 x 0.5 ms = 3 ms
+    assert (rec.ev_timer(0), rec.ev_timer(1)) == (500 * US, 3000 * US)
+    send(rec, 0, 0)
+    send(rec, 1, 0)
+    send(rec, 2, 10 * US)
+    rec.on_ack(ack(-1, arrived=(2,), base=0), 50 * US)
+    assert rec.sent.flight.keys() == {0, 1}  # not lost yet: neither timer ran out
+    assert rec.next_deadline() == 500 * US
+    assert rec.on_timer(499 * US) is None and rec.sent.flight.keys() == {0, 1}
+    assert rec.on_timer(600 * US) is None
+    assert rec.sent.flight.keys() == {1} and list(rec.sent.retx) == [0]
+    assert rec.on_timer(2900 * US) is None and rec.sent.flight.keys() == {1}
+    assert rec.on_timer(3100 * US) is None and not rec.sent.flight and list(rec.sent.retx) == [0, 1]
+    assert [e[:2] for e in cc.of("lost")] == [("lost", 0), ("lost", 1)]
+    assert [e.reason for e in rec.profile.events] == []  # two losses on different EVs: no EV marked bad
+
+
+def test_a_packet_no_later_delivery_passed_waits_for_the_ack_timeout():
+    rec, cc = make(ack_timeout_exp=10)  # 1.05 ms
+    send(rec, 0, 0)
+    assert rec.on_timer(5000 * US) is None  # rack: nothing delivered, so rule 2 never applies ...
+    assert list(rec.sent.retx) == [0] and rec.timeouts == 1  # ... the ACK timeout does
+    assert cc.of("timeout") == [("timeout", 0, MTU, True)] and not cc.of("lost")
+
+
+def test_an_older_ack_with_its_sack_base_below_una_still_delivers_its_bits():
+    """ACKs overtake each other: one whose SACK base lies below the PSNs already acknowledged
+    (a negative shift) still delivers the PSNs above, and nothing twice."""
+    rec, cc = make(evs=range(10))
+    for psn in range(10):
+        send(rec, psn, psn * US)  # one EV per packet: no path order between them
+    rec.on_ack(ack(4, arrived=(6,)), 40 * US)  # the newer ACK first
+    assert rec.una == 5 and sorted(rec.sent.pkts) == [5, 7, 8, 9] and rec.bytes_acked == 6 * MTU
+    rec.on_ack(ack(2, arrived=(3, 4, 7), base=3), 41 * US)  # the older one: base 3, una 5
+    assert sorted(rec.sent.pkts) == [5, 8, 9] and rec.bytes_acked == 7 * MTU
+    assert rec.sacked == (1 << (rec.config.window - 1 - 1)) | (1 << (rec.config.window - 1 - 2))  # PSNs 6, 7
+    rec.on_ack(ack(2, arrived=(3, 4, 7), base=3), 42 * US)  # once more: nothing new
+    assert rec.bytes_acked == 7 * MTU and rec.duplicates_acked == 1
+    assert not rec.sent.retx  # and nobody was declared lost on the way
+
+
+def test_an_ack_beyond_what_was_sent_is_out_of_range():
+    rec, _ = make(start_psn=0xFFFFF0)
+    for _ in range(0x20):  # across the 24-bit wrap
+        send(rec, 0, 0)
+    assert rec.in_range(ack(0xFFFFF0 + 0x1F)) and not rec.in_range(ack(0xFFFFF0 + 0x20))
+    rec.on_ack(ack(0xFFFFF0 + 0x1F), 10 * US)
+    assert rec.una == 0x1000010 and not rec.sent.pkts
+
+
+def test_a_retransmission_gives_no_rtt_sample():
+    rec, cc = make()
+    send(rec, 0, 0)
+    rec.on_timer(rec.config.ack_timeout_ns)  # lost by the ACK timeout
+    resend(rec, 1, rec.config.ack_timeout_ns)
+    rec.on_ack(ack(0, echo=(0, 1)), rec.config.ack_timeout_ns + 30 * US)
+    assert rec.profile.evs[1].rtt.samples == 0  # Karn: the sample could belong to either copy
+    assert cc.of("acked") == [("acked", 1, MTU, None, False)]
+
+
+def test_the_retry_budget_counts_a_packets_own_transmissions():
+    rec, cc = make(ack_timeout_exp=0, retry_linear=2, retry_exp=1)  # 1024 ns, then 2048 ns
+    send(rec, 0, 0)
+    t = 0
+    for tries, timeout in ((1, 1024), (2, 1024), (3, 1024), (4, 2048)):
+        assert rec.config.ack_timeout_for(tries) == timeout
+        assert rec.on_timer(t + timeout - 1) is None and rec.timeouts == tries - 1
+        t += timeout
+        if tries < 4:
+            assert rec.on_timer(t) is None and list(rec.sent.retx) == [0]
+            resend(rec, tries % 3, t)
+    error = rec.on_timer(t)
+    assert error is not None and "retry budget spent: PSN 0" in error and "after 4 transmissions" in error
+    assert rec.timeouts == 4
+
+
+def test_go_back_n_rewinds_to_the_oldest_unacknowledged_psn_on_a_sequence_nak():
+    rec, cc = make(evs=(0,), mode=RecoveryMode.GO_BACK_N)
+    assert isinstance(rec.policy, GoBackN)
+    for i in range(5):
+        send(rec, 0, i * US)
+    rec.on_ack(ack(1, nak=True), 50 * US)  # PSNs 0 and 1 arrived, then a gap
+    assert rec.una == 2 and rec.bytes_acked == 2 * MTU
+    assert list(rec.sent.retx) == [2, 3, 4] and not rec.sent.flight and rec.sent.bytes_in_flight == 0
+    assert rec.profile.evs[0].packets_lost == 3
+    assert cc.of("lost") == [("lost", 0, 3 * MTU, True)]
+    assert rec.profile.events == []  # go-back-N marks no EV bad
+
+
+def test_go_back_n_finds_no_loss_by_the_sack_rules_and_counts_timeouts_without_progress():
+    rec, cc = make(evs=(0,), mode=RecoveryMode.GO_BACK_N, ack_timeout_exp=10)
+    for i in range(3):
+        send(rec, 0, i * US)
+    rec.on_ack(ack(0), 30 * US)  # PSN 0 arrived; 1 and 2 are older than nothing delivered after them
+    timeout = rec.config.ack_timeout_ns
+    assert rec.on_timer(timeout) is None and set(rec.sent.flight) == {1, 2}  # no SACK rule here
+    assert rec.on_timer(timeout + 2 * US) is None  # PSN 1's ACK timeout: everything goes back
+    assert list(rec.sent.retx) == [1, 2] and rec.policy.timeouts_without_progress == 1
+    assert cc.of("timeout") == [("timeout", 0, 2 * MTU, True)]
+    t = timeout + 2 * US
+    resend(rec, 0, t)
+    resend(rec, 0, t)
+    assert rec.policy.tries(rec.sent.pkts[1]) == 2  # the QP's count, not the packet's
+    rec.on_ack(ack(1), t + 30 * US)
+    assert rec.policy.timeouts_without_progress == 0
+
+
+@pytest.mark.parametrize("mode, policy", [(RecoveryMode.SACK, Selective), (RecoveryMode.GO_BACK_N, GoBackN),
+                                          ("go-back-n", GoBackN)])
+def test_the_recovery_mode_picks_the_policy(mode, policy):
+    rec, _ = make(mode=mode)
+    assert isinstance(rec.policy, policy) and rec.policy.mode is RecoveryMode(mode)
+
+
+def test_three_losses_in_a_row_make_the_ev_assumed_bad_naming_the_rule():
+    rec, cc = make(evs=(0, 1))
+    for t in range(4):
+        send(rec, 0, t * US)
+    rec.on_ack(ack(-1, arrived=(3,), base=0), 10 * US)
+    assert list(rec.sent.retx) == [0, 1, 2]
+    (event,) = rec.profile.events
+    assert event.ev == 0 and event.new.value == "ASSUMED_BAD" and SAME_EV in event.reason
+    # a path that delivers the packets sent after them lost these to a queue: each tells the CC so
+    assert cc.of("lost") == [("lost", 0, MTU, True)] * 3
