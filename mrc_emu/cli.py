@@ -26,8 +26,9 @@ def _known_errors() -> tuple[type[BaseException], ...]:
     from .fabric.netlink import NetlinkError
     from .fabric.nodes import FabricSetupError
     from .fabric.registry import RegistryError
+    from .fabric.waiting import WaitTimeout
 
-    return (TopologyError, FabricSetupError, RegistryError, NetlinkError, TransferError, ValueError,
+    return (TopologyError, FabricSetupError, RegistryError, NetlinkError, TransferError, WaitTimeout, ValueError,
             PermissionError)
 
 
@@ -54,6 +55,13 @@ def _emit(data: Any, as_json: bool, text: str) -> None:
 
 def _progress(message: str) -> None:
     click.echo(f"  .. {message}", err=True)
+
+
+def _open(name: str):
+    """The running fabric `name` (if none runs, the error says how to start one)."""
+    from .fabric.running import Fabric
+
+    return Fabric.open(name)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -85,7 +93,8 @@ def up(topology: str | None, bgp: bool, name: str, as_json: bool) -> None:
             "topology": topo.summary(), "ev_count": ev_count(topo)}
     if bgp:
         try:
-            data["bgp_converged_s"] = round(routing.start(name, progress=None if as_json else _progress), 2)
+            with _open(name) as fabric:
+                data["bgp_converged_s"] = round(routing.start(fabric, progress=None if as_json else _progress), 2)
         except BaseException:
             build.down(name)  # nothing half-created
             raise
@@ -131,7 +140,8 @@ def status(name: str, as_json: bool) -> None:
     """Nodes with role and plane, links with ends and state, the EV count."""
     from .fabric import ops
 
-    data = ops.status(name)
+    with _open(name) as fabric:
+        data = ops.status(fabric)
     lines = [f"fabric {name!r} ({data['topology']['source']}): {len(data['nodes'])} nodes, "
              f"{len(data['links'])} links, {data['ev_count']} EVs between hosts on different leaves"]
     lines.append("nodes:")
@@ -156,7 +166,7 @@ def exec_(node: str, command: tuple[str, ...], name: str) -> None:
     """Run COMMAND inside NODE's namespace: mrc-emu exec h0 -- ip -6 route."""
     from .fabric import ops
 
-    ops.exec_in(name, node, command)
+    ops.exec_in(_open(name), node, command)  # replaces this process: nothing to close
 
 
 @main.command()
@@ -167,9 +177,8 @@ def exec_(node: str, command: tuple[str, ...], name: str) -> None:
 @friendly
 def paths(src: str, dst: str, name: str, as_json: bool) -> None:
     """The EVs between two hosts, with their segment lists."""
-    from .fabric.build import load_topology
-
-    evs = evs_between(load_topology(name), src, dst)
+    with _open(name) as fabric:
+        evs = evs_between(fabric.topology, src, dst)
     lines = [f"{len(evs)} EVs from {src} to {dst}:"]
     for ev in evs:
         lines.append(f"  EV {ev.index:<3} plane {ev.plane}  {' > '.join(ev.hops)}")
@@ -193,7 +202,8 @@ def probe(src: str, dst: str, ev_index: int | None, all_evs: bool, timeout: floa
 
     if ev_index is not None and all_evs:
         raise click.UsageError("give --ev K or --all, not both")
-    results = probe_evs(name, src, dst, None if ev_index is None else [ev_index], timeout)
+    with _open(name) as fabric:
+        results = probe_evs(fabric, src, dst, None if ev_index is None else [ev_index], timeout)
     ok = sum(r.reachable for r in results)
     lines = [f"{ok}/{len(results)} EVs from {src} to {dst} reachable"]
     for r in results:
@@ -215,9 +225,10 @@ def _link_command(up_: bool):
     @JSON_OPTION
     @friendly
     def command(a: str, b: str, plane: int | None, name: str, as_json: bool) -> None:
-        from .fabric import build
+        from .fabric import links
 
-        ids = build.set_link(name, a, b, up_, plane)
+        with _open(name) as fabric:
+            ids = links.set_state(fabric, a, b, up_, plane)
         state = "up" if up_ else "down"
         _emit({"a": a, "b": b, "links": ids, "state": state}, as_json, f"link {a} <-> {b} {state}")
 
@@ -240,23 +251,21 @@ link.command(name="up")(_link_command(True))
 @friendly
 def flap(a: str, b: str, period: float, count: int, plane: int | None, name: str, as_json: bool) -> None:
     """Take the link down and up COUNT times, half a PERIOD each."""
-    from .fabric import build
+    from .fabric import links
 
     if period <= 0 or count < 1:
         raise click.UsageError("--period must be above 0 and --count at least 1")
-    started = time.monotonic()
-    next_at = started
     events = []
-    for cycle in range(count):
-        for up_ in (False, True):
-            next_at += period / 2000
-            links = build.set_link(name, a, b, up_, plane)
-            events.append({"ms": round((time.monotonic() - started) * 1000, 1), "state": "up" if up_ else "down"})
-            time.sleep(max(0.0, next_at - time.monotonic()))  # the flap's period is the point
-        if not as_json:
-            click.echo(f"  cycle {cycle + 1}/{count} done", err=True)
-    _emit({"a": a, "b": b, "link_ids": links, "cycles": count, "period_ms": period, "events": events}, as_json,
-          f"link {a} <-> {b} flapped {count} times, now up")
+
+    def changed(up_: bool, ms: float) -> None:
+        events.append({"ms": round(ms, 1), "state": "up" if up_ else "down"})
+        if up_ and not as_json:
+            click.echo(f"  cycle {len(events) // 2}/{count} done", err=True)
+
+    with _open(name) as fabric, links.LinkSwitch(fabric, links.between(fabric, a, b, plane)) as switch:
+        links.flap(switch, period, count, changed)
+    _emit({"a": a, "b": b, "link_ids": switch.link_ids, "cycles": count, "period_ms": period, "events": events},
+          as_json, f"link {a} <-> {b} flapped {count} times, now up")
 
 
 @main.command()
@@ -273,9 +282,10 @@ def capture(node: str, iface: str | None, duration: float, output: str, name: st
 
     if duration <= 0:
         raise click.UsageError("--duration must be above 0")
-    if not as_json:
-        _progress(f"capturing on {node} for {duration:g} s")
-    result = ops.capture(name, node, output, duration, iface)
+    with _open(name) as fabric:
+        if not as_json:
+            _progress(f"capturing on {node} for {duration:g} s")
+        result = ops.capture(fabric, node, output, duration, iface)
     _emit({"path": result.path, "packets": result.packets, "interfaces": result.interfaces}, as_json,
           f"wrote {result.path}: {result.packets} packets from {', '.join(result.interfaces)}")
 
@@ -531,30 +541,29 @@ def send(src: str, dst: str, size: int, evs: str | None, cc: str, mtu: int, ev_f
     """
     from .experiments.transfer import send as run_send
     from .fabric import routing
-    from .fabric.build import load_topology
     from .topology.evs import EvFormat
     from .transport.qp import QpConfig
 
-    nbytes = size
-    count = len(evs_between(load_topology(name), src, dst))
-    if ev_format == "UDP" and not routing.running(name):
-        raise click.UsageError(f"--format UDP needs plain IPv6 routing: bring the fabric up with 'mrc-emu up --bgp' "
-                               f"(fabric {name!r} runs no BGP)")
-    selection = _ev_selection(evs, count)
-    if imm is not None and not 0 <= imm <= 0xFFFFFFFF:
-        raise click.BadParameter("--imm must fit in 32 bits")
-    config = QpConfig(mtu=mtu, ack_timeout_exp=ack_timeout_exp, retry_exp=retry_exp)
-    show_bar = not as_json and sys.stderr.isatty()
-    with click.progressbar(length=nbytes, label=f"{src} -> {dst}", file=sys.stderr, show_pos=False,
-                           hidden=not show_bar) as bar:
-        done = [0]
+    with _open(name) as fabric:
+        count = len(evs_between(fabric.topology, src, dst))
+        if ev_format == "UDP" and not routing.running(fabric):
+            raise click.UsageError(f"--format UDP needs plain IPv6 routing: bring the fabric up with 'mrc-emu up --bgp' "
+                                   f"(fabric {name!r} runs no BGP)")
+        selection = _ev_selection(evs, count)
+        if imm is not None and not 0 <= imm <= 0xFFFFFFFF:
+            raise click.BadParameter("--imm must fit in 32 bits")
+        config = QpConfig(mtu=mtu, ack_timeout_exp=ack_timeout_exp, retry_exp=retry_exp)
+        show_bar = not as_json and sys.stderr.isatty()
+        with click.progressbar(length=size, label=f"{src} -> {dst}", file=sys.stderr, show_pos=False,
+                               hidden=not show_bar) as bar:
+            done = [0]
 
-        def progress(acked: int, total: int) -> None:
-            bar.update(acked - done[0])
-            done[0] = acked
+            def progress(acked: int, total: int) -> None:
+                bar.update(acked - done[0])
+                done[0] = acked
 
-        result = run_send(name, src, dst, nbytes, selection, cc, mtu, EvFormat(ev_format), ev_min_active, imm,
-                          config, on_progress=progress)
+            result = run_send(fabric, src, dst, size, selection, cc, mtu, EvFormat(ev_format), ev_min_active, imm,
+                              config, on_progress=progress)
     _emit(result.to_dict(), as_json, _transfer_text(result))
     if not result.verified:
         sys.exit(1)

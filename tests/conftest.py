@@ -39,10 +39,12 @@ def fabric_name():
 
 @pytest.fixture
 def default_fabric(fabric_name):
+    """The built-in default topology, up, as an open `Fabric`; down afterwards."""
     from mrc_emu.fabric import build
+    from mrc_emu.fabric.running import Fabric
     from mrc_emu.topology import builtin
 
-    topo = builtin()
-    build.up(topo, fabric_name)
-    yield fabric_name, topo
+    build.up(builtin(), fabric_name)
+    with Fabric.open(fabric_name) as fabric:
+        yield fabric
     build.down(fabric_name)

@@ -14,7 +14,8 @@ from scapy.layers.inet6 import IPv6ExtHdrSegmentRouting
 from scapy.utils import rdpcap
 
 from mrc_emu.experiments.probes import probe_evs
-from mrc_emu.fabric import build, netns, ops, registry
+from mrc_emu.fabric import build, links, netns, ops, registry
+from mrc_emu.fabric.running import Fabric
 from mrc_emu.topology import addressing as ad
 from mrc_emu.topology import builtin, evs_between
 from mrc_emu.wire import fast
@@ -41,46 +42,46 @@ def leftovers(name: str) -> list[str]:
 
 
 def test_every_ev_of_every_pair_reachable(default_fabric):
-    name, topo = default_fabric
+    fabric, topo = default_fabric, default_fabric.topology
     for src, dst in itertools.permutations([h.name for h in topo.hosts], 2):
-        results = probe_evs(name, src, dst)
+        results = probe_evs(fabric, src, dst)
         assert len(results) == len(evs_between(topo, src, dst))
         assert all(r.reachable and r.rtt_ns > 0 for r in results), (src, dst, results)
 
 
 def test_link_down_fails_exactly_the_evs_through_it(default_fabric):
-    name, topo = default_fabric
+    fabric, topo = default_fabric, default_fabric.topology
     evs = evs_between(topo, "h0", "h2")
     through = {ev.index for ev in evs if ev.crosses("p0l0", "p0s1")}
     assert len(through) == 1
-    build.set_link(name, "p0l0", "p0s1", False)
+    links.set_state(fabric, "p0l0", "p0s1", False)
     for src, dst in (("h0", "h2"), ("h2", "h0"), ("h1", "h3")):
-        failed = {r.ev for r in probe_evs(name, src, dst, timeout=0.5) if not r.reachable}
+        failed = {r.ev for r in probe_evs(fabric, src, dst, timeout=0.5) if not r.reachable}
         expect = {ev.index for ev in evs_between(topo, src, dst) if ev.crosses("p0l0", "p0s1")}
         assert failed == expect, (src, dst)
-    state = {(link["a"], link["b"]): link["state"] for link in ops.status(name)["links"]}
+    state = {(link["a"], link["b"]): link["state"] for link in ops.status(fabric)["links"]}
     assert state[("p0l0", "p0s1")] == "down" and state[("p0l0", "p0s0")] == "up"
-    build.set_link(name, "p0l0", "p0s1", True)
-    assert all(r.reachable for r in probe_evs(name, "h0", "h2"))
-    assert all(r.reachable for r in probe_evs(name, "h2", "h0"))
+    links.set_state(fabric, "p0l0", "p0s1", True)
+    assert all(r.reachable for r in probe_evs(fabric, "h0", "h2"))
+    assert all(r.reachable for r in probe_evs(fabric, "h2", "h0"))
 
 
 def test_host_link_down_keeps_other_plane(default_fabric):
-    name, topo = default_fabric
-    build.set_link(name, "h0", "p0l0", False)
-    results = probe_evs(name, "h0", "h3", timeout=0.5)
+    fabric, topo = default_fabric, default_fabric.topology
+    links.set_state(fabric, "h0", "p0l0", False)
+    results = probe_evs(fabric, "h0", "h3", timeout=0.5)
     planes = {ev.index: ev.plane for ev in evs_between(topo, "h0", "h3")}
     assert {r.ev for r in results if r.reachable} == {k for k, p in planes.items() if p == 1}
-    build.set_link(name, "h0", "p0l0", True)
-    assert all(r.reachable for r in probe_evs(name, "h0", "h3"))
+    links.set_state(fabric, "h0", "p0l0", True)
+    assert all(r.reachable for r in probe_evs(fabric, "h0", "h3"))
 
 
 def test_capture_on_spine_shows_kernel_forwarded_srh(default_fabric, tmp_path):
-    name, topo = default_fabric
+    fabric = default_fabric
     out = tmp_path / "spine.pcap"
-    cap = ops.Capture(name, "p0s0", str(out))
+    cap = ops.Capture(fabric, "p0s0", str(out))
     try:
-        assert all(r.reachable for r in probe_evs(name, "h0", "h2", [0]))
+        assert all(r.reachable for r in probe_evs(fabric, "h0", "h2", [0]))
         wait_for(lambda: out.stat().st_size > 200, timeout=5, what="packets in the pcap")
     finally:
         result = cap.stop()
@@ -94,13 +95,15 @@ def test_capture_on_spine_shows_kernel_forwarded_srh(default_fabric, tmp_path):
 
 def test_usid_carrier_delivers_to_destination(default_fabric):
     """SRV6_USID format: the carrier alone steers the packet, the destination decapsulates."""
-    name, topo = default_fabric
+    fabric, topo = default_fabric, default_fabric.topology
     ev = evs_between(topo, "h0", "h2")[5]
     src, dst = ad.host_address(topo, "h0"), ad.host_address(topo, "h2")
     ends = Endpoints(src, dst, ev.udp_sport)
     template = fast.FrameTemplate(ends, fast.Encap.usid(src, ev.usid_carrier, ev.segments[-1]))
-    send, _ = ops.host_sockets(name, "h0")
-    _, recv = ops.host_sockets(name, "h2")
+    send, unused_recv = ops.host_sockets(fabric, "h0")
+    unused_send, recv = ops.host_sockets(fabric, "h2")
+    unused_recv.close()
+    unused_send.close()
     packet = DataPacket(7, 42, 0x1000, 0x99, b"placed by address")
     try:
         send.sendto(template.data(packet), (ev.usid_carrier, 0))
@@ -140,7 +143,7 @@ def test_sigkill_mid_build_then_clean_leaves_nothing(fabric_name):
 
 
 def test_name_clash_is_one_clear_error(default_fabric):
-    name, _ = default_fabric
+    name = default_fabric.name
     result = subprocess.run(CLI + ["up", "--name", name], capture_output=True, text=True)
     assert result.returncode == 1
     assert "already up" in result.stderr and len(result.stderr.strip().splitlines()) == 1
@@ -157,7 +160,7 @@ def test_invalid_topology_creates_nothing(fabric_name, tmp_path):
 
 
 def test_cli_status_paths_probe_json(default_fabric):
-    name, _ = default_fabric
+    name = default_fabric.name
     status = json.loads(subprocess.run(CLI + ["status", "--name", name, "--json"], capture_output=True,
                                        text=True, check=True).stdout)
     assert {n["role"] for n in status["nodes"]} == {"host", "leaf", "spine"}
@@ -179,7 +182,8 @@ def test_large_comes_up_and_goes_down(fabric_name):
     result = build.up(topo, fabric_name)
     try:
         assert len(registry.read(fabric_name).namespaces) == 320
-        assert all(r.reachable for r in probe_evs(fabric_name, "h0", "h127"))
+        with Fabric.open(fabric_name) as fabric:
+            assert all(r.reachable for r in probe_evs(fabric, "h0", "h127"))
     finally:
         build.down(fabric_name)
     assert leftovers(fabric_name) == []

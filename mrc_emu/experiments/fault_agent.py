@@ -3,10 +3,10 @@
 Why it exists: the moment of a fault must be known to the microsecond to measure recovery,
 and the fault must not stall the transfer it disturbs. Done in the requester's own loop, a
 netlink request (about 2 ms, as the kernel flushes routes) blocks sending; done in another
-thread, it waits for the GIL. So a child process holds a netlink socket opened in the
-node's namespace, with its requests encoded in advance, and acts when told; it reports when
-its request started and returned (CLOCK_MONOTONIC, shared by all processes). Recorded in the fabric's journal; dies with
-its parent.
+thread, it waits for the GIL. So a child process holds the link helper's netlink sockets,
+opened in the nodes' namespaces with their requests encoded in advance (fabric/links.py),
+and acts when told; it reports when its request started and returned (CLOCK_MONOTONIC,
+shared by all processes). Recorded in the fabric's journal; dies with its parent.
 """
 
 from __future__ import annotations
@@ -14,35 +14,28 @@ from __future__ import annotations
 import multiprocessing
 import select
 import signal
-import socket
 import time
 
-from ..fabric import netlink, netns, registry, xdp
-from ..fabric.build import load_topology
+from ..fabric import links as link_state
+from ..fabric import netns, xdp
 from ..fabric.nodes import FabricSetupError
+from ..fabric.running import Fabric
 from .transfer import _die_with_parent, stop_child
 
 
-def _agent(conn, ends: list[tuple[str, str]], extra: dict) -> None:
-    """ends: (namespace path, interface) of both ends of the link; a's first."""
+def _agent(conn, fabric: Fabric, link, a: str, extra: dict) -> None:
+    """The link a-b's fault agent; "down" and "up" through the link helper, encoded now."""
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     from pyroute2 import IPRoute
 
+    switch = link_state.LinkSwitch(fabric, [link], at=a)
     sockets = []
-    for path, intf in ends:  # a netlink socket stays in the namespace it was opened in
-        with netns.entered(path):
+    for node, intf in ((link.a, link.a_intf), (link.b, link.b_intf)):
+        with netns.entered(fabric.node_path(node)):  # a netlink socket stays in the namespace it was opened in
             ipr = IPRoute()
-            if not sockets:  # a's end: a bare netlink socket for "down" and "up"
-                raw = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
-                raw.bind((0, 0))
         sockets.append((ipr, ipr.link_lookup(ifname=intf)[0]))
-    # "down" and "up" encoded now, so that a fault is the request's system calls alone: timed
-    # from just before the kernel acts (pyroute2 spends 0.3-0.6 ms encoding one message)
-    state_of = {}
-    for state in ("down", "up"):
-        state_of[state] = netlink.Batch()
-        state_of[state].link_up(sockets[0][1], state == "up", f"{ends[0][1]} {state}")
+    state_of = {"down": switch.down, "up": switch.up}
     # The dropping program is attached to both ends from the start (drop fraction 0): the
     # first generic XDP program switches a static key, which stalls every CPU, and swapping
     # programs waits for RCU. Done now, before any transfer runs, a fault is one map write.
@@ -65,8 +58,8 @@ def _agent(conn, ends: list[tuple[str, str]], extra: dict) -> None:
                 dropper.set(float(action[4:]))
             elif action == "xdp-off":
                 dropper.set(0.0)
-            elif action in state_of:  # "down" / "up" of a's end
-                state_of[action].send(raw)
+            elif action in state_of:  # "down" at a's end; "up" at both, with the configuration
+                state_of[action]()
             else:
                 raise ValueError(f"unknown fault action {action!r}")
         except Exception as exc:  # reported to the parent, which raises it
@@ -79,33 +72,28 @@ def _agent(conn, ends: list[tuple[str, str]], extra: dict) -> None:
         except OSError:
             pass  # the interface is gone with its namespace
         ipr.close()
-    raw.close()
+    switch.close()
     dropper.close()
 
 
 class LinkFaultAgent:
-    """Faults on the link a-b from its own process: 'down'/'up' (a's end), 'xdp:<fraction>'
-    (drop that fraction on both ends' ingress: 1 is a blackhole), 'xdp-off'.
+    """Faults on the link a-b from its own process: 'down' (a's end), 'up' (both ends, with their
+    configuration), 'xdp:<fraction>' (drop that fraction on both ends' ingress: 1 is a blackhole), 'xdp-off'.
 
     `extra` maps more action names to callables, run in the agent (a switch reboot, a flap).
     """
 
-    def __init__(self, name: str, a: str, b: str, extra: dict | None = None) -> None:
-        topo = load_topology(name)
-        links = topo.links_between(a, b)
+    def __init__(self, fabric: Fabric, a: str, b: str, extra: dict | None = None) -> None:
+        links = fabric.topology.links_between(a, b)
         if len(links) != 1:
             raise FabricSetupError(f"expected one link between {a} and {b}, found {len(links)}")
-        (link,) = links
-        _, intf_a, intf_b = topo.peer(link, a)
-        ends = [(str(netns.netns_path(name, a)), intf_a), (str(netns.netns_path(name, b)), intf_b)]
-        self.name = name
+        self.fabric = fabric
         ctx = multiprocessing.get_context("fork")
         self._conn, child_conn = ctx.Pipe()
-        self._proc = ctx.Process(target=_agent, args=(child_conn, ends, extra or {}),
+        self._proc = ctx.Process(target=_agent, args=(child_conn, fabric, links[0], a, extra or {}),
                                  daemon=True)
         self._proc.start()
-        with registry.Journal.open(name) as journal:
-            journal.process(self._proc.pid, f"fault agent for {a}-{b}")
+        fabric.journal.process(self._proc.pid, f"fault agent for {a}-{b}")
         if not self._conn.poll(10) or self._conn.recv() != "ready":
             self.close()
             raise FabricSetupError(f"the fault agent for {a}-{b} did not start")
@@ -134,7 +122,7 @@ class LinkFaultAgent:
         return result
 
     def close(self) -> None:
-        stop_child(self.name, self._proc, self._conn, "quit")
+        stop_child(self.fabric, self._proc, self._conn, "quit")
 
     def __enter__(self) -> LinkFaultAgent:
         return self

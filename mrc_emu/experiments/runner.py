@@ -9,7 +9,6 @@ reverted before the next transport runs; every fault lands in the timeline.
 
 from __future__ import annotations
 
-import select
 import time
 import uuid
 from collections.abc import Callable
@@ -19,7 +18,8 @@ from typing import Any
 
 from pyroute2 import IPRoute
 
-from ..fabric import build, netns, ops, routing
+from ..fabric import build, links, netns, ops, routing
+from ..fabric.running import Fabric
 from ..topology import Role, Topology, evs_between
 from ..topology.evs import EvFormat
 from ..transport.qp import QpConfig
@@ -54,21 +54,22 @@ class FaultRun:
 
 # ---- the baseline's path ---------------------------------------------------------------------
 
-def _tx_counts(name: str, node: str) -> dict[str, int]:
-    with netns.entered(netns.netns_path(name, node)), IPRoute() as ipr:
+def _tx_counts(fabric: Fabric, node: str) -> dict[str, int]:
+    with netns.entered(fabric.node_path(node)), IPRoute() as ipr:
         return {link.get("ifname"): link.get("stats64").get("tx_packets") if link.get("stats64") else 0
                 for link in ipr.get_links()}
 
 
-def observe_baseline_path(name: str, topo: Topology, src: str, dst: str, mtu: int) -> tuple[str, str]:
+def observe_baseline_path(fabric: Fabric, src: str, dst: str, mtu: int) -> tuple[str, str]:
     """The leaf-spine link the baseline's flow from src to dst crosses, measured: packet counters
     of every leaf uplink on src's side before and after a short transfer with the same 5-tuple."""
+    topo = fabric.topology
     leaves = [topo.leaf_of(src, p) for p in range(topo.planes)]
-    before = {leaf: _tx_counts(name, leaf) for leaf in leaves}
-    run_transfers(name, [_spec("baseline", src, dst, 2 * 2**20, mtu)])
+    before = {leaf: _tx_counts(fabric, leaf) for leaf in leaves}
+    run_transfers(fabric, [_spec("baseline", src, dst, 2 * 2**20, mtu)])
     best, best_delta = None, -1
     for leaf in leaves:
-        after = _tx_counts(name, leaf)
+        after = _tx_counts(fabric, leaf)
         for link in topo.links_of(leaf):
             peer, intf, _ = topo.peer(link, leaf)
             if topo.node(peer).role is not Role.SPINE:
@@ -111,12 +112,8 @@ def _competing(topo: Topology, transport: str, fault: Fault, link: tuple[str, st
 
 # ---- faults --------------------------------------------------------------------------------
 
-def _wait_ms(ms: float) -> None:
-    """The fault schedule's own clock: a flap's half period, a reboot's downtime."""
-    select.select([], [], [], ms / 1000)
-
-
-def _agent_for(name: str, topo: Topology, fault: Fault, link: tuple[str, str] | None) -> LinkFaultAgent | None:
+def _agent_for(fabric: Fabric, fault: Fault, link: tuple[str, str] | None) -> LinkFaultAgent | None:
+    topo = fabric.topology
     kind = fault.kind
     if kind == "congestion":
         return None
@@ -127,34 +124,21 @@ def _agent_for(name: str, topo: Topology, fault: Fault, link: tuple[str, str] | 
     else:  # switch-reboot: the agent's own link is any of the switch's, the action takes them all
         a = fault.node
         b = topo.peer(topo.links_of(a)[0], a)[0]
-    (edge,) = topo.links_between(a, b)
-    _, ia, _ = topo.peer(edge, a)  # a's interface on that link
-
+    # run in the agent's process, all through the link helper
     def restore_link() -> None:
-        build.set_link(name, a, b, True)
+        links.set_state(fabric, a, b, True)
 
     def flap() -> None:
-        for _ in range(fault.count):
-            with netns.entered(netns.netns_path(name, a)), IPRoute() as ipr:
-                (index,) = ipr.link_lookup(ifname=ia)
-                ipr.link("set", index=index, state="down")
-            _wait_ms(fault.period_ms / 2)
-            build.set_link(name, a, b, True)
-            _wait_ms(fault.period_ms / 2)
+        with links.LinkSwitch(fabric, topo.links_between(a, b), at=a) as switch:
+            links.flap(switch, fault.period_ms, fault.count)
 
-    def reboot_down() -> None:
-        for link in topo.links_of(fault.node):
-            _, intf, _ = topo.peer(link, fault.node)
-            with netns.entered(netns.netns_path(name, fault.node)), IPRoute() as ipr:
-                (index,) = ipr.link_lookup(ifname=intf)
-                ipr.link("set", index=index, state="down")
+    def reboot(up: bool) -> None:
+        with links.LinkSwitch(fabric, topo.links_of(fault.node), at=fault.node) as switch:
+            switch.up() if up else switch.down()
 
-    def reboot_up() -> None:
-        for link in topo.links_of(fault.node):
-            build.set_link(name, fault.node, topo.peer(link, fault.node)[0], True)
-
-    actions = {"restore": restore_link, "flap": flap, "reboot-down": reboot_down, "reboot-up": reboot_up}
-    return LinkFaultAgent(name, a, b, extra=actions)
+    actions = {"restore": restore_link, "flap": flap, "reboot-down": lambda: reboot(False),
+               "reboot-up": lambda: reboot(True)}
+    return LinkFaultAgent(fabric, a, b, extra=actions)
 
 
 _APPLY = {"link-down": "down", "plane-down": "down", "flap": "flap", "loss": "xdp:{fraction}", "blackhole": "xdp:1",
@@ -165,10 +149,10 @@ _REVERT = {"link-down": "restore", "plane-down": "restore", "flap": None, "loss"
 
 # ---- one transport -------------------------------------------------------------------------
 
-def run_transport(scn: Scenario, name: str, transport: str, baseline_link: tuple[str, str] | None,
+def run_transport(scn: Scenario, fabric: Fabric, transport: str, baseline_link: tuple[str, str] | None,
                   out_dir: Path, progress: Progress = _quiet,
                   on_bytes: Callable[[int, int], None] | None = None) -> dict[str, Any]:
-    topo = scn.topology
+    topo = fabric.topology
     specs = [_spec(transport, s, d, n, scn.mtu, label=f"{s}->{d}") for s, d, n in scn.transfers()]
     runs: list[FaultRun] = []
     agents: list[tuple[FaultRun, LinkFaultAgent | None]] = []
@@ -182,17 +166,17 @@ def run_transport(scn: Scenario, name: str, transport: str, baseline_link: tuple
                 specs += _competing(topo, transport, fault, link, scn.mtu)
                 agents.append((fr, None))
                 continue
-            agent = _agent_for(name, topo, fault, fr.link)
+            agent = _agent_for(fabric, fault, fr.link)
             agents.append((fr, agent))
             control.hooks.append((fault.at, _trigger(agent, fault)))
         control.hooks.sort(key=lambda h: h[0])
         capture = None
         if scn.capture:
-            capture = ops.Capture(name, scn.transfers()[0][0], str(out_dir / f"{transport}.pcap"), snaplen=0,
+            capture = ops.Capture(fabric, scn.transfers()[0][0], str(out_dir / f"{transport}.pcap"), snaplen=0,
                                   count=PCAP_PACKETS)
         progress(f"{transport}: {len(specs)} WRITE(s), faults: {', '.join(f.describe() for f in scn.faults) or 'none'}")
         try:
-            results = run_transfers(name, specs, control, on_bytes, linger_s=3.0 if transport == "mrc" else 0.0,
+            results = run_transfers(fabric, specs, control, on_bytes, linger_s=3.0 if transport == "mrc" else 0.0,
                                     timeout_s=scn.timeout_s)
         finally:
             if capture is not None:
@@ -214,7 +198,7 @@ def run_transport(scn: Scenario, name: str, transport: str, baseline_link: tuple
             if agent is not None:
                 agent.close()
     if scn.routing == "bgp" and routing.frr_missing() is None:
-        routing.wait_converged(name, topo, 60)  # the next run starts on a repaired fabric
+        routing.wait_converged(fabric, 60)  # the next run starts on a repaired fabric
     return _summarise(transport, results, runs, str(capture.path) if scn.capture and capture else None)
 
 
@@ -293,32 +277,8 @@ def run(scn: Scenario, out_dir: Path, progress: Progress = _quiet,
     progress(f"bringing up fabric '{name}' ({scn.topology.name})")
     build.up(scn.topology, name)
     try:
-        if scn.routing == "bgp":
-            reason = routing.frr_missing()
-            if reason:
-                notes.append(f"{reason}. Without BGP there is no route repair and no plain IPv6 routing: "
-                             f"the baseline is skipped.")
-                transports = [t for t in transports if t != "baseline"]
-                progress(notes[-1])
-            else:
-                progress("starting FRR (BGP" + (" + BFD" if scn.bfd else "") + ") in every switch")
-                seconds = routing.start(name, bfd=scn.bfd, progress=progress)
-                results["bgp_converged_s"] = round(seconds, 2)
-        baseline_link = None
-        if any(f.link == "baseline-path" for f in scn.faults):
-            src, dst, _ = scn.transfers()[0]
-            if "baseline" in transports:
-                baseline_link = observe_baseline_path(name, scn.topology, src, dst, scn.mtu)
-                notes.append(f"the baseline's flow {src}->{dst} crosses {baseline_link[0]}-{baseline_link[1]} "
-                             f"(seen in the leaves' packet counters); the fault hits that link")
-            else:
-                ev = evs_between(scn.topology, src, dst)[0]
-                baseline_link = (ev.hops[1], ev.hops[2])
-                notes.append(f"no baseline run: 'baseline-path' falls back to EV 0's link {baseline_link[0]}-{baseline_link[1]}")
-            progress(notes[-1])
-        for transport in transports:
-            results["runs"][transport] = run_transport(scn, name, transport, baseline_link, out_dir, progress,
-                                                       on_bytes(transport) if on_bytes else None)
+        with Fabric.open(name) as fabric:
+            _run_transports(scn, fabric, transports, results, notes, out_dir, progress, on_bytes)
     finally:
         progress(f"taking fabric '{name}' down")
         build.down(name)
@@ -328,3 +288,35 @@ def run(scn: Scenario, out_dir: Path, progress: Progress = _quiet,
         b = base["recovery_ms"]
         results["recovery_ratio"] = None if b is None else round(b / max(mrc["recovery_ms"], 0.1), 1)
     return results
+
+
+def _run_transports(scn: Scenario, fabric: Fabric, transports: list[str], results: dict[str, Any], notes: list[str],
+                    out_dir: Path, progress: Progress,
+                    on_bytes: Callable[[str], Callable[[int, int], None] | None] | None) -> None:
+    """Routing, the baseline's path, then each transport in turn, on a running fabric."""
+    if scn.routing == "bgp":
+        reason = routing.frr_missing()
+        if reason:
+            notes.append(f"{reason}. Without BGP there is no route repair and no plain IPv6 routing: "
+                         f"the baseline is skipped.")
+            transports = [t for t in transports if t != "baseline"]
+            progress(notes[-1])
+        else:
+            progress("starting FRR (BGP" + (" + BFD" if scn.bfd else "") + ") in every switch")
+            seconds = routing.start(fabric, bfd=scn.bfd, progress=progress)
+            results["bgp_converged_s"] = round(seconds, 2)
+    baseline_link = None
+    if any(f.link == "baseline-path" for f in scn.faults):
+        src, dst, _ = scn.transfers()[0]
+        if "baseline" in transports:
+            baseline_link = observe_baseline_path(fabric, src, dst, scn.mtu)
+            notes.append(f"the baseline's flow {src}->{dst} crosses {baseline_link[0]}-{baseline_link[1]} "
+                         f"(seen in the leaves' packet counters); the fault hits that link")
+        else:
+            ev = evs_between(scn.topology, src, dst)[0]
+            baseline_link = (ev.hops[1], ev.hops[2])
+            notes.append(f"no baseline run: 'baseline-path' falls back to EV 0's link {baseline_link[0]}-{baseline_link[1]}")
+        progress(notes[-1])
+    for transport in transports:
+        results["runs"][transport] = run_transport(scn, fabric, transport, baseline_link, out_dir, progress,
+                                                   on_bytes(transport) if on_bytes else None)

@@ -32,8 +32,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..fabric import netns, ops, registry
-from ..fabric.build import load_topology
+from ..fabric import netns
+from ..fabric.running import Fabric
 from ..topology.evs import EvFormat
 from ..transport.cc import make_cc
 from ..transport.ev import EvState
@@ -142,7 +142,7 @@ def _kernel_udp_counters() -> dict[str, int]:
     return out
 
 
-def stop_child(fabric: str, proc, conn, farewell) -> None:
+def stop_child(fabric: Fabric, proc, conn, farewell) -> None:
     """Ask a child to stop, kill it if it does not within 5 s, record that it ended."""
     if proc.is_alive():
         try:
@@ -153,8 +153,7 @@ def stop_child(fabric: str, proc, conn, farewell) -> None:
     if proc.is_alive():
         proc.kill()
         proc.join()
-    with registry.Journal.open(fabric) as journal:
-        journal.process_ended(proc.pid)
+    fabric.journal.process_ended(proc.pid)
 
 
 class HostMux:
@@ -298,15 +297,14 @@ def _host_main(conn, ns_path: str, address: str, config: QpConfig, cpu: int | No
 class HostProcess:
     """The parent's handle on one host's process."""
 
-    def __init__(self, name: str, host: str, address: str, config: QpConfig, cpu: int | None = None) -> None:
-        self.name, self.host = name, host
+    def __init__(self, fabric: Fabric, host: str, address: str, config: QpConfig, cpu: int | None = None) -> None:
+        self.fabric, self.host = fabric, host
         ctx = multiprocessing.get_context("fork")
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(target=_host_main, name=f"mrc-emu {host}", daemon=True,
-                                args=(child, str(ops.node_path(name, host)), address, config, cpu))
+                                args=(child, str(fabric.node_path(host)), address, config, cpu))
         self.proc.start()
-        with registry.Journal.open(name) as journal:
-            journal.process(self.proc.pid, f"MRC endpoint process of {host}")
+        fabric.journal.process(self.proc.pid, f"MRC endpoint process of {host}")
         self.inbox: list[tuple] = []
         kind, info = self.expect({"ready", "error"}, timeout=30)
         if kind == "error":
@@ -329,13 +327,13 @@ class HostProcess:
             self.inbox.append(msg)
 
     def close(self) -> None:
-        stop_child(self.name, self.proc, self.conn, ("stop",))
+        stop_child(self.fabric, self.proc, self.conn, ("stop",))
 
 
 _qpns = itertools.count(0x100)
 
 
-def run_transfers(name: str, specs: list[TransferSpec], control: Control | None = None,
+def run_transfers(fabric: Fabric, specs: list[TransferSpec], control: Control | None = None,
                   on_progress: Callable[[int, int], None] | None = None, linger_s: float = 0.0,
                   timeout_s: float = 600.0) -> list[TransferResult]:
     """Run every WRITE of `specs` at once; return one result per spec, in order.
@@ -347,7 +345,7 @@ def run_transfers(name: str, specs: list[TransferSpec], control: Control | None 
         if spec.size <= 0:
             raise TransferError(f"size must be at least one byte, not {spec.size}")
     control = control or Control()
-    topo = load_topology(name)
+    topo = fabric.topology
     # a UDP EV is whatever path the fabric's ECMP hash picks: no EV states, no probes (the
     # caller's specs stay as they were)
     specs = [replace(s, config=replace(s.config, path_avoidance=False)) if s.ev_format is EvFormat.UDP else s
@@ -361,7 +359,7 @@ def run_transfers(name: str, specs: list[TransferSpec], control: Control | None 
         cpus = sorted(os.sched_getaffinity(0))
         pin = len(names) <= len(cpus)  # one core per host process when there are enough
         for i, host in enumerate(names):
-            hosts[host] = HostProcess(name, host, address_of[host], specs[0].config, cpus[i] if pin else None)
+            hosts[host] = HostProcess(fabric, host, address_of[host], specs[0].config, cpus[i] if pin else None)
         started: dict[int, int] = {}
         deferred: list[tuple[float, HostProcess, tuple]] = []
         if all(s.start_at is not None for s in specs):
@@ -472,13 +470,13 @@ def _result(spec: TransferSpec, paths, req: dict, resp: dict, placed: str) -> Tr
     )
 
 
-def send(name: str, src: str, dst: str, size: int, evs: list[int] | None = None, cc: str = "nscc",
+def send(fabric: Fabric, src: str, dst: str, size: int, evs: list[int] | None = None, cc: str = "nscc",
          mtu: int = 4096, ev_format: EvFormat = EvFormat.SRV6, ev_min_active: int = 1,
          imm: int | None = None, config: QpConfig | None = None, control: Control | None = None,
          on_progress: Callable[[int, int], None] | None = None, linger_s: float = 0.0) -> TransferResult:
     """WRITE `size` random bytes from host `src` to a buffer registered at host `dst`."""
     spec = TransferSpec(src, dst, size, evs, ev_format, config or QpConfig(mtu=mtu), cc, ev_min_active, imm)
-    return run_transfers(name, [spec], control, on_progress, linger_s)[0]
+    return run_transfers(fabric, [spec], control, on_progress, linger_s)[0]
 
 
 
