@@ -25,11 +25,12 @@ def _known_errors() -> tuple[type[BaseException], ...]:
     from .experiments.transfer import TransferError
     from .fabric.netlink import NetlinkError
     from .fabric.nodes import FabricSetupError
+    from .fabric.procs import ChildError
     from .fabric.registry import RegistryError
     from .fabric.waiting import WaitTimeout
 
-    return (TopologyError, FabricSetupError, RegistryError, NetlinkError, TransferError, WaitTimeout, ValueError,
-            PermissionError)
+    return (TopologyError, FabricSetupError, RegistryError, NetlinkError, TransferError, ChildError, WaitTimeout,
+            ValueError, PermissionError)
 
 
 def friendly(func):

@@ -26,7 +26,7 @@ import sys
 import time
 
 from mrc_emu.experiments import metrics
-from mrc_emu.experiments.fault_agent import LinkFaultAgent
+from mrc_emu.experiments.fault_agent import LinkDown, LinkFaultAgent
 from mrc_emu.experiments.transfer import Control, send
 from mrc_emu.fabric import build, links, netns, ops
 from mrc_emu.fabric.running import Fabric
@@ -123,11 +123,12 @@ def goodput(fabric: Fabric) -> dict:
 
 def recovery(fabric: Fabric) -> dict:
     runs = []
-    with LinkFaultAgent(fabric, "p0l0", "p0s1") as agent:
+    with LinkFaultAgent(fabric, links.between(fabric, "p0l0", "p0s1"), at="p0l0") as agent:
         for _ in range(ROUNDS):
-            control = Control(hooks=[(0.3, lambda: agent.trigger("down"))])
+            control = Control(hooks=[(0.3, lambda: agent.trigger(LinkDown()))])
             r = send(fabric, "h0", "h2", SIZE, mtu=MTU, control=control)
-            _, began, returned = agent.wait()
+            done = agent.wait()
+            began, returned = done.began_ns, done.returned_ns
             links.set_state(fabric, "p0l0", "p0s1", True)
             assert r.verified, r.error
             fault = began - r.start_ns  # the moment the agent started the request (conservative)

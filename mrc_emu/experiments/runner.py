@@ -18,13 +18,13 @@ from typing import Any
 
 from pyroute2 import IPRoute
 
-from ..fabric import build, links, netns, ops, routing
+from ..fabric import build, netns, ops, routing
 from ..fabric.running import Fabric
 from ..topology import Role, Topology, evs_between
 from ..topology.evs import EvFormat
 from ..transport.qp import QpConfig
 from . import metrics
-from .fault_agent import LinkFaultAgent
+from .fault_agent import Action, After, Done, Drop, DropOff, Flap, LinkDown, LinkFaultAgent, LinkUp
 from .scenario import Fault, Scenario
 from .transfer import Control, TransferResult, TransferSpec, run_transfers
 
@@ -44,6 +44,9 @@ class FaultRun:
     fault: Fault
     link: tuple[str, str] | None
     events: list[dict[str, Any]] = field(default_factory=list)  # {"action", "began_ms", "returned_ms"}
+
+    def record(self, done: Done) -> None:
+        self.events.append({"action": done.action.label, "began_ns": done.began_ns, "returned_ns": done.returned_ns})
 
     def to_dict(self) -> dict:
         return {"kind": self.fault.kind, "description": self.fault.describe(),
@@ -119,32 +122,20 @@ def _agent_for(fabric: Fabric, fault: Fault, link: tuple[str, str] | None) -> Li
         return None
     if kind in ("link-down", "flap", "loss", "blackhole"):
         a, b = link
+        links, at = topo.links_between(a, b), a
     elif kind == "plane-down":
-        a, b = fault.host, topo.leaf_of(fault.host, fault.plane)
-    else:  # switch-reboot: the agent's own link is any of the switch's, the action takes them all
-        a = fault.node
-        b = topo.peer(topo.links_of(a)[0], a)[0]
-    # run in the agent's process, all through the link helper
-    def restore_link() -> None:
-        links.set_state(fabric, a, b, True)
-
-    def flap() -> None:
-        with links.LinkSwitch(fabric, topo.links_between(a, b), at=a) as switch:
-            links.flap(switch, fault.period_ms, fault.count)
-
-    def reboot(up: bool) -> None:
-        with links.LinkSwitch(fabric, topo.links_of(fault.node), at=fault.node) as switch:
-            switch.up() if up else switch.down()
-
-    actions = {"restore": restore_link, "flap": flap, "reboot-down": lambda: reboot(False),
-               "reboot-up": lambda: reboot(True)}
-    return LinkFaultAgent(fabric, a, b, extra=actions)
+        links, at = topo.links_between(fault.host, topo.leaf_of(fault.host, fault.plane)), fault.host
+    else:  # switch-reboot: every link of the switch, down at the switch's end
+        links, at = topo.links_of(fault.node), fault.node
+    return LinkFaultAgent(fabric, links, at, drops=kind in ("loss", "blackhole"))
 
 
-_APPLY = {"link-down": "down", "plane-down": "down", "flap": "flap", "loss": "xdp:{fraction}", "blackhole": "xdp:1",
-          "switch-reboot": "reboot-down"}
-_REVERT = {"link-down": "restore", "plane-down": "restore", "flap": None, "loss": "xdp-off", "blackhole": "xdp-off",
-           "switch-reboot": "reboot-up"}
+_APPLY: dict[str, Callable[[Fault], Action]] = {
+    "link-down": lambda f: LinkDown(), "plane-down": lambda f: LinkDown(), "flap": lambda f: Flap(f.period_ms, f.count),
+    "loss": lambda f: Drop(f.percent / 100), "blackhole": lambda f: Drop(1.0),
+    "switch-reboot": lambda f: LinkDown("reboot-down")}
+_REVERT: dict[str, Action | None] = {"link-down": LinkUp(), "plane-down": LinkUp(), "flap": None, "loss": DropOff(),
+                                     "blackhole": DropOff(), "switch-reboot": LinkUp("reboot-up")}
 
 
 # ---- one transport -------------------------------------------------------------------------
@@ -186,13 +177,12 @@ def run_transport(scn: Scenario, fabric: Fabric, transport: str, baseline_link: 
             if agent is None:
                 fr.events.append({"action": "competing flows start", "at_progress": fr.fault.at})
                 continue
-            for action, began, returned in _drain(agent):
-                fr.events.append({"action": action, "began_ns": began, "returned_ns": returned})
+            while agent.pending():
+                fr.record(agent.wait(60))
             revert = _REVERT[fr.fault.kind]
-            if revert and not any(e["action"] == revert for e in fr.events):
+            if revert is not None and not any(e["action"] == revert.label for e in fr.events):
                 agent.trigger(revert)
-                action, began, returned = agent.wait(60)
-                fr.events.append({"action": action, "began_ns": began, "returned_ns": returned})
+                fr.record(agent.wait(60))
     finally:
         for _, agent in agents:
             if agent is not None:
@@ -202,22 +192,15 @@ def run_transport(scn: Scenario, fabric: Fabric, transport: str, baseline_link: 
     return _summarise(transport, results, runs, str(capture.path) if scn.capture and capture else None)
 
 
-def _trigger(agent: LinkFaultAgent, fault: Fault):
-    apply, revert = _APPLY[fault.kind].format(fraction=fault.percent / 100), _REVERT[fault.kind]
+def _trigger(agent: LinkFaultAgent, fault: Fault) -> Callable[[], None]:
+    apply, revert = _APPLY[fault.kind](fault), _REVERT[fault.kind]
 
     def fire() -> None:
         agent.trigger(apply)
-        if fault.duration_ms and revert:
-            agent.trigger(f"after:{fault.duration_ms}:{revert}")
+        if fault.duration_ms and revert is not None:
+            agent.trigger(After(fault.duration_ms, revert))
 
     return fire
-
-
-def _drain(agent: LinkFaultAgent) -> list[tuple[str, int, int]]:
-    out = []
-    while agent.pending():
-        out.append(agent.wait(60))
-    return out
 
 
 def _summarise(transport: str, results: list[TransferResult], runs: list[FaultRun], pcap: str | None) -> dict:
