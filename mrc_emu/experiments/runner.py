@@ -20,13 +20,13 @@ from pyroute2 import IPRoute
 
 from ..fabric import build, netns, ops, routing
 from ..fabric.running import Fabric
-from ..topology import Role, Topology, evs_between
-from ..topology.evs import EvFormat
-from ..transport.qp import QpConfig
+from ..topology import Role, evs_between
 from . import metrics
-from .fault_agent import Action, After, Done, Drop, DropOff, Flap, LinkDown, LinkFaultAgent, LinkUp
-from .scenario import Fault, Scenario
-from .transfer import Control, TransferResult, TransferSpec, run_transfers
+from .fault_agent import After, Done, LinkFaultAgent
+from .faults import Fault
+from .scenario import Scenario
+from .transfer import Control, TransferResult, run_transfers
+from .transports import Transport
 
 Progress = Callable[[str], None]
 MIN_PRE_FAULT_NS = 20_000_000  # a fault earlier than this has no pre-fault level: no recovery time
@@ -69,7 +69,7 @@ def observe_baseline_path(fabric: Fabric, src: str, dst: str, mtu: int) -> tuple
     topo = fabric.topology
     leaves = [topo.leaf_of(src, p) for p in range(topo.planes)]
     before = {leaf: _tx_counts(fabric, leaf) for leaf in leaves}
-    run_transfers(fabric, [_spec("baseline", src, dst, 2 * 2**20, mtu)])
+    run_transfers(fabric, [Transport.BASELINE.spec(src, dst, 2 * 2**20, mtu)])
     best, best_delta = None, -1
     for leaf in leaves:
         after = _tx_counts(fabric, leaf)
@@ -85,66 +85,13 @@ def observe_baseline_path(fabric: Fabric, src: str, dst: str, mtu: int) -> tuple
     return best
 
 
-# ---- transports --------------------------------------------------------------------------------
-
-def _spec(transport: str, src: str, dst: str, size: int, mtu: int, evs: list[int] | None = None,
-          start_at: float | None = None, label: str = "") -> TransferSpec:
-    if transport == "baseline":
-        return TransferSpec(src, dst, size, [0], EvFormat.UDP, QpConfig.baseline(mtu=mtu), "nscc", label=label,
-                            start_at=start_at)
-    return TransferSpec(src, dst, size, evs, EvFormat.SRV6, QpConfig(mtu=mtu), "nscc", label=label,
-                        start_at=start_at)
-
-
-def _competing(topo: Topology, transport: str, fault: Fault, link: tuple[str, str], mtu: int) -> list[TransferSpec]:
-    """Congestion: `flows` extra WRITEs between host pairs whose EVs cross the link, pinned to those EVs."""
-    out = []
-    hosts = [h.name for h in topo.hosts]
-    for a in hosts:
-        for b in hosts:
-            if a == b or len(out) >= fault.flows:
-                continue
-            crossing = [ev.index for ev in evs_between(topo, a, b) if ev.crosses(*link)]
-            if crossing:
-                out.append(_spec("mrc", a, b, fault.size, mtu, crossing, start_at=fault.at,
-                                 label=f"competing flow {a}->{b} over {'-'.join(link)}"))
-    if not out:
-        raise RuntimeError(f"no host pair has an EV over {'-'.join(link)} for competing flows")
-    return out
-
-
-# ---- faults --------------------------------------------------------------------------------
-
-def _agent_for(fabric: Fabric, fault: Fault, link: tuple[str, str] | None) -> LinkFaultAgent | None:
-    topo = fabric.topology
-    kind = fault.kind
-    if kind == "congestion":
-        return None
-    if kind in ("link-down", "flap", "loss", "blackhole"):
-        a, b = link
-        links, at = topo.links_between(a, b), a
-    elif kind == "plane-down":
-        links, at = topo.links_between(fault.host, topo.leaf_of(fault.host, fault.plane)), fault.host
-    else:  # switch-reboot: every link of the switch, down at the switch's end
-        links, at = topo.links_of(fault.node), fault.node
-    return LinkFaultAgent(fabric, links, at, drops=kind in ("loss", "blackhole"))
-
-
-_APPLY: dict[str, Callable[[Fault], Action]] = {
-    "link-down": lambda f: LinkDown(), "plane-down": lambda f: LinkDown(), "flap": lambda f: Flap(f.period_ms, f.count),
-    "loss": lambda f: Drop(f.percent / 100), "blackhole": lambda f: Drop(1.0),
-    "switch-reboot": lambda f: LinkDown("reboot-down")}
-_REVERT: dict[str, Action | None] = {"link-down": LinkUp(), "plane-down": LinkUp(), "flap": None, "loss": DropOff(),
-                                     "blackhole": DropOff(), "switch-reboot": LinkUp("reboot-up")}
-
-
 # ---- one transport -------------------------------------------------------------------------
 
-def run_transport(scn: Scenario, fabric: Fabric, transport: str, baseline_link: tuple[str, str] | None,
+def run_transport(scn: Scenario, fabric: Fabric, transport: Transport, baseline_link: tuple[str, str] | None,
                   out_dir: Path, progress: Progress = _quiet,
                   on_bytes: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     topo = fabric.topology
-    specs = [_spec(transport, s, d, n, scn.mtu, label=f"{s}->{d}") for s, d, n in scn.transfers()]
+    specs = [transport.spec(s, d, n, scn.mtu, label=f"{s}->{d}") for s, d, n in scn.transfers()]
     runs: list[FaultRun] = []
     agents: list[tuple[FaultRun, LinkFaultAgent | None]] = []
     control = Control()
@@ -153,13 +100,14 @@ def run_transport(scn: Scenario, fabric: Fabric, transport: str, baseline_link: 
             link = baseline_link if fault.link == "baseline-path" else fault.link
             fr = FaultRun(fault, link if isinstance(link, tuple) else None)
             runs.append(fr)
-            if fault.kind == "congestion":
-                specs += _competing(topo, transport, fault, link, scn.mtu)
-                agents.append((fr, None))
-                continue
-            agent = _agent_for(fabric, fault, fr.link)
+            specs += [Transport.MRC.spec(a, b, fault.size, scn.mtu, evs, start_at=fault.at,
+                                         label=f"competing flow {a}->{b} over {'-'.join(fr.link)}")
+                      for a, b, evs in fault.competing(topo, fr.link)]
+            targets = fault.agent_links(topo, fr.link)
+            agent = None if targets is None else LinkFaultAgent(fabric, *targets, drops=fault.drops)
             agents.append((fr, agent))
-            control.hooks.append((fault.at, _trigger(agent, fault)))
+            if agent is not None:
+                control.hooks.append((fault.at, _trigger(agent, fault)))
         control.hooks.sort(key=lambda h: h[0])
         capture = None
         if scn.capture:
@@ -167,19 +115,19 @@ def run_transport(scn: Scenario, fabric: Fabric, transport: str, baseline_link: 
                                   count=PCAP_PACKETS)
         progress(f"{transport}: {len(specs)} WRITE(s), faults: {', '.join(f.describe() for f in scn.faults) or 'none'}")
         try:
-            results = run_transfers(fabric, specs, control, on_bytes, linger_s=3.0 if transport == "mrc" else 0.0,
+            results = run_transfers(fabric, specs, control, on_bytes, linger_s=transport.linger_s,
                                     timeout_s=scn.timeout_s)
         finally:
             if capture is not None:
                 capture.stop()
         # each fault's timeline, then revert what is still applied
         for fr, agent in agents:
+            fr.events += fr.fault.events_without_agent()
             if agent is None:
-                fr.events.append({"action": "competing flows start", "at_progress": fr.fault.at})
                 continue
             while agent.pending():
                 fr.record(agent.wait(60))
-            revert = _REVERT[fr.fault.kind]
+            revert = fr.fault.revert()
             if revert is not None and not any(e["action"] == revert.label for e in fr.events):
                 agent.trigger(revert)
                 fr.record(agent.wait(60))
@@ -193,7 +141,7 @@ def run_transport(scn: Scenario, fabric: Fabric, transport: str, baseline_link: 
 
 
 def _trigger(agent: LinkFaultAgent, fault: Fault) -> Callable[[], None]:
-    apply, revert = _APPLY[fault.kind](fault), _REVERT[fault.kind]
+    apply, revert = fault.apply(), fault.revert()
 
     def fire() -> None:
         agent.trigger(apply)
@@ -203,7 +151,7 @@ def _trigger(agent: LinkFaultAgent, fault: Fault) -> Callable[[], None]:
     return fire
 
 
-def _summarise(transport: str, results: list[TransferResult], runs: list[FaultRun], pcap: str | None) -> dict:
+def _summarise(transport: Transport, results: list[TransferResult], runs: list[FaultRun], pcap: str | None) -> dict:
     origin = min(r.start_ns for r in results)
     for fr in runs:
         for e in fr.events:
@@ -232,7 +180,7 @@ def _summarise(transport: str, results: list[TransferResult], runs: list[FaultRu
     total_bytes = sum(t["size"] for t in main)
     span = max(completions) if completions and len(completions) == len(main) else None
     return {
-        "transport": transport,
+        "transport": transport.value,
         "ok": all(t["ok"] for t in transfers),
         "verified": all(t["verified"] for t in transfers),
         "completion_ms": span,
@@ -252,46 +200,45 @@ def run(scn: Scenario, out_dir: Path, progress: Progress = _quiet,
     """Build a fabric for the scenario, run each transport, tear down; return results.json's data."""
     out_dir.mkdir(parents=True, exist_ok=True)
     name = "s" + uuid.uuid4().hex[:6]
-    notes: list[str] = []
-    transports = list(scn.transports)
     started = time.time()
     results: dict[str, Any] = {"schema": "mrc-emu/results/1", "scenario": scn.to_dict(), "fabric": name,
-                               "started_unix": round(started, 3), "runs": {}, "notes": notes}
+                               "started_unix": round(started, 3), "runs": {}, "notes": []}
     progress(f"bringing up fabric '{name}' ({scn.topology.name})")
     build.up(scn.topology, name)
     try:
         with Fabric.open(name) as fabric:
-            _run_transports(scn, fabric, transports, results, notes, out_dir, progress, on_bytes)
+            _run_transports(scn, fabric, list(scn.transports), results, out_dir, progress, on_bytes)
     finally:
         progress(f"taking fabric '{name}' down")
         build.down(name)
     results["seconds"] = round(time.time() - started, 2)
-    mrc, base = results["runs"].get("mrc"), results["runs"].get("baseline")
+    mrc, base = results["runs"].get(Transport.MRC.value), results["runs"].get(Transport.BASELINE.value)
     if mrc and base and mrc["recovery_ms"] is not None:
         b = base["recovery_ms"]
         results["recovery_ratio"] = None if b is None else round(b / max(mrc["recovery_ms"], 0.1), 1)
     return results
 
 
-def _run_transports(scn: Scenario, fabric: Fabric, transports: list[str], results: dict[str, Any], notes: list[str],
+def _run_transports(scn: Scenario, fabric: Fabric, transports: list[Transport], results: dict[str, Any],
                     out_dir: Path, progress: Progress,
                     on_bytes: Callable[[str], Callable[[int, int], None] | None] | None) -> None:
     """Routing, the baseline's path, then each transport in turn, on a running fabric."""
+    notes = results["notes"]
     if scn.routing == "bgp":
         reason = routing.frr_missing()
         if reason:
+            skipped = [t.value for t in transports if t.needs_routing]
             notes.append(f"{reason}. Without BGP there is no route repair and no plain IPv6 routing: "
-                         f"the baseline is skipped.")
-            transports = [t for t in transports if t != "baseline"]
+                         f"the {', '.join(skipped) or 'baseline'} is skipped.")
+            transports = [t for t in transports if not t.needs_routing]
             progress(notes[-1])
         else:
             progress("starting FRR (BGP" + (" + BFD" if scn.bfd else "") + ") in every switch")
-            seconds = routing.start(fabric, bfd=scn.bfd, progress=progress)
-            results["bgp_converged_s"] = round(seconds, 2)
+            results["bgp_converged_s"] = round(routing.start(fabric, bfd=scn.bfd, progress=progress), 2)
     baseline_link = None
     if any(f.link == "baseline-path" for f in scn.faults):
         src, dst, _ = scn.transfers()[0]
-        if "baseline" in transports:
+        if Transport.BASELINE in transports:
             baseline_link = observe_baseline_path(fabric, src, dst, scn.mtu)
             notes.append(f"the baseline's flow {src}->{dst} crosses {baseline_link[0]}-{baseline_link[1]} "
                          f"(seen in the leaves' packet counters); the fault hits that link")
@@ -301,5 +248,5 @@ def _run_transports(scn: Scenario, fabric: Fabric, transports: list[str], result
             notes.append(f"no baseline run: 'baseline-path' falls back to EV 0's link {baseline_link[0]}-{baseline_link[1]}")
         progress(notes[-1])
     for transport in transports:
-        results["runs"][transport] = run_transport(scn, fabric, transport, baseline_link, out_dir, progress,
-                                                   on_bytes(transport) if on_bytes else None)
+        results["runs"][transport.value] = run_transport(scn, fabric, transport, baseline_link, out_dir, progress,
+                                                         on_bytes(transport.value) if on_bytes else None)
