@@ -1,10 +1,12 @@
-"""Shared fixtures. System tests need root and the kernel's SRv6; they skip with the reason."""
+"""Shared fixtures and helpers. System tests need root and the kernel's SRv6; they skip with the reason."""
 
 import os
 import shutil
 import uuid
 
 import pytest
+
+from mrc_emu.fabric.waiting import until
 
 
 def system_skip_reason() -> str | None:
@@ -24,6 +26,11 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "system" in item.keywords:
             item.add_marker(pytest.mark.skip(reason=reason))
+
+
+def wait_for(condition, timeout: float = 20.0, what: str = "condition"):
+    """Wait until `condition()` is true; fail the test naming `what` if it is not within `timeout` s."""
+    return until(condition, timeout, what, interval=0.02)
 
 
 @pytest.fixture

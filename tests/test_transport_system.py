@@ -9,12 +9,13 @@ import threading
 import time
 
 import pytest
+from conftest import wait_for
 
-from mrc_emu.experiments.transfer import Control, send
+from mrc_emu.experiments.transfer import Control, TransferSpec, run_transfers, send
 from mrc_emu.fabric import faults, links
 from mrc_emu.topology import evs_between
+from mrc_emu.topology.evs import EvFormat
 from mrc_emu.transport.qp import QpConfig
-from tests.test_fabric_system import wait_for
 
 pytestmark = pytest.mark.system
 CLI = [sys.executable, "-m", "mrc_emu.cli"]
@@ -92,6 +93,26 @@ def test_five_percent_loss_on_one_plane(default_fabric):
     share = {p: sum(e["share"] for e in result.per_ev if e["plane"] == p) for p in (0, 1)}
     print(f"\nshare of packets: plane 0 (5% loss) {share[0]:.3f}, plane 1 {share[1]:.3f}")
     assert share[0] < 0.9 * share[1]
+
+
+def test_each_qp_recovers_in_its_own_mode(default_fabric):
+    """Two WRITEs into one host at once, go-back-N and MRC's selective repeat, over a lossy spine:
+    each QP's responder keeps its own mode (it used to take the first transfer's for all)."""
+    fabric = default_fabric
+    faults.loss(fabric, "p0s0", 2.0)  # on EV 0 of h1 -> h2, and on one EV in eight of h0 -> h2
+    go_back_n = TransferSpec("h1", "h2", 8 * MiB, [0], EvFormat.SRV6,
+                             QpConfig(recovery="go-back-n", path_avoidance=False), label="go-back-n")
+    selective = TransferSpec("h0", "h2", 16 * MiB, label="selective")
+    try:
+        results = {r.label: r for r in run_transfers(fabric, [go_back_n, selective])}
+    finally:
+        faults.clear(fabric, "p0s0")
+    assert all(r.verified for r in results.values()), {k: r.error for k, r in results.items()}
+    assert results["go-back-n"].requester["stats"]["retransmits"] > 0
+    assert results["selective"].requester["stats"]["retransmits"] > 0
+    # go-back-N refuses what arrives after a gap; selective repeat places it
+    assert results["go-back-n"].responder["drops"].get("out_of_sequence", 0) > 0
+    assert "out_of_sequence" not in results["selective"].responder["drops"]
 
 
 def test_every_path_dead_fails_clearly_without_leftovers(default_fabric):
