@@ -19,16 +19,17 @@ Prints one JSON object. Traffic stays inside the fabric's namespaces.
 from __future__ import annotations
 
 import json
-import multiprocessing
 import select
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 
 from mrc_emu.experiments import metrics
 from mrc_emu.experiments.fault_agent import LinkDown, LinkFaultAgent
 from mrc_emu.experiments.transfer import Control, send
 from mrc_emu.fabric import build, links, netns, ops
+from mrc_emu.fabric.procs import Child, Parent, Stop
 from mrc_emu.fabric.running import Fabric
 from mrc_emu.topology import builtin, from_dict
 from mrc_emu.transport.link import udp_receiver
@@ -42,16 +43,21 @@ ROUNDS = int(sys.argv[1]) if len(sys.argv) > 1 else 3
 PLANE_RATE = 400e6  # R, bits/s per link
 
 
-def _drain(conn, path: str, address: str) -> None:
+@dataclass(frozen=True)
+class Received:
+    datagrams: int
+
+
+def _drain(parent: Parent, path: str, address: str) -> None:
     """A receiver in the destination's namespace that reads every datagram, as a responder does."""
     netns.move_to(path)
     sock = udp_receiver(address)
     sock.setblocking(False)
-    conn.send("ready")
+    parent.ready()
     got = 0
     while True:
-        ready, _, _ = select.select([sock, conn], [], [], 5)
-        if conn in ready or not ready:
+        ready, _, _ = select.select([sock, parent], [], [], 5)
+        if parent in ready or not ready:  # told to stop, or nothing came for 5 s
             break
         try:
             while True:
@@ -59,7 +65,7 @@ def _drain(conn, path: str, address: str) -> None:
                 got += 1
         except BlockingIOError:
             pass
-    conn.send(got)
+    parent.send(Received(got))
 
 
 def ceiling_pps(fabric: Fabric, sprayed: bool, n: int = 30_000) -> dict:
@@ -76,13 +82,9 @@ def ceiling_pps(fabric: Fabric, sprayed: bool, n: int = 30_000) -> dict:
     frames = [(bytes(p.template.data(DataPacket(1, 1, 0x1000, 7, bytes(MTU)))), p.addr) for p in chosen]
     raw, unused = ops.host_sockets(fabric, "h0")
     unused.close()
-    ctx = multiprocessing.get_context("fork")
-    parent, child = ctx.Pipe()
     reader = None
     if sprayed:
-        reader = ctx.Process(target=_drain, args=(child, str(fabric.node_path("h2")), dst), daemon=True)
-        reader.start()
-        parent.recv()
+        reader = Child(fabric, "benchmark reader in h2", _drain, (str(fabric.node_path("h2")), dst))
     else:
         with netns.entered(fabric.node_path("h2")):
             sink = udp_receiver(dst)
@@ -96,9 +98,9 @@ def ceiling_pps(fabric: Fabric, sprayed: bool, n: int = 30_000) -> dict:
     finally:
         raw.close()
         if reader is not None:
-            parent.send("stop")
-            received = parent.recv()
-            reader.join()
+            reader.send(Stop())
+            received = reader.expect(Received).datagrams
+            reader.stop()
         else:
             sink.close()
             received = None

@@ -19,8 +19,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..fabric.procs import Child, Stop, wait_any
+from ..fabric.procs import Child, Stop
 from ..fabric.running import Fabric
+from ..fabric.waiting import WaitTimeout, until
 from ..topology.evs import EvFormat
 from ..transport.ev import EvState
 from ..transport.paths import QpPaths, qp_paths
@@ -168,20 +169,38 @@ def _watch(hosts: dict[str, Child], specs: list[TransferSpec], control: Control,
            on_progress: Callable[[int, int], None] | None, linger_s: float, timeout_s: float,
            deferred: list[tuple[float, Child, Write]]) -> None:
     """Follow the hosts' progress reports until every transfer is done (and lingering ended)."""
-    primary = {k for k, s in enumerate(specs) if s.start_at is None}
-    total = sum(s.size for k, s in enumerate(specs) if k in primary)
-    latest: dict[int, JobProgress] = {}
-    deadline = time.monotonic() + timeout_s
-    done_at = None
-    last_bar = 0.0
-    while not control.stop.is_set():
-        for host in wait_any(hosts.values(), timeout=0.05):
+    watch = _Watch(hosts, specs, control, on_progress, linger_s, deferred)
+    try:
+        until(watch.step, timeout_s, "the transfers to finish", interval=0.05, wake=list(hosts.values()))
+    except WaitTimeout:
+        raise TransferError(f"the transfers did not finish within {timeout_s:.0f} s") from None
+
+
+class _Watch:
+    """What the parent follows while transfers run; `step` takes what arrived and says if it is over."""
+
+    def __init__(self, hosts: dict[str, Child], specs: list[TransferSpec], control: Control,
+                 on_progress: Callable[[int, int], None] | None, linger_s: float,
+                 deferred: list[tuple[float, Child, Write]]) -> None:
+        self.hosts, self.specs, self.control, self.on_progress = hosts, specs, control, on_progress
+        self.linger_s, self.deferred = linger_s, deferred
+        self.primary = {k for k, s in enumerate(specs) if s.start_at is None}
+        self.total = sum(s.size for k, s in enumerate(specs) if k in self.primary)
+        self.latest: dict[int, JobProgress] = {}
+        self.done_at: float | None = None
+        self.last_bar = 0.0
+
+    def step(self) -> bool:
+        control, latest, deferred = self.control, self.latest, self.deferred
+        if control.stop.is_set():
+            return True
+        for host in self.hosts.values():
             while (report := host.poll(Progress)) is not None:  # other answers wait for their expect
                 latest.update(report.jobs)
-        acked = sum(v.bytes_acked for k, v in latest.items() if k in primary)
+        acked = sum(v.bytes_acked for k, v in latest.items() if k in self.primary)
         control.bytes_acked = acked
-        control.progress = acked / total
-        primaries_done = all(k in latest and latest[k].done for k in primary)
+        control.progress = acked / self.total
+        primaries_done = all(k in latest and latest[k].done for k in self.primary)
         while deferred and (control.progress >= deferred[0][0] or primaries_done):
             _, host, write = deferred.pop(0)
             host.send(write)  # its Started answer waits, unread
@@ -191,20 +210,18 @@ def _watch(hosts: dict[str, Child], specs: list[TransferSpec], control: Control,
             _, action = control.hooks.pop(0)
             action()
         now = time.monotonic()
-        if on_progress is not None and now - last_bar > 0.1:
-            last_bar = now
-            on_progress(acked, total)
-        all_done = not deferred and len(latest) == len(specs) and all(v.done for v in latest.values())
-        if all_done and done_at is None:
-            done_at = now
-            if on_progress is not None:
-                on_progress(acked, total)
-        if done_at is not None:
-            healed = all(state != EvState.ASSUMED_BAD.value for v in latest.values() for state in v.ev_states.values())
-            if healed or now - done_at >= linger_s:
-                break
-        if now > deadline:
-            raise TransferError(f"the transfers did not finish within {timeout_s:.0f} s")
+        if self.on_progress is not None and now - self.last_bar > 0.1:
+            self.last_bar = now
+            self.on_progress(acked, self.total)
+        all_done = not deferred and len(latest) == len(self.specs) and all(v.done for v in latest.values())
+        if all_done and self.done_at is None:
+            self.done_at = now
+            if self.on_progress is not None:
+                self.on_progress(acked, self.total)
+        if self.done_at is None:
+            return False
+        healed = all(state != EvState.ASSUMED_BAD.value for v in latest.values() for state in v.ev_states.values())
+        return healed or now - self.done_at >= self.linger_s
 
 
 def _result(spec: TransferSpec, paths: QpPaths, req: dict, dst: Final, key: int, placed: str) -> TransferResult:

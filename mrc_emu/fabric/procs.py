@@ -21,7 +21,7 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import signal
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -216,8 +216,3 @@ class Child:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-
-def wait_any(children: Iterable[Child], timeout: float) -> list[Child]:
-    """The children with something to read (a message, or their end), after at most `timeout` seconds."""
-    by_conn = {child.conn: child for child in children}
-    return [by_conn[conn] for conn in multiprocessing.connection.wait(list(by_conn), timeout)]
