@@ -19,16 +19,18 @@ Prints one JSON object. Traffic stays inside the fabric's namespaces.
 from __future__ import annotations
 
 import json
-import multiprocessing
 import select
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 
 from mrc_emu.experiments import metrics
-from mrc_emu.experiments.fault_agent import LinkFaultAgent
+from mrc_emu.experiments.fault_agent import LinkDown, LinkFaultAgent
 from mrc_emu.experiments.transfer import Control, send
-from mrc_emu.fabric import build, netns, ops
+from mrc_emu.fabric import build, links, netns, ops
+from mrc_emu.fabric.procs import Child, Parent, Stop
+from mrc_emu.fabric.running import Fabric
 from mrc_emu.io.sockets import udp_receiver
 from mrc_emu.topology import builtin, from_dict
 from mrc_emu.transport.paths import qp_paths
@@ -41,16 +43,21 @@ ROUNDS = int(sys.argv[1]) if len(sys.argv) > 1 else 3
 PLANE_RATE = 400e6  # R, bits/s per link
 
 
-def _drain(conn, path: str, address: str) -> None:
+@dataclass(frozen=True)
+class Received:
+    datagrams: int
+
+
+def _drain(parent: Parent, path: str, address: str) -> None:
     """A receiver in the destination's namespace that reads every datagram, as a responder does."""
     netns.move_to(path)
     sock = udp_receiver(address)
     sock.setblocking(False)
-    conn.send("ready")
+    parent.ready()
     got = 0
     while True:
-        ready, _, _ = select.select([sock, conn], [], [], 5)
-        if conn in ready or not ready:
+        ready, _, _ = select.select([sock, parent], [], [], 5)
+        if parent in ready or not ready:  # told to stop, or nothing came for 5 s
             break
         try:
             while True:
@@ -58,10 +65,10 @@ def _drain(conn, path: str, address: str) -> None:
                 got += 1
         except BlockingIOError:
             pass
-    conn.send(got)
+    parent.send(Received(got))
 
 
-def ceiling_pps(name: str, topo, sprayed: bool, n: int = 30_000) -> dict:
+def ceiling_pps(fabric: Fabric, sprayed: bool, n: int = 30_000) -> dict:
     """A raw-socket loop sending identical pre-built frames of the transfer's size from h0 to h2.
 
     sprayed=False: along EV 0 only, to a socket nobody reads (it fills, then the kernel drops at
@@ -69,21 +76,17 @@ def ceiling_pps(name: str, topo, sprayed: bool, n: int = 30_000) -> dict:
     everything, as the transfer's frames go: like for like (spraying costs the sender route
     look-ups, and delivering to a reader costs wake-ups, about 25 % together on this VM).
     """
-    paths = qp_paths(topo, "h0", "h2")  # the transfer's own frame templates and first hops
+    paths = qp_paths(fabric.topology, "h0", "h2")  # the transfer's own frame templates and first hops
     dst = paths.dst_address
     chosen = list(paths.forward.values()) if sprayed else [paths.forward[0]]
     frames = [(bytes(p.template.data(DataPacket(1, 1, 0x1000, 7, bytes(MTU)))), (p.first_hop, 0)) for p in chosen]
-    raw, unused = ops.host_sockets(name, "h0")
+    raw, unused = ops.host_sockets(fabric, "h0")
     unused.close()
-    ctx = multiprocessing.get_context("fork")
-    parent, child = ctx.Pipe()
     reader = None
     if sprayed:
-        reader = ctx.Process(target=_drain, args=(child, str(ops.node_path(name, "h2")), dst), daemon=True)
-        reader.start()
-        parent.recv()
+        reader = Child(fabric, "benchmark reader in h2", _drain, (str(fabric.node_path("h2")), dst))
     else:
-        with netns.entered(ops.node_path(name, "h2")):
+        with netns.entered(fabric.node_path("h2")):
             sink = udp_receiver(dst)
     try:
         count = len(frames)
@@ -95,21 +98,21 @@ def ceiling_pps(name: str, topo, sprayed: bool, n: int = 30_000) -> dict:
     finally:
         raw.close()
         if reader is not None:
-            parent.send("stop")
-            received = parent.recv()
-            reader.join()
+            reader.send(Stop())
+            received = reader.expect(Received).datagrams
+            reader.stop()
         else:
             sink.close()
             received = None
     return {"pps": round(pps), "received": received}
 
 
-def goodput(name: str, topo) -> dict:
+def goodput(fabric: Fabric) -> dict:
     rounds = []
     for _ in range(ROUNDS):
-        strict = ceiling_pps(name, topo, sprayed=False)["pps"]
-        like = ceiling_pps(name, topo, sprayed=True)["pps"]
-        r = send(name, "h0", "h2", SIZE, mtu=MTU)
+        strict = ceiling_pps(fabric, sprayed=False)["pps"]
+        like = ceiling_pps(fabric, sprayed=True)["pps"]
+        r = send(fabric, "h0", "h2", SIZE, mtu=MTU)
         assert r.verified, r.error
         rounds.append({"ceiling_one_ev_unread_pps": strict, "ceiling_sprayed_read_pps": like,
                        "goodput_pps": r.goodput_pps, "goodput_gbps": r.goodput_gbps,
@@ -120,14 +123,15 @@ def goodput(name: str, topo) -> dict:
             "target": 0.5, "ceiling": "the same frames sprayed over the same 8 EVs to a receiver that reads them"}
 
 
-def recovery(name: str) -> dict:
+def recovery(fabric: Fabric) -> dict:
     runs = []
-    with LinkFaultAgent(name, "p0l0", "p0s1") as agent:
+    with LinkFaultAgent(fabric, links.between(fabric, "p0l0", "p0s1"), at="p0l0") as agent:
         for _ in range(ROUNDS):
-            control = Control(hooks=[(0.3, lambda: agent.trigger("down"))])
-            r = send(name, "h0", "h2", SIZE, mtu=MTU, control=control)
-            _, began, returned = agent.wait()
-            build.set_link(name, "p0l0", "p0s1", True)
+            control = Control(hooks=[(0.3, lambda: agent.trigger(LinkDown()))])
+            r = send(fabric, "h0", "h2", SIZE, mtu=MTU, control=control)
+            done = agent.wait()
+            began, returned = done.began_ns, done.returned_ns
+            links.set_state(fabric, "p0l0", "p0s1", True)
             assert r.verified, r.error
             fault = began - r.start_ns  # the moment the agent started the request (conservative)
             rec = metrics.recovery(r.timeline, fault, r.end_ns - r.start_ns)
@@ -146,11 +150,13 @@ def planes() -> dict:
     build.up(topo, name)
     try:
         runs = []
-        for _ in range(ROUNDS):
-            r = send(name, "h0", "h2", SIZE, mtu=MTU)
-            assert r.verified, r.error
-            runs.append({"goodput_gbps": r.goodput_gbps, "ratio": round(r.goodput_gbps * 1e9 / (topo.planes * PLANE_RATE), 3),
-                         "retransmits": r.requester["stats"]["retransmits"]})
+        with Fabric.open(name) as fabric:
+            for _ in range(ROUNDS):
+                r = send(fabric, "h0", "h2", SIZE, mtu=MTU)
+                assert r.verified, r.error
+                runs.append({"goodput_gbps": r.goodput_gbps,
+                             "ratio": round(r.goodput_gbps * 1e9 / (topo.planes * PLANE_RATE), 3),
+                             "retransmits": r.requester["stats"]["retransmits"]})
     finally:
         build.down(name)
     return {"planes": topo.planes, "rate_per_plane_mbit": PLANE_RATE / 1e6, "runs": runs,
@@ -162,7 +168,8 @@ def main() -> None:
     name = "bencht"
     build.up(topo, name)
     try:
-        out = {"goodput": goodput(name, topo), "recovery": recovery(name)}
+        with Fabric.open(name) as fabric:
+            out = {"goodput": goodput(fabric), "recovery": recovery(fabric)}
     finally:
         build.down(name)
     out["plane_aggregation"] = planes()

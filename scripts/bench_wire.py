@@ -20,6 +20,7 @@ import time
 from scapy.compat import raw
 
 from mrc_emu.fabric import build, ops
+from mrc_emu.fabric.running import Fabric
 from mrc_emu.topology import builtin
 from mrc_emu.transport.paths import qp_paths
 from mrc_emu.wire import decoder as wire_decoder
@@ -44,7 +45,8 @@ def main() -> None:
         ev, path = paths.evs[0], paths.forward[0]
         template, ends = path.template, path.template.ends
         payload = bytes(range(256)) * (PAYLOAD // 256)
-        send, recv = ops.host_sockets(name, "h0")
+        with Fabric.open(name) as fabric:
+            send, recv = ops.host_sockets(fabric, "h0")
         recv.close()
         first_hop = (path.first_hop, 0)  # what sendto takes
         packets = [DataPacket(1, psn & 0xFFFFFF, 0x10000 + psn * PAYLOAD, 7, payload) for psn in range(N)]

@@ -1,10 +1,12 @@
-"""Shared fixtures. System tests need root and the kernel's SRv6; they skip with the reason."""
+"""Shared fixtures and helpers. System tests need root and the kernel's SRv6; they skip with the reason."""
 
 import os
 import shutil
 import uuid
 
 import pytest
+
+from mrc_emu.fabric.waiting import until
 
 
 def system_skip_reason() -> str | None:
@@ -26,6 +28,11 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason=reason))
 
 
+def wait_for(condition, timeout: float = 20.0, what: str = "condition"):
+    """Wait until `condition()` is true; fail the test naming `what` if it is not within `timeout` s."""
+    return until(condition, timeout, what, interval=0.02)
+
+
 @pytest.fixture
 def fabric_name():
     """A fabric name no other test uses; the fabric is taken down if the test left it up."""
@@ -39,10 +46,12 @@ def fabric_name():
 
 @pytest.fixture
 def default_fabric(fabric_name):
+    """The built-in default topology, up, as an open `Fabric`; down afterwards."""
     from mrc_emu.fabric import build
+    from mrc_emu.fabric.running import Fabric
     from mrc_emu.topology import builtin
 
-    topo = builtin()
-    build.up(topo, fabric_name)
-    yield fabric_name, topo
+    build.up(builtin(), fabric_name)
+    with Fabric.open(fabric_name) as fabric:
+        yield fabric
     build.down(fabric_name)

@@ -2,19 +2,21 @@
 
 import itertools
 import json
+import os
 import select
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from conftest import wait_for
 from scapy.layers.inet6 import IPv6ExtHdrSegmentRouting
 from scapy.utils import rdpcap
 
 from mrc_emu.experiments.probes import probe_evs
-from mrc_emu.fabric import build, netns, ops, registry
+from mrc_emu.fabric import build, links, netns, ops, registry
+from mrc_emu.fabric.running import Fabric
 from mrc_emu.topology import addressing as ad
 from mrc_emu.topology import builtin, evs_between
 from mrc_emu.wire.decoder import decode_roce
@@ -23,14 +25,6 @@ from mrc_emu.wire.format import DataPacket, Endpoints
 
 pytestmark = pytest.mark.system
 CLI = [sys.executable, "-m", "mrc_emu.cli"]
-
-
-def wait_for(condition, timeout=20.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        select.select([], [], [], 0.02)
 
 
 def leftovers(name: str) -> list[str]:
@@ -42,51 +36,68 @@ def leftovers(name: str) -> list[str]:
 
 
 def test_every_ev_of_every_pair_reachable(default_fabric):
-    name, topo = default_fabric
+    fabric, topo = default_fabric, default_fabric.topology
     for src, dst in itertools.permutations([h.name for h in topo.hosts], 2):
-        results = probe_evs(name, src, dst)
+        results = probe_evs(fabric, src, dst)
         assert len(results) == len(evs_between(topo, src, dst))
         assert all(r.reachable and r.rtt_ns > 0 for r in results), (src, dst, results)
 
 
 def test_link_down_fails_exactly_the_evs_through_it(default_fabric):
-    name, topo = default_fabric
+    fabric, topo = default_fabric, default_fabric.topology
     evs = evs_between(topo, "h0", "h2")
     through = {ev.index for ev in evs if ev.crosses("p0l0", "p0s1")}
     assert len(through) == 1
-    build.set_link(name, "p0l0", "p0s1", False)
+    links.set_state(fabric, "p0l0", "p0s1", False)
     for src, dst in (("h0", "h2"), ("h2", "h0"), ("h1", "h3")):
-        failed = {r.ev for r in probe_evs(name, src, dst, timeout=0.5) if not r.reachable}
+        failed = {r.ev for r in probe_evs(fabric, src, dst, timeout=0.5) if not r.reachable}
         expect = {ev.index for ev in evs_between(topo, src, dst) if ev.crosses("p0l0", "p0s1")}
         assert failed == expect, (src, dst)
-    state = {(link["a"], link["b"]): link["state"] for link in ops.status(name)["links"]}
-    assert state[("p0l0", "p0s1")] == "down" and state[("p0l0", "p0s0")] == "up"
-    build.set_link(name, "p0l0", "p0s1", True)
-    assert all(r.reachable for r in probe_evs(name, "h0", "h2"))
-    assert all(r.reachable for r in probe_evs(name, "h2", "h0"))
+    status = {(link["a"], link["b"]): link for link in ops.status(fabric)["links"]}
+    assert status[("p0l0", "p0s1")]["state"] == "down" and status[("p0l0", "p0s0")]["state"] == "up"
+    assert status[("p0l0", "p0s1")]["admin_down"] and not status[("p0l0", "p0s0")]["admin_down"]
+    links.set_state(fabric, "p0l0", "p0s1", True)
+    assert all(r.reachable for r in probe_evs(fabric, "h0", "h2"))
+    assert all(r.reachable for r in probe_evs(fabric, "h2", "h0"))
+    assert not any(link["admin_down"] for link in ops.status(fabric)["links"])
 
 
 def test_host_link_down_keeps_other_plane(default_fabric):
-    name, topo = default_fabric
-    build.set_link(name, "h0", "p0l0", False)
-    results = probe_evs(name, "h0", "h3", timeout=0.5)
+    fabric, topo = default_fabric, default_fabric.topology
+    links.set_state(fabric, "h0", "p0l0", False)
+    results = probe_evs(fabric, "h0", "h3", timeout=0.5)
     planes = {ev.index: ev.plane for ev in evs_between(topo, "h0", "h3")}
     assert {r.ev for r in results if r.reachable} == {k for k, p in planes.items() if p == 1}
-    build.set_link(name, "h0", "p0l0", True)
-    assert all(r.reachable for r in probe_evs(name, "h0", "h3"))
+    links.set_state(fabric, "h0", "p0l0", True)
+    assert all(r.reachable for r in probe_evs(fabric, "h0", "h3"))
+
+
+def test_flap_ends_up_and_keeps_its_schedule(default_fabric):
+    """One helper flaps for the CLI, the runner and the agent: down and up on the flap's own clock."""
+    fabric = default_fabric
+    changes = []
+    with links.LinkSwitch(fabric, links.between(fabric, "p0l0", "p0s1")) as switch:
+        links.flap(switch, 60, 2, lambda up, ms: changes.append((up, ms)))
+    assert [up for up, _ in changes] == [False, True, False, True]
+    # each change on its slot of the flap's clock (30 ms apart), never before it (a restore may run late)
+    assert all(ms >= k * 30 for k, (_, ms) in enumerate(changes)), changes
+    assert all(r.reachable for r in probe_evs(fabric, "h0", "h2"))
+    assert fabric.state().down_links == set()
 
 
 def test_capture_on_spine_shows_kernel_forwarded_srh(default_fabric, tmp_path):
-    name, topo = default_fabric
+    fabric = default_fabric
     out = tmp_path / "spine.pcap"
-    cap = ops.Capture(name, "p0s0", str(out))
+    cap = ops.Capture(fabric, "p0s0", str(out))
     try:
-        assert all(r.reachable for r in probe_evs(name, "h0", "h2", [0]))
+        assert all(r.reachable for r in probe_evs(fabric, "h0", "h2", [0]))
         wait_for(lambda: out.stat().st_size > 200, timeout=5, what="packets in the pcap")
     finally:
         result = cap.stop()
     assert result.packets and result.packets > 0
-    srh = [p[IPv6ExtHdrSegmentRouting] for p in rdpcap(str(out)) if IPv6ExtHdrSegmentRouting in p]
+    packets = rdpcap(str(out))
+    assert len(packets) == result.packets  # what tcpdump said it captured is what the file holds
+    srh = [p[IPv6ExtHdrSegmentRouting] for p in packets if IPv6ExtHdrSegmentRouting in p]
     assert srh, "no SRH packet seen on the spine"
     # the spine received it with one Segments Left and sent it on with one less
     lefts = sorted({h.segleft for h in srh})
@@ -95,13 +106,15 @@ def test_capture_on_spine_shows_kernel_forwarded_srh(default_fabric, tmp_path):
 
 def test_usid_carrier_delivers_to_destination(default_fabric):
     """SRV6_USID format: the carrier alone steers the packet, the destination decapsulates."""
-    name, topo = default_fabric
+    fabric, topo = default_fabric, default_fabric.topology
     ev = evs_between(topo, "h0", "h2")[5]
     src, dst = ad.host_address(topo, "h0"), ad.host_address(topo, "h2")
     ends = Endpoints(src, dst, ev.udp_sport)
     template = FrameTemplate(ends, Encap.usid(src, ev.usid_carrier, ev.segments[-1]))
-    send, _ = ops.host_sockets(name, "h0")
-    _, recv = ops.host_sockets(name, "h2")
+    send, unused_recv = ops.host_sockets(fabric, "h0")
+    unused_send, recv = ops.host_sockets(fabric, "h2")
+    unused_recv.close()
+    unused_send.close()
     packet = DataPacket(7, 42, 0x1000, 0x99, b"placed by address")
     try:
         send.sendto(template.data(packet), (ev.usid_carrier, 0))
@@ -123,17 +136,21 @@ def test_down_leaves_nothing(fabric_name):
     assert leftovers(fabric_name) == []
 
 
-def test_sigkill_mid_build_then_clean_leaves_nothing(fabric_name):
-    proc = subprocess.Popen(CLI + ["up", "-t", "large", "--name", fabric_name],
+def test_sigkill_mid_build_then_clean_leaves_nothing(fabric_name, tmp_path):
+    # a state directory of its own: `clean` removes every fabric it finds, and others may be up
+    state = tmp_path / "state"
+    env = {**os.environ, "MRC_EMU_STATE_DIR": str(state)}
+    proc = subprocess.Popen(CLI + ["up", "-t", "large", "--name", fabric_name], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    journal = registry.journal_path(fabric_name)
+    journal = state / f"{fabric_name}.journal"
     wait_for(lambda: journal.exists() and journal.read_text().count('"netns"') >= 40, what="namespaces")
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     pids = [json.loads(line)["pid"] for line in journal.read_text().splitlines() if '"process"' in line]
-    result = subprocess.run(CLI + ["clean"], capture_output=True, text=True)
+    result = subprocess.run(CLI + ["clean"], capture_output=True, text=True, env=env)
     assert result.returncode == 0, result.stderr
-    assert leftovers(fabric_name) == []
+    assert fabric_name in result.stdout
+    assert leftovers(fabric_name) == [] and not journal.exists()
     wait_for(lambda: not any(Path(f"/proc/{p}").exists() and netns.process_start_time(p) for p in pids
                              if Path(f"/proc/{p}/cmdline").exists()
                              and b"mininet:" in Path(f"/proc/{p}/cmdline").read_bytes()),
@@ -141,7 +158,7 @@ def test_sigkill_mid_build_then_clean_leaves_nothing(fabric_name):
 
 
 def test_name_clash_is_one_clear_error(default_fabric):
-    name, _ = default_fabric
+    name = default_fabric.name
     result = subprocess.run(CLI + ["up", "--name", name], capture_output=True, text=True)
     assert result.returncode == 1
     assert "already up" in result.stderr and len(result.stderr.strip().splitlines()) == 1
@@ -158,7 +175,7 @@ def test_invalid_topology_creates_nothing(fabric_name, tmp_path):
 
 
 def test_cli_status_paths_probe_json(default_fabric):
-    name, _ = default_fabric
+    name = default_fabric.name
     status = json.loads(subprocess.run(CLI + ["status", "--name", name, "--json"], capture_output=True,
                                        text=True, check=True).stdout)
     assert {n["role"] for n in status["nodes"]} == {"host", "leaf", "spine"}
@@ -179,9 +196,13 @@ def test_large_comes_up_and_goes_down(fabric_name):
     topo = builtin("large")
     result = build.up(topo, fabric_name)
     try:
-        assert len(registry.read(fabric_name).namespaces) == 320
-        assert all(r.reachable for r in probe_evs(fabric_name, "h0", "h127"))
+        with Fabric.open(fabric_name) as fabric:
+            assert len(fabric.state().namespaces) == 320 and fabric.state().ready
+            assert fabric.topology.summary() == topo.summary()
+            assert all(r.reachable for r in probe_evs(fabric, "h0", "h127"))
     finally:
         build.down(fabric_name)
     assert leftovers(fabric_name) == []
-    assert result.seconds > 0
+    # the phases are consecutive parts of the build, which the carrier wait ends
+    assert set(result.phases) == {"nodes", "links", "routes"}
+    assert sum(result.phases.values()) <= result.seconds

@@ -11,6 +11,7 @@ import jsonschema
 import pytest
 
 from mrc_emu.experiments import report, runner, scenario
+from mrc_emu.experiments.faults import FAULT_KINDS
 from mrc_emu.fabric import netns, registry, routing
 
 pytestmark = pytest.mark.system
@@ -22,6 +23,7 @@ def no_leftovers(fabric: str) -> bool:
     return gone and not list(netns.NETNS_DIR.glob(f"{fabric}-*")) and not (registry.STATE_DIR / f"{fabric}-frr").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(routing.frr_missing() is not None, reason=str(routing.frr_missing()))
 def test_demo_runs_both_transports_through_the_fault(tmp_path):
     """The demo end to end. Its headline figure (MRC recovering at least 100x faster) is a speed
@@ -53,18 +55,21 @@ def test_demo_runs_both_transports_through_the_fault(tmp_path):
         assert "RDMA Write Only" in shown.stdout and "Acknowledge" in shown.stdout, shown.stdout[:2000]
 
 
+@pytest.mark.slow
 def test_collectives_with_switch_reboot(tmp_path):
     scn = scenario.load("collectives")
     results = runner.run(scn, tmp_path)
     run = results["runs"]["mrc"]
-    assert len(run["transfers"]) == 7  # incast (3) + ring (4), all at once
+    assert len(run["transfers"]) == 7  # incast (3) + ring (4), posted as each source has made its bytes
     assert run["verified"], [t["error"] for t in run["transfers"]]
+    assert sorted((t["src"], t["dst"]) for t in run["transfers"]) == sorted((s, d) for s, d, _ in scn.transfers())
     events = run["faults"][0]["events"]
     assert [e["action"] for e in events] == ["reboot-down", "reboot-up"]
     assert events[1]["began_ms"] - events[0]["began_ms"] >= 300
     assert no_leftovers(results["fabric"])
 
 
+@pytest.mark.slow
 def test_every_fault_kind_in_one_scenario(tmp_path):
     path = tmp_path / "all.yaml"
     path.write_text("""
@@ -80,6 +85,7 @@ faults:
   - {kind: link-down, link: [p0l0, p0s1], at: 0.3}
   - {kind: blackhole, link: [p0l1, p0s3], at: 0.4}
   - {kind: congestion, link: [p0l0, p0s0], at: 0.2, flows: 1, size: 8MiB}
+  - {kind: switch-reboot, node: p1s3, at: 0.5, duration_ms: 100}
 """)
     scn = scenario.load(path)
     results = runner.run(scn, tmp_path / "out")
@@ -88,9 +94,13 @@ faults:
     run = results["runs"]["mrc"]
     assert run["verified"], [t["error"] for t in run["transfers"]]
     assert len(run["transfers"]) == 3  # two WRITEs and one competing flow
+    (competing,) = [t for t in run["transfers"] if t["label"].startswith("competing flow")]
+    assert competing["label"].endswith("over p0l0-p0s0") and competing["offset_ms"] > 0  # started at 20 %, not at once
+    assert {f["kind"] for f in run["faults"]} == set(FAULT_KINDS)
     kinds = {f["kind"]: [e["action"] for e in f["events"]] for f in run["faults"]}
     assert kinds["loss"] == ["xdp:0.2", "xdp-off"] and kinds["blackhole"][0] == "xdp:1"
     assert kinds["flap"] == ["flap"] and kinds["plane-down"] == ["down", "restore"]
+    assert kinds["switch-reboot"] == ["reboot-down", "reboot-up"]
     bad = {e["ev"] for t in run["transfers"] for e in t["ev_events"] if e["new"] == "ASSUMED_BAD"}
     assert bad, "no EV was marked ASSUMED_BAD under six faults"
     assert no_leftovers(results["fabric"])

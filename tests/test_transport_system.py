@@ -9,12 +9,13 @@ import threading
 import time
 
 import pytest
+from conftest import wait_for
 
-from mrc_emu.experiments.transfer import Control, send
-from mrc_emu.fabric import build, faults, registry
+from mrc_emu.experiments.transfer import Control, TransferSpec, run_transfers, send
+from mrc_emu.fabric import faults, links
 from mrc_emu.topology import evs_between
+from mrc_emu.topology.evs import EvFormat
 from mrc_emu.transport.config import QpConfig
-from tests.test_fabric_system import wait_for
 
 pytestmark = pytest.mark.system
 CLI = [sys.executable, "-m", "mrc_emu.cli"]
@@ -22,8 +23,8 @@ MiB = 1024 * 1024
 
 
 def test_64mib_write_verified_and_sprayed_over_every_ev(default_fabric):
-    name, topo = default_fabric
-    result = send(name, "h0", "h2", 64 * MiB, imm=0x4D5243)
+    fabric, topo = default_fabric, default_fabric.topology
+    result = send(fabric, "h0", "h2", 64 * MiB, imm=0x4D5243)
     assert result.verified, result.error
     assert result.sha256_placed == result.sha256_source
     assert len(result.per_ev) == len(evs_between(topo, "h0", "h2")) == 8
@@ -50,21 +51,21 @@ def _run_in_thread(**kwargs):
 
 @pytest.mark.parametrize("how", ["plain ip", "mrc-emu api"])
 def test_link_down_mid_transfer_recovers_and_probes_revive(default_fabric, how):
-    name, topo = default_fabric
+    fabric, topo = default_fabric, default_fabric.topology
     (link,) = topo.links_between("p0l0", "p0s1")
     through = {ev.index for ev in evs_between(topo, "h0", "h2") if ev.crosses("p0l0", "p0s1")}
-    control, box, thread = _run_in_thread(name=name, src="h0", dst="h2", size=64 * MiB, linger_s=10.0)
+    control, box, thread = _run_in_thread(fabric=fabric, src="h0", dst="h2", size=64 * MiB, linger_s=10.0)
     wait_for(lambda: control.progress >= 0.2 or control.finished.is_set(), what="transfer progress")
     assert not control.finished.is_set(), "the transfer ended before the fault"
     fault_ns = time.monotonic_ns()
     if how == "plain ip":
         intf = link.a_intf if link.a == "p0l0" else link.b_intf
-        subprocess.run(["ip", "-n", f"{name}-p0l0", "link", "set", "dev", intf, "down"], check=True)
+        subprocess.run(["ip", "-n", f"{fabric.name}-p0l0", "link", "set", "dev", intf, "down"], check=True)
     else:
-        build.set_link(name, "p0l0", "p0s1", False)
+        links.set_state(fabric, "p0l0", "p0s1", False)
     wait_for(lambda: all(control.ev_states.get(k) == "ASSUMED_BAD" for k in through) or control.finished.is_set(),
              timeout=10, what="EVs through the failed link to become ASSUMED_BAD")
-    build.set_link(name, "p0l0", "p0s1", True)
+    links.set_state(fabric, "p0l0", "p0s1", True)
     thread.join(timeout=60)
     assert not thread.is_alive() and "error" not in box
     result = box["result"]
@@ -81,12 +82,12 @@ def test_link_down_mid_transfer_recovers_and_probes_revive(default_fabric, how):
 
 
 def test_five_percent_loss_on_one_plane(default_fabric):
-    name, topo = default_fabric
-    for spine in faults.plane_nodes(name, 0):
-        faults.loss(name, spine, 5.0)
-    result = send(name, "h0", "h2", 64 * MiB)
-    for spine in faults.plane_nodes(name, 0):
-        faults.clear(name, spine)
+    fabric, topo = default_fabric, default_fabric.topology
+    for spine in faults.plane_nodes(topo, 0):
+        faults.loss(fabric, spine, 5.0)
+    result = send(fabric, "h0", "h2", 64 * MiB)
+    for spine in faults.plane_nodes(topo, 0):
+        faults.clear(fabric, spine)
     assert result.verified, result.error
     assert result.requester["stats"]["retransmits"] > 0
     share = {p: sum(e["share"] for e in result.per_ev if e["plane"] == p) for p in (0, 1)}
@@ -94,22 +95,43 @@ def test_five_percent_loss_on_one_plane(default_fabric):
     assert share[0] < 0.9 * share[1]
 
 
+def test_each_qp_recovers_in_its_own_mode(default_fabric):
+    """Two WRITEs into one host at once, go-back-N and MRC's selective repeat, over a lossy spine:
+    each QP's responder keeps its own mode (it used to take the first transfer's for all)."""
+    fabric = default_fabric
+    faults.loss(fabric, "p0s0", 2.0)  # on EV 0 of h1 -> h2, and on one EV in eight of h0 -> h2
+    go_back_n = TransferSpec("h1", "h2", 8 * MiB, [0], EvFormat.SRV6,
+                             QpConfig(recovery="go-back-n", path_avoidance=False), label="go-back-n")
+    selective = TransferSpec("h0", "h2", 16 * MiB, label="selective")
+    try:
+        results = {r.label: r for r in run_transfers(fabric, [go_back_n, selective])}
+    finally:
+        faults.clear(fabric, "p0s0")
+    assert all(r.verified for r in results.values()), {k: r.error for k, r in results.items()}
+    assert results["go-back-n"].requester["stats"]["retransmits"] > 0
+    assert results["selective"].requester["stats"]["retransmits"] > 0
+    # go-back-N refuses what arrives after a gap; selective repeat places it
+    assert results["go-back-n"].responder["drops"].get("out_of_sequence", 0) > 0
+    assert "out_of_sequence" not in results["selective"].responder["drops"]
+
+
 def test_every_path_dead_fails_clearly_without_leftovers(default_fabric):
-    name, topo = default_fabric
-    for spine in faults.plane_nodes(name, 0) + faults.plane_nodes(name, 1):
-        faults.loss(name, spine, 100.0)  # blackholes: links up, every packet dropped
-    done = subprocess.run(CLI + ["send", "h0", "h2", "-n", name, "--size", "1MiB", "--ack-timeout-exp", "12",
+    fabric, topo = default_fabric, default_fabric.topology
+    spines = faults.plane_nodes(topo, 0) + faults.plane_nodes(topo, 1)
+    for spine in spines:
+        faults.loss(fabric, spine, 100.0)  # blackholes: links up, every packet dropped
+    done = subprocess.run(CLI + ["send", "h0", "h2", "-n", fabric.name, "--size", "1MiB", "--ack-timeout-exp", "12",
                                  "--retry-exp", "2", "--json"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 1, done.stderr
     out = json.loads(done.stdout)
     assert not out["ok"] and "retry budget spent" in out["error"]
     assert out["sha256_placed"] != out["sha256_source"]
-    assert registry.read(name).processes == {}  # the responder was stopped and recorded as ended
+    assert fabric.state().processes == {}  # the responder was stopped and recorded as ended
     # host links down too: sends fail at the source; same clear error
-    for spine in faults.plane_nodes(name, 0) + faults.plane_nodes(name, 1):
-        faults.clear(name, spine)
-    build.set_link(name, "h0", "p0l0", False)
-    build.set_link(name, "h0", "p1l0", False)
-    result = send(name, "h0", "h2", 100_000, config=QpConfig(ack_timeout_exp=10, retry_exp=1))
+    for spine in spines:
+        faults.clear(fabric, spine)
+    links.set_state(fabric, "h0", "p0l0", False)
+    links.set_state(fabric, "h0", "p1l0", False)
+    result = send(fabric, "h0", "h2", 100_000, config=QpConfig(ack_timeout_exp=10, retry_exp=1))
     assert not result.ok and "retry budget spent" in result.error
     assert result.requester["stats"]["send_failures"] > 0

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..fabric import build
+from ..fabric.running import Fabric
 from ..topology import Topology
 from .probes import probe_evs
 
@@ -37,23 +38,25 @@ class CheckResult:
                 "unreachable": self.unreachable, "rtt_ns_median": self.rtt_ns_median}
 
 
-def check(topo: Topology, name: str, progress: Callable[[str], None] = lambda _: None,
+def check(topo: Topology, name: str, progress: Callable[[str], None] | None = None,
           max_pairs: int | None = None) -> CheckResult:
+    progress = progress or (lambda _: None)
     up = build.up(topo, name, progress)
     result = CheckResult(name, up.seconds)
     rtts: list[int] = []
     try:
-        pairs = list(itertools.permutations([h.name for h in topo.hosts], 2))[:max_pairs]
-        for k, (src, dst) in enumerate(pairs, 1):
-            for r in probe_evs(name, src, dst):
-                result.evs += 1
-                if r.reachable:
-                    rtts.append(r.rtt_ns)
-                else:
-                    result.unreachable.append({"src": src, "dst": dst, "ev": r.ev})
-            result.pairs += 1
-            if k % 10 == 0 or k == len(pairs):
-                progress(f"probed {k}/{len(pairs)} host pairs, {result.evs} EVs")
+        with Fabric.open(name) as fabric:
+            pairs = list(itertools.permutations([h.name for h in topo.hosts], 2))[:max_pairs]
+            for k, (src, dst) in enumerate(pairs, 1):
+                for r in probe_evs(fabric, src, dst):
+                    result.evs += 1
+                    if r.reachable:
+                        rtts.append(r.rtt_ns)
+                    else:
+                        result.unreachable.append({"src": src, "dst": dst, "ev": r.ev})
+                result.pairs += 1
+                if k % 10 == 0 or k == len(pairs):
+                    progress(f"probed {k}/{len(pairs)} host pairs, {result.evs} EVs")
     finally:
         start = time.monotonic()
         build.down(name)

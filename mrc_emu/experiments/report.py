@@ -11,6 +11,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from .faults import FAULT_KINDS
+from .transports import Transport
+
 _NUM = {"type": ["number", "null"]}
 _TRANSFER = {
     "type": "object",
@@ -38,9 +41,10 @@ _RUN = {
     "type": "object",
     "required": ["transport", "ok", "verified", "completion_ms", "goodput_gbps", "recovery_ms", "faults", "transfers"],
     "properties": {
-        "transport": {"enum": ["mrc", "baseline"]}, "ok": {"type": "boolean"}, "verified": {"type": "boolean"},
+        "transport": {"enum": [t.value for t in Transport]}, "ok": {"type": "boolean"}, "verified": {"type": "boolean"},
         "completion_ms": _NUM, "goodput_gbps": _NUM, "recovery_ms": _NUM,
-        "faults": {"type": "array", "items": {"type": "object", "required": ["kind", "description", "events"]}},
+        "faults": {"type": "array", "items": {"type": "object", "required": ["kind", "description", "events"],
+                                             "properties": {"kind": {"enum": list(FAULT_KINDS)}}}},
         "transfers": {"type": "array", "minItems": 1, "items": _TRANSFER},
         "pcap": {"type": ["string", "null"]},
     },
@@ -53,7 +57,7 @@ RESULTS_SCHEMA: dict[str, Any] = {
     "properties": {
         "schema": {"const": "mrc-emu/results/1"},
         "scenario": {"type": "object", "required": ["name", "topology", "transports", "workloads", "faults"]},
-        "runs": {"type": "object", "properties": {"mrc": _RUN, "baseline": _RUN}, "additionalProperties": False},
+        "runs": {"type": "object", "properties": {t.value: _RUN for t in Transport}, "additionalProperties": False},
         "recovery_ratio": _NUM,
         "notes": {"type": "array", "items": {"type": "string"}},
         "seconds": {"type": "number"},
@@ -115,7 +119,7 @@ def plots(results: dict[str, Any], out_dir: Path) -> dict[str, str]:
         xs, ys = _goodput(main["timeline"])
         ax.plot(xs, ys, color="black", linewidth=1.6, label="total")
         mtu = main.get("mtu", 4096)
-        if transport == "mrc" and main["ev_timeline"]:
+        if transport == Transport.MRC and main["ev_timeline"]:
             evt = main["ev_timeline"]
             n = len(evt[0][2])
             for k in range(n):
@@ -137,7 +141,7 @@ def plots(results: dict[str, Any], out_dir: Path) -> dict[str, str]:
     fig.tight_layout()
     files["goodput"] = _save(plt, fig, out_dir / "goodput.png")
     # 2. MRC's spray share per EV over time
-    mrc = runs.get("mrc")
+    mrc = runs.get(Transport.MRC.value)
     if mrc and mrc["transfers"][0]["ev_timeline"]:
         main = mrc["transfers"][0]
         evt = main["ev_timeline"]
@@ -167,7 +171,7 @@ def plots(results: dict[str, Any], out_dir: Path) -> dict[str, str]:
     names = list(runs)
     recs = [runs[t]["recovery_ms"] or 0 for t in names]
     comps = [runs[t]["completion_ms"] or 0 for t in names]
-    colors = ["tab:green" if t == "mrc" else "tab:gray" for t in names]
+    colors = ["tab:green" if t == Transport.MRC else "tab:gray" for t in names]
     ax1.bar(names, recs, color=colors)
     ax1.set_yscale("log" if all(recs) else "linear")
     ax1.set_title("recovery time after the fault (ms)", fontsize=10)
@@ -186,7 +190,8 @@ def headline(results: dict[str, Any]) -> str | None:
     """The scenario's one sentence on recovery, MRC against the baseline (None: no such pair)."""
     if not results.get("recovery_ratio"):
         return None
-    mrc, base = results["runs"]["mrc"]["recovery_ms"], results["runs"]["baseline"]["recovery_ms"]
+    runs = results["runs"]
+    mrc, base = runs[Transport.MRC.value]["recovery_ms"], runs[Transport.BASELINE.value]["recovery_ms"]
     if mrc == 0:  # the ratio rests on the metric's 0.1 ms step, not on a measured recovery
         return (f"MRC's goodput never fell below 90 % of its pre-fault level; the baseline took {base:g} ms "
                 f"to recover (at least {results['recovery_ratio']:g}x, at the metric's 0.1 ms resolution).")

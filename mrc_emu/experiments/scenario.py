@@ -37,10 +37,10 @@ from typing import Any
 
 from ..topology import Role, Topology, TopologyError, resolve
 from ..topology.model import key_lines, parse_size, read_yaml
+from .faults import FAULT_KINDS, Fault, Target
+from .transports import Transport
 
-TRANSPORTS = ("mrc", "baseline")
 WORKLOADS = ("write", "incast", "all-to-all", "ring-allreduce")
-FAULTS = ("link-down", "flap", "loss", "blackhole", "switch-reboot", "plane-down", "congestion")
 
 
 class ScenarioError(ValueError):
@@ -71,37 +71,12 @@ class Workload:
 
 
 @dataclass
-class Fault:
-    kind: str
-    at: float
-    link: tuple[str, str] | str | None = None  # a pair, or "baseline-path"
-    node: str | None = None
-    host: str | None = None
-    plane: int | None = None
-    percent: float = 100.0
-    duration_ms: float | None = None
-    period_ms: float = 100.0
-    count: int = 3
-    flows: int = 1
-    size: int = 32 * 2**20
-
-    def describe(self) -> str:
-        target = self.node or (f"{self.host} plane {self.plane}" if self.host else None)
-        if target is None:
-            target = "-".join(self.link) if isinstance(self.link, tuple) else str(self.link)
-        extra = {"loss": f" {self.percent:g}%", "flap": f" every {self.period_ms:g} ms x{self.count}",
-                 "congestion": f" {self.flows} flow(s)"}.get(self.kind, "")
-        until = f" for {self.duration_ms:g} ms" if self.duration_ms else ""
-        return f"{self.kind}{extra} {target} at {self.at:.0%}{until}"
-
-
-@dataclass
 class Scenario:
     name: str
     topology: Topology
     workloads: list[Workload]
     faults: list[Fault]
-    transports: list[str] = field(default_factory=lambda: list(TRANSPORTS))
+    transports: list[Transport] = field(default_factory=lambda: list(Transport))
     routing: str = "bgp"
     bfd: bool = True
     mtu: int = 4096
@@ -115,7 +90,7 @@ class Scenario:
 
     def to_dict(self) -> dict:
         return {"name": self.name, "description": self.description, "topology": self.topology.name,
-                "transports": self.transports, "routing": self.routing, "bfd": self.bfd, "mtu": self.mtu,
+                "transports": [t.value for t in self.transports], "routing": self.routing, "bfd": self.bfd, "mtu": self.mtu,
                 "workloads": [{"kind": w.kind, "size": w.size, "pairs": len(w.pairs())} for w in self.workloads],
                 "faults": [f.describe() for f in self.faults]}
 
@@ -180,16 +155,19 @@ def from_dict(data: Any, source: str = "<dict>", lines: dict[str, int] | None = 
             raise c.fail(fld, f"{value!r} is not a number in {lo:g}..{hi:g}")
         return float(value)
 
-    transports = data.get("transports", list(TRANSPORTS))
-    if isinstance(transports, str):
-        transports = [transports]
-    if not isinstance(transports, list) or not transports or any(t not in TRANSPORTS for t in transports):
-        raise c.fail("transports", f"a list of: {', '.join(TRANSPORTS)}")
+    names = data.get("transports", [t.value for t in Transport])
+    if isinstance(names, str):
+        names = [names]
+    known = [t.value for t in Transport]
+    if not isinstance(names, list) or not names or any(t not in known for t in names):
+        raise c.fail("transports", f"a list of: {', '.join(known)}")
+    transports = [Transport(t) for t in names]
     routing = data.get("routing", "bgp")
     if routing not in ("bgp", "none"):
         raise c.fail("routing", "'bgp' (FRR) or 'none'")
-    if "baseline" in transports and routing == "none":
-        raise c.fail("routing", "the baseline needs plain IPv6 routing: use routing: bgp")
+    needing = [t.value for t in transports if t.needs_routing]
+    if needing and routing == "none":
+        raise c.fail("routing", f"the {needing[0]} needs plain IPv6 routing: use routing: bgp")
     raw_workloads = data.get("workloads")
     if not isinstance(raw_workloads, list) or not raw_workloads:
         raise c.fail("workloads", "give at least one workload")
@@ -216,19 +194,19 @@ def from_dict(data: Any, source: str = "<dict>", lines: dict[str, int] | None = 
     faults = []
     for i, f in enumerate(data.get("faults") or []):
         fld = f"faults[{i}]"
-        if not isinstance(f, dict) or f.get("kind") not in FAULTS:
-            raise c.fail(fld, f"needs kind: one of {', '.join(FAULTS)}")
+        kind = FAULT_KINDS.get(f.get("kind")) if isinstance(f, dict) else None
+        if kind is None:
+            raise c.fail(fld, f"needs kind: one of {', '.join(FAULT_KINDS)}")
         allowed = {"kind", "at", "link", "node", "host", "plane", "percent", "duration_ms", "period_ms", "count",
                    "flows", "size"}
         extra = sorted(set(f) - allowed)
         if extra:
             raise c.fail(fld, f"unknown key {extra[0]!r} (known: {', '.join(sorted(allowed))})")
-        item = Fault(f["kind"], number(f"{fld}.at", f.get("at", 0.3), 0.0, 0.99))
-        kind = item.kind
-        if kind in ("link-down", "flap", "loss", "blackhole", "congestion"):
+        item = kind(number(f"{fld}.at", f.get("at", 0.3), 0.0, 0.99))
+        if kind.target is Target.LINK:
             link = f.get("link")
             if link == "baseline-path":
-                if "baseline" not in transports:
+                if Transport.BASELINE not in transports:
                     raise c.fail(f"{fld}.link", "'baseline-path' needs the baseline among the transports")
                 item.link = "baseline-path"
             elif isinstance(link, list) and len(link) == 2 and all(x in topo.nodes for x in link):
@@ -237,17 +215,17 @@ def from_dict(data: Any, source: str = "<dict>", lines: dict[str, int] | None = 
                 item.link = (link[0], link[1])
             else:
                 raise c.fail(f"{fld}.link", "give [node, node] of one link, or baseline-path")
-        if kind == "switch-reboot":
+        elif kind.target is Target.SWITCH:
             if f.get("node") not in switches:
                 raise c.fail(f"{fld}.node", f"{f.get('node')!r} is not a switch of topology {topo.name}")
             item.node = f["node"]
-        if kind == "plane-down":
+        elif kind.target is Target.HOST_PLANE:
             item.host = host(f"{fld}.host", f.get("host"))
             item.plane = int(number(f"{fld}.plane", f.get("plane"), 0, topo.planes - 1))
         if "percent" in f:
             item.percent = number(f"{fld}.percent", f["percent"], 0.01, 100)
-        if kind == "loss" and "percent" not in f:
-            raise c.fail(f"{fld}.percent", "loss needs a percent")
+        if kind.needs_percent and "percent" not in f:
+            raise c.fail(f"{fld}.percent", f"{kind.kind} needs a percent")
         if "duration_ms" in f:
             item.duration_ms = number(f"{fld}.duration_ms", f["duration_ms"], 1, 600_000)
         item.period_ms = number(f"{fld}.period_ms", f.get("period_ms", 100), 2, 60_000)
@@ -262,7 +240,7 @@ def from_dict(data: Any, source: str = "<dict>", lines: dict[str, int] | None = 
     mtu = int(number("mtu", data.get("mtu", 4096), 64, 8192))
     if mtu % 4 or mtu + 300 > topo.mtu:
         raise c.fail("mtu", f"{mtu}: a multiple of 4 that fits the links' MTU {topo.mtu} with headers")
-    return Scenario(name=name, topology=topo, workloads=workloads, faults=faults, transports=list(transports),
+    return Scenario(name=name, topology=topo, workloads=workloads, faults=faults, transports=transports,
                     routing=routing, bfd=bool(data.get("bfd", True)), mtu=mtu,
                     timeout_s=number("timeout_s", data.get("timeout_s", 90), 1, 3600),
                     capture=bool(data.get("capture", False)), description=str(data.get("description", "")),

@@ -10,16 +10,16 @@ it fast. Neither ever touches a resource the journal does not name.
 from __future__ import annotations
 
 import os
-import select
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from pyroute2 import IPRoute
 
-from ..topology import Topology, from_dict
-from . import config, netns, registry
-from .nodes import FabricSetupError, LinuxRouter, check_prerequisites
+from ..topology import Topology
+from . import config, links, netns, registry
+from .nodes import LinuxRouter, check_prerequisites
+from .running import Fabric
 
 Progress = Callable[[str], None]
 
@@ -51,6 +51,7 @@ def up(topo: Topology, name: str = "mrc", progress: Progress | None = None) -> U
             f"choose another --name"
         )
     journal = registry.Journal.create(name, {"topology": topo.to_dict(), "source": topo.source})
+    fabric = Fabric(name, topo, journal)
     phases: dict[str, float] = {}
     start = time.monotonic()
     nodes: list[LinuxRouter] = []
@@ -62,7 +63,7 @@ def up(topo: Topology, name: str = "mrc", progress: Progress | None = None) -> U
             journal.process(node.pid, f"mininet shell of {node_name}")
         for node in nodes:
             node.wait_ready()
-            path = netns.netns_path(name, node.name)
+            path = fabric.netns(node.name)
             journal.namespace(path)
             netns.bind(node.pid, path)
             config.prepare_namespace(str(path))
@@ -70,16 +71,16 @@ def up(topo: Topology, name: str = "mrc", progress: Progress | None = None) -> U
 
         mark = time.monotonic()
         progress(f"cabling {len(topo.links)} links")
-        _create_links(topo, name)
+        _create_links(fabric)
         phases["links"] = time.monotonic() - mark
 
         mark = time.monotonic()
         progress("configuring addresses, SIDs and routes")
         for node_name in topo.nodes:
-            config.apply(config.plan(topo, node_name), str(netns.netns_path(name, node_name)))
+            config.apply(config.plan(topo, node_name), str(fabric.netns(node_name)))
         phases["routes"] = time.monotonic() - mark
 
-        wait_operational(name, topo, topo.links, timeout=30.0)
+        links.wait_carrier(fabric, topo.links, timeout=30.0)
         for node in nodes:
             node.stop_shell()
             journal.process_ended(node.pid)
@@ -94,12 +95,13 @@ def up(topo: Topology, name: str = "mrc", progress: Progress | None = None) -> U
     return UpResult(name, topo, time.monotonic() - start, phases)
 
 
-def _create_links(topo: Topology, name: str) -> None:
+def _create_links(fabric: Fabric) -> None:
     """Every veth pair, created straight inside its two namespaces, then shaped if asked."""
+    topo = fabric.topology
     fds: dict[str, int] = {}
     try:
         for node_name in topo.nodes:
-            fds[node_name] = os.open(netns.netns_path(name, node_name), os.O_RDONLY)
+            fds[node_name] = os.open(fabric.netns(node_name), os.O_RDONLY)
         with IPRoute() as ipr:
             for node_name in topo.nodes:
                 ipr.link("add", ifname=config.SID_ANCHOR, kind="veth", net_ns_fd=fds[node_name],
@@ -118,14 +120,15 @@ def _create_links(topo: Topology, name: str) -> None:
             os.close(fd)
     if topo.link_rate_bps:
         for node_name in topo.nodes:
-            shape_node(topo, name, node_name)
+            shape_node(fabric, node_name)
 
 
-def shape_node(topo: Topology, name: str, node_name: str) -> None:
+def shape_node(fabric: Fabric, node_name: str) -> None:
     """A token bucket on every interface of a node: the link rate of the topology."""
+    topo = fabric.topology
     rate = int(topo.link_rate_bps / 8)  # pyroute2 takes bytes per second
     burst = max(topo.mtu * 4, rate // 1000)
-    with netns.entered(netns.netns_path(name, node_name)), IPRoute() as ipr:
+    with netns.entered(fabric.netns(node_name)), IPRoute() as ipr:
         for link in topo.links_of(node_name):
             _, intf, _ = topo.peer(link, node_name)
             (index,) = ipr.link_lookup(ifname=intf)
@@ -145,57 +148,3 @@ def clean() -> list[str]:
         registry.remove(name)
         removed.append(name)
     return removed
-
-
-def load_topology(name: str) -> Topology:
-    record = registry.read(name)
-    return from_dict(record.topology, record.source or "<journal>")
-
-
-def set_link(name: str, a: str, b: str, up_: bool, plane: int | None = None) -> list[int]:
-    """Take the link(s) between a and b down or up; up re-applies both ends' configuration."""
-    topo = load_topology(name)
-    links = topo.links_between(a, b, plane)
-    if not links:
-        raise FabricSetupError(f"no link between {a} and {b}" + (f" in plane {plane}" if plane is not None else ""))
-    record = registry.read(name)
-    with registry.Journal.open(name) as journal:
-        for link in links:
-            journal.link_state(link.link_id, up_)
-            for node_name, intf in ((link.a, link.a_intf), (link.b, link.b_intf)):
-                with netns.entered(netns.netns_path(name, node_name)), IPRoute() as ipr:
-                    (index,) = ipr.link_lookup(ifname=intf)
-                    ipr.link("set", index=index, state="up" if up_ else "down")
-    if up_:
-        wait_operational(name, topo, links)
-        down_links = record.down_links - {link.link_id for link in links}
-        for node_name in {n for link in links for n in (link.a, link.b)}:
-            skip = frozenset(
-                topo.peer(link, node_name)[1] for link in topo.links_of(node_name) if link.link_id in down_links
-            )
-            config.apply(config.plan(topo, node_name), str(netns.netns_path(name, node_name)), skip)
-    return [link.link_id for link in links]
-
-
-def _operational(name: str, node_name: str, intfs: set[str]) -> set[str]:
-    with netns.entered(netns.netns_path(name, node_name)), IPRoute() as ipr:
-        return {link.get("ifname") for link in ipr.get_links() if link.get("ifname") in intfs
-                and link.get("operstate") == "UP"}
-
-
-def wait_operational(name: str, topo: Topology, links: list, timeout: float = 5.0) -> None:
-    """Wait until both ends of every link report carrier: the kernel raises it asynchronously
-    (linkwatch, up to a second later), and a frame sent before then is dropped."""
-    wanted: dict[str, set[str]] = {}
-    for link in links:
-        wanted.setdefault(link.a, set()).add(link.a_intf)
-        wanted.setdefault(link.b, set()).add(link.b_intf)
-    deadline = time.monotonic() + timeout
-    while wanted:
-        wanted = {n: rest for n, intfs in wanted.items() if (rest := intfs - _operational(name, n, intfs))}
-        if not wanted:
-            return
-        if time.monotonic() > deadline:
-            raise FabricSetupError(f"links did not come up within {timeout:.0f} s: {wanted}")
-        select.select([], [], [], 0.01)
-

@@ -12,28 +12,25 @@ from __future__ import annotations
 import shutil
 import subprocess
 
-from ..topology import Role
+from ..topology import Role, Topology
 from . import netns
-from .build import load_topology
 from .nodes import FabricSetupError
+from .running import Fabric
 
 TABLE = "mrc_emu_faults"
 
 
-def _nft(name: str, node: str, script: str) -> None:
+def _nft(fabric: Fabric, node: str, script: str) -> None:
     nft = shutil.which("nft")
     if nft is None:
         raise FabricSetupError("nft not found: apt-get install nftables (or run scripts/install.sh)")
-    path = netns.netns_path(name, node)
-    if not path.exists():
-        raise FabricSetupError(f"namespace {path} of node {node} is gone; run 'mrc-emu clean'")
-    with netns.entered(path):  # the child process inherits this thread's namespace
+    with netns.entered(fabric.node_path(node)):  # the child process inherits this thread's namespace
         done = subprocess.run([nft, "-f", "-"], input=script, text=True, capture_output=True)
     if done.returncode != 0:
         raise FabricSetupError(f"nft in {node} failed: {done.stderr.strip()}")
 
 
-def loss(name: str, node: str, percent: float, intfs: list[str] | None = None) -> list[str]:
+def loss(fabric: Fabric, node: str, percent: float, intfs: list[str] | None = None) -> list[str]:
     """Drop `percent` % of the packets arriving at `node` on `intfs` (default: all its links).
 
     100 % is a blackhole: the links stay up, every packet vanishes. Each interface gets its
@@ -41,7 +38,7 @@ def loss(name: str, node: str, percent: float, intfs: list[str] | None = None) -
     """
     if not 0 < percent <= 100:
         raise ValueError(f"loss must be in (0, 100] percent, not {percent}")
-    topo = load_topology(name)
+    topo = fabric.topology
     own = [topo.peer(link, node)[1] for link in topo.links_of(node)]
     intfs = intfs or own
     unknown = sorted(set(intfs) - set(own))
@@ -55,7 +52,7 @@ def loss(name: str, node: str, percent: float, intfs: list[str] | None = None) -
         script += [f"add chain inet {TABLE} {chain} {{ type filter hook prerouting priority -300; policy accept; }}",
                    f"flush chain inet {TABLE} {chain}",
                    f'add rule inet {TABLE} {chain} iifname "{intf}" {chance}counter drop']
-    _nft(name, node, "\n".join(script) + "\n")
+    _nft(fabric, node, "\n".join(script) + "\n")
     return intfs
 
 
@@ -63,21 +60,20 @@ def _chain(intf: str) -> str:
     return "loss_" + intf.replace("-", "_")
 
 
-def clear(name: str, node: str, intfs: list[str] | None = None) -> None:
+def clear(fabric: Fabric, node: str, intfs: list[str] | None = None) -> None:
     """Remove our loss rules from the node: those of `intfs`, or all (nothing else is touched)."""
     if intfs is None:
-        _nft(name, node, f"table inet {TABLE}\ndelete table inet {TABLE}\n")
+        _nft(fabric, node, f"table inet {TABLE}\ndelete table inet {TABLE}\n")
         return
     script = [f"add table inet {TABLE}"]
     for intf in intfs:
         chain = _chain(intf)
         script += [f"add chain inet {TABLE} {chain}", f"delete chain inet {TABLE} {chain}"]
-    _nft(name, node, "\n".join(script) + "\n")
+    _nft(fabric, node, "\n".join(script) + "\n")
 
 
-def plane_nodes(name: str, plane: int) -> list[str]:
+def plane_nodes(topo: Topology, plane: int) -> list[str]:
     """The spines of one plane: every inter-leaf path of that plane crosses exactly one."""
-    topo = load_topology(name)
     spines = [n.name for n in topo.nodes.values() if n.role is Role.SPINE and n.plane == plane]
     if not spines:
         raise FabricSetupError(f"no plane {plane} (planes: 0..{topo.planes - 1})")

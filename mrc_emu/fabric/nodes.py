@@ -15,6 +15,8 @@ import shutil
 
 from mininet.node import Node
 
+from .waiting import WaitTimeout, until
+
 
 class FabricSetupError(RuntimeError):
     """The machine cannot build a fabric: a missing privilege, program or kernel feature."""
@@ -46,16 +48,21 @@ class LinuxRouter(Node):
 
     def wait_ready(self, timeout: float = 30.0) -> None:
         """Block until the shell prints its prompt: then it runs inside its own namespace."""
-        buffered = ""
-        poller = select.poll()
-        poller.register(self.stdout)
-        while not buffered.endswith(self.PROMPT):
-            if not poller.poll(timeout * 1000):
-                raise FabricSetupError(f"node {self.name}: shell gave no prompt within {timeout:.0f} s")
-            chunk = os.read(self.stdout.fileno(), 1024)
-            if not chunk:
-                raise FabricSetupError(f"node {self.name}: shell exited during start-up")
-            buffered += chunk.decode(errors="replace")
+        fd = self.stdout.fileno()
+        buffered = [""]
+
+        def prompted() -> bool:
+            if select.select([fd], [], [], 0)[0]:
+                chunk = os.read(fd, 1024)
+                if not chunk:
+                    raise FabricSetupError(f"node {self.name}: shell exited during start-up")
+                buffered[0] += chunk.decode(errors="replace")
+            return buffered[0].endswith(self.PROMPT)
+
+        try:
+            until(prompted, timeout, f"the prompt of node {self.name}'s shell", interval=1.0, wake=[fd])
+        except WaitTimeout as exc:
+            raise FabricSetupError(str(exc)) from None
         self.waiting = False
         if os.stat(f"/proc/{self.pid}/ns/net").st_ino == os.stat("/proc/self/ns/net").st_ino:
             raise FabricSetupError(f"node {self.name}: shell is not in a namespace of its own")

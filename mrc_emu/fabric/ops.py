@@ -1,7 +1,7 @@
 """Operations on a running fabric: inspect it, run commands and captures in a node, open sockets.
 
 Why it exists: the CLI and the experiments need these, and the CLI must stay thin.
-Everything here acts only on namespaces that the fabric's journal records.
+Everything here acts only on namespaces that the fabric's journal records, through a `Fabric`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,20 +19,21 @@ from typing import Any
 
 from pyroute2 import IPRoute
 
-from ..topology import Topology, ev_count
-from . import netns, registry
-from .build import load_topology
+from ..topology import ev_count
+from . import netns
 from .nodes import FabricSetupError
+from .running import Fabric
+from .waiting import WaitTimeout, until
 
 
-def status(name: str) -> dict[str, Any]:
+def status(fabric: Fabric) -> dict[str, Any]:
     """Every node with role and plane, every link with ends, interfaces, plane and state."""
-    record = registry.read(name)
-    topo = load_topology(name)
+    record = fabric.state()
+    topo = fabric.topology
     oper: dict[str, bool] = {}
     missing = []
     for node_name in topo.nodes:
-        path = netns.netns_path(name, node_name)
+        path = fabric.netns(node_name)
         if not path.exists():
             missing.append(node_name)
             continue
@@ -50,11 +50,11 @@ def status(name: str) -> dict[str, Any]:
         })
     nodes = [
         {"name": n.name, "role": n.role.value, "plane": n.plane, "node_id": n.node_id,
-         "netns": str(netns.netns_path(name, n.name))}
+         "netns": str(fabric.netns(n.name))}
         for n in topo.nodes.values()
     ]
     return {
-        "name": name,
+        "name": fabric.name,
         "ready": record.ready,
         "topology": topo.summary(),
         "ev_count": ev_count(topo),
@@ -64,28 +64,18 @@ def status(name: str) -> dict[str, Any]:
     }
 
 
-def node_path(name: str, node: str) -> Path:
-    topo = load_topology(name)
-    topo.node(node)
-    path = netns.netns_path(name, node)
-    if not path.exists():
-        raise FabricSetupError(f"namespace {path} of node {node} is gone; run 'mrc-emu clean'")
-    return path
-
-
-def exec_in(name: str, node: str, argv: Sequence[str]) -> None:
+def exec_in(fabric: Fabric, node: str, argv: Sequence[str]) -> None:
     """Replace this process with `argv` running in the node's namespace (like ip netns exec)."""
-    path = node_path(name, node)
-    netns.move_to(path)
+    netns.move_to(fabric.node_path(node))
     try:
         os.execvp(argv[0], list(argv))
     except FileNotFoundError:
         raise FabricSetupError(f"command not found: {argv[0]}") from None
 
 
-def host_sockets(name: str, host: str) -> tuple[socket.socket, socket.socket]:
+def host_sockets(fabric: Fabric, host: str) -> tuple[socket.socket, socket.socket]:
     """A raw IPv6 socket that sends whole frames and a raw UDP socket that receives, in `host`."""
-    with netns.entered(node_path(name, host)):
+    with netns.entered(fabric.node_path(host)):
         send = socket.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_RAW)
         recv = socket.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_UDP)
     return send, recv
@@ -101,17 +91,17 @@ class CaptureResult:
 class Capture:
     """tcpdump running in a node's namespace, recorded in the journal; `stop` ends it."""
 
-    def __init__(self, name: str, node: str, out: str, iface: str | None = None, snaplen: int = 0,
+    def __init__(self, fabric: Fabric, node: str, out: str, iface: str | None = None, snaplen: int = 0,
                  count: int | None = None) -> None:
-        path = node_path(name, node)
-        topo: Topology = load_topology(name)
+        path = fabric.node_path(node)
+        topo = fabric.topology
         intfs = [topo.peer(link, node)[1] for link in topo.links_of(node)]
         if iface is not None and iface not in intfs + ["lo"]:
             raise FabricSetupError(f"{node} has no interface {iface!r} (it has: {', '.join(intfs)})")
         tcpdump = shutil.which("tcpdump")
         if tcpdump is None:
             raise FabricSetupError("tcpdump not found: apt-get install tcpdump (or run scripts/install.sh)")
-        self.name = name
+        self.fabric = fabric
         self.interfaces = [iface] if iface else intfs
         self.path = Path(out).resolve()
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -123,30 +113,30 @@ class Capture:
                                          stderr=subprocess.PIPE)
         finally:
             os.close(fd)
-        with registry.Journal.open(name) as journal:
-            journal.process(self.proc.pid, f"tcpdump in {node}")
+        fabric.journal.process(self.proc.pid, f"tcpdump in {node}")
         self._stderr = b""
-        self._wait_listening(timeout=10.0)
+        try:
+            until(self._listening, 10.0, f"tcpdump in {node} to open its socket", wake=[self.proc.stderr])
+        except (WaitTimeout, FabricSetupError) as exc:
+            self.stop()
+            raise FabricSetupError(f"tcpdump did not start: {exc}") from None
 
-    def _wait_listening(self, timeout: float) -> None:
+    def _listening(self) -> bool:
         """tcpdump says 'listening on' once its socket is open: from then on nothing is missed."""
-        deadline = time.monotonic() + timeout
-        while b"listening on" not in self._stderr:
-            left = deadline - time.monotonic()
-            ready, _, _ = select.select([self.proc.stderr], [], [], max(0.0, left))
-            chunk = os.read(self.proc.stderr.fileno(), 4096) if ready else b""
+        fd = self.proc.stderr.fileno()
+        if select.select([fd], [], [], 0)[0]:
+            chunk = os.read(fd, 4096)
             if not chunk:
-                self.stop()
-                raise FabricSetupError(f"tcpdump did not start: {self._stderr.decode(errors='replace').strip()}")
+                raise FabricSetupError(self._stderr.decode(errors="replace").strip() or "it exited")
             self._stderr += chunk
+        return b"listening on" in self._stderr
 
     def stop(self) -> CaptureResult:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGINT)
         _, err = self.proc.communicate(timeout=10)
         self._stderr += err or b""
-        with registry.Journal.open(self.name) as journal:
-            journal.process_ended(self.proc.pid)
+        self.fabric.journal.process_ended(self.proc.pid)
         packets = None
         for line in self._stderr.decode(errors="replace").splitlines():
             if "packets captured" in line:
@@ -154,9 +144,9 @@ class Capture:
         return CaptureResult(str(self.path), packets, self.interfaces)
 
 
-def capture(name: str, node: str, out: str, duration: float, iface: str | None = None) -> CaptureResult:
+def capture(fabric: Fabric, node: str, out: str, duration: float, iface: str | None = None) -> CaptureResult:
     """Record a pcap of one node's interfaces (all of them, in one file, without `iface`)."""
-    cap = Capture(name, node, out, iface)
+    cap = Capture(fabric, node, out, iface)
     try:
         cap.proc.wait(timeout=duration)  # the capture's length is the point of waiting here
     except subprocess.TimeoutExpired:

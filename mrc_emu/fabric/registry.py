@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import select
 import shutil
 import signal
 import time
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from . import netns
+from .waiting import WaitTimeout, until
 
 STATE_DIR = Path(os.environ.get("MRC_EMU_STATE_DIR", "/run/mrc-emu"))
 _NAME_RE = re.compile(r"^[a-z][a-z0-9]{0,7}$")
@@ -89,7 +89,9 @@ class Journal:
         os.write(self._fd, (json.dumps(entry, separators=(",", ":")) + "\n").encode())
 
     def close(self) -> None:
-        os.close(self._fd)
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
     def __enter__(self) -> Journal:
         return self
@@ -185,12 +187,15 @@ def remove(name: str) -> FabricRecord:
     """Remove every process and namespace the journal records, then the journal itself."""
     record = read(name)
     killed = [entry for entry in record.processes.values() if kill_recorded(entry)]
-    deadline = time.monotonic() + 5.0  # SIGKILL is asynchronous: return once they are gone
-    while killed and time.monotonic() < deadline:
-        killed = [e for e in killed if netns.process_start_time(e["pid"]) == e["start"]
-                  and not _zombie(e["pid"])]
-        if killed:
-            select.select([], [], [], 0.01)
+
+    def gone() -> bool:
+        killed[:] = [e for e in killed if netns.process_start_time(e["pid"]) == e["start"] and not _zombie(e["pid"])]
+        return not killed
+
+    try:  # SIGKILL is asynchronous: return once they are gone
+        until(gone, 5.0, lambda: f"killed processes of {name!r} to exit ({[e['what'] for e in killed]})")
+    except WaitTimeout:
+        pass  # unkillable (stuck in the kernel): their namespaces are still removed below
     errors = []
     for path in reversed(record.namespaces):
         try:

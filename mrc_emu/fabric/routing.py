@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import pwd
-import select
 import subprocess
 import time
 from pathlib import Path
@@ -26,8 +25,9 @@ from pyroute2 import IPRoute
 from ..topology import Role, Topology
 from ..topology import addressing as ad
 from . import netns, registry
-from .build import load_topology
 from .nodes import FabricSetupError
+from .running import Fabric
+from .waiting import WaitTimeout, until
 
 FRR_DIR = Path("/usr/lib/frr")
 DAEMONS = ("zebra", "bfdd", "bgpd")
@@ -91,17 +91,16 @@ def state_dir(name: str) -> Path:
     return registry.STATE_DIR / f"{name}-frr"
 
 
-def start(name: str, bfd: bool = True, timeout: float = 60.0, progress=None) -> float:
-    """Start FRR in every switch of fabric `name`; wait until every leaf has BGP routes to every
+def start(fabric: Fabric, bfd: bool = True, timeout: float = 60.0, progress=None) -> float:
+    """Start FRR in every switch of the fabric; wait until every leaf has BGP routes to every
     other leaf's hosts. Returns the seconds convergence took."""
     reason = frr_missing()
     if reason:
         raise FabricSetupError(reason)
-    topo = load_topology(name)
-    root = state_dir(name)
+    topo = fabric.topology
+    root = state_dir(fabric.name)
     frr = pwd.getpwnam("frr")
-    with registry.Journal.open(name) as journal:
-        journal.directory(root)
+    fabric.journal.directory(root)
     root.mkdir(parents=True, exist_ok=True)
     os.chown(root, frr.pw_uid, frr.pw_gid)
     began = time.monotonic()
@@ -116,39 +115,43 @@ def start(name: str, bfd: bool = True, timeout: float = 60.0, progress=None) -> 
         for path in [folder, *folder.iterdir()]:
             os.chown(path, frr.pw_uid, frr.pw_gid)
         for daemon in DAEMONS if bfd else ("zebra", "bgpd"):
-            _spawn(name, node, daemon, folder)
+            _spawn(fabric, node, daemon, folder)
     if progress:
         progress(f"FRR started in {len(_switches(topo))} switches; waiting for BGP to converge")
-    wait_converged(name, topo, timeout)
+    wait_converged(fabric, timeout)
     return time.monotonic() - began
 
 
-def _spawn(name: str, node: str, daemon: str, folder: Path) -> None:
-    args = [str(FRR_DIR / daemon), "-N", f"{name}-{node}", "--vty_socket", str(folder), "-i",
+def _spawn(fabric: Fabric, node: str, daemon: str, folder: Path) -> None:
+    args = [str(FRR_DIR / daemon), "-N", f"{fabric.name}-{node}", "--vty_socket", str(folder), "-i",
             str(folder / f"{daemon}.pid"), "-z", str(folder / "zserv.api"), "-f", str(folder / f"{daemon}.conf"),
             "-u", "frr", "-g", "frr", "--log", f"file:{folder / daemon}.log"]
     if daemon == "bfdd":
         args += ["--bfdctl", str(folder / "bfdd.sock")]
-    path = netns.netns_path(name, node)
-    fd = os.open(path, os.O_RDONLY)
+    fd = os.open(fabric.node_path(node), os.O_RDONLY)
     try:
         proc = subprocess.Popen(args, preexec_fn=lambda: netns.setns(fd), stdin=subprocess.DEVNULL,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     finally:
         os.close(fd)
-    with registry.Journal.open(name) as journal:
-        journal.process(proc.pid, f"FRR {daemon} in {node}")
+    fabric.journal.process(proc.pid, f"FRR {daemon} in {node}")
     if daemon == "zebra":  # the others connect to zebra's socket: wait for it
-        deadline = time.monotonic() + 10
-        while not (folder / "zserv.api").exists():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise FabricSetupError(f"FRR zebra did not start in {node}; see {folder / 'zebra.log'}")
-            select.select([], [], [], 0.01)
+        socket_path = folder / "zserv.api"
+
+        def listening() -> bool:
+            if proc.poll() is not None:
+                raise FabricSetupError(f"FRR zebra exited in {node}; see {folder / 'zebra.log'}")
+            return socket_path.exists()
+
+        try:
+            until(listening, 10.0, f"FRR zebra's socket in {node} (see {folder / 'zebra.log'})")
+        except WaitTimeout as exc:
+            raise FabricSetupError(str(exc)) from None
 
 
-def _bgp_host_routes(name: str, node: str, paths: int) -> set[str]:
+def _bgp_host_routes(fabric: Fabric, node: str, paths: int) -> set[str]:
     """Host prefixes the node has a BGP route for, over `paths` next hops (full ECMP)."""
-    with netns.entered(netns.netns_path(name, node)), IPRoute() as ipr:
+    with netns.entered(fabric.netns(node)), IPRoute() as ipr:
         out = set()
         for r in ipr.get_routes(family=10):
             if r["proto"] != RTPROT_BGP or not r.get("RTA_DST"):
@@ -159,31 +162,34 @@ def _bgp_host_routes(name: str, node: str, paths: int) -> set[str]:
         return out
 
 
-def wait_converged(name: str, topo: Topology, timeout: float) -> None:
+def wait_converged(fabric: Fabric, timeout: float) -> None:
     """Every leaf has a BGP route to every host that is not its own, over every spine of its plane
     whose link is up (multipath grows session by session: a flow hashed earlier may move)."""
-    down = registry.read(name).down_links
-    deadline = time.monotonic() + timeout
+    topo = fabric.topology
+    down = fabric.state().down_links
     leaves = [n.name for n in topo.nodes.values() if n.role is Role.LEAF]
     hosts_of = {leaf: {topo.peer(l, leaf)[0] for l in topo.links_of(leaf)} for leaf in leaves}  # noqa: E741
-    while True:
-        missing = {}
+    missing: dict[str, int] = {}
+
+    def converged() -> bool:
+        missing.clear()
         for leaf in leaves:
             plane = topo.node(leaf).plane
             want = {ad.host_address(topo, h.name) + "/128" for h in topo.hosts
                     if h.name not in hosts_of[leaf] and topo.leaf_of(h.name, plane) != leaf}
             up_spines = sum(1 for link in topo.links_of(leaf) if link.link_id not in down
                             and topo.node(topo.peer(link, leaf)[0]).role is Role.SPINE)
-            lacking = want - _bgp_host_routes(name, leaf, up_spines)
+            lacking = want - _bgp_host_routes(fabric, leaf, up_spines)
             if lacking:
                 missing[leaf] = len(lacking)
-        if not missing:
-            return
-        if time.monotonic() > deadline:
-            raise FabricSetupError(f"BGP did not converge within {timeout:.0f} s: leaves missing host routes: {missing}")
-        select.select([], [], [], 0.1)
+        return not missing
+
+    try:
+        until(converged, timeout, lambda: f"BGP to converge (leaves missing host routes: {missing})", interval=0.1)
+    except WaitTimeout as exc:
+        raise FabricSetupError(str(exc)) from None
 
 
-def running(name: str) -> bool:
+def running(fabric: Fabric) -> bool:
     """Whether the fabric's journal records live FRR daemons."""
-    return any(e.get("what", "").startswith("FRR ") for e in registry.read(name).processes.values())
+    return any(e.get("what", "").startswith("FRR ") for e in fabric.state().processes.values())

@@ -1,0 +1,264 @@
+"""Commands on the fabric itself: up, down, clean, status, exec, paths, probe, link, capture, check.
+
+Why it exists: these are the verbs of one running fabric (containerlab's deploy/destroy/
+inspect/exec); each opens the fabric once (`Fabric.open`, which says how to start one when
+none runs) and hands it to the fabric or experiments layer.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import click
+
+from ..topology import evs_between, resolve
+from .common import JSON_OPTION, NAME_OPTION, emit, friendly, progress
+
+
+def _open(name: str):
+    from ..fabric.running import Fabric
+
+    return Fabric.open(name)
+
+
+@click.command()
+@click.option("--topology", "-t", "topology", default=None, help="Topology YAML file or built-in name (default: the built-in default).")
+@click.option("--bgp", is_flag=True, help="Also run FRR BGP (+BFD) in every switch: plain IPv6 routing, for --format UDP.")
+@NAME_OPTION
+@JSON_OPTION
+@friendly
+def up(topology: str | None, bgp: bool, name: str, as_json: bool) -> None:
+    """Build the fabric and leave it running."""
+    from ..fabric import build, routing
+    from ..topology import ev_count
+
+    topo = resolve(topology)
+    if bgp and (reason := routing.frr_missing()):
+        raise routing.FabricSetupError(reason)
+    result = build.up(topo, name, progress=None if as_json else progress)
+    data = {"name": name, "seconds": round(result.seconds, 3), "phases": result.phases,
+            "topology": topo.summary(), "ev_count": ev_count(topo)}
+    if bgp:
+        try:
+            with _open(name) as fabric:
+                data["bgp_converged_s"] = round(routing.start(fabric, progress=None if as_json else progress), 2)
+        except BaseException:
+            build.down(name)  # nothing half-created
+            raise
+    s = topo.summary()
+    emit(data, as_json,
+         f"fabric {name!r} up in {result.seconds:.2f} s: {s['planes']} planes, {s['hosts']} hosts, "
+         f"{s['nodes']} nodes, {s['links']} links, {ev_count(topo)} EVs between hosts on different leaves"
+         + (f"; BGP converged in {data['bgp_converged_s']} s" if bgp else "")
+         + f"\ntry: mrc-emu paths h0 h{s['hosts'] - 1} --name {name}")
+
+
+@click.command()
+@NAME_OPTION
+@JSON_OPTION
+@friendly
+def down(name: str, as_json: bool) -> None:
+    """Tear the fabric down: every namespace, veth and process it made."""
+    from ..fabric import build
+
+    start = time.monotonic()
+    record = build.down(name)
+    seconds = time.monotonic() - start
+    emit({"name": name, "namespaces_removed": len(record.namespaces), "seconds": round(seconds, 3)},
+         as_json, f"fabric {name!r} down: {len(record.namespaces)} namespaces removed in {seconds:.2f} s")
+
+
+@click.command()
+@JSON_OPTION
+@friendly
+def clean(as_json: bool) -> None:
+    """Remove what crashed or killed runs left, as their journals record it."""
+    from ..fabric import build
+
+    removed = build.clean()
+    emit({"removed": removed}, as_json, f"removed fabrics: {', '.join(removed)}" if removed else "nothing to clean")
+
+
+@click.command()
+@NAME_OPTION
+@JSON_OPTION
+@friendly
+def status(name: str, as_json: bool) -> None:
+    """Nodes with role and plane, links with ends and state, the EV count."""
+    from ..fabric import ops
+
+    with _open(name) as fabric:
+        data = ops.status(fabric)
+    lines = [f"fabric {name!r} ({data['topology']['source']}): {len(data['nodes'])} nodes, "
+             f"{len(data['links'])} links, {data['ev_count']} EVs between hosts on different leaves"]
+    lines.append("nodes:")
+    for node in data["nodes"]:
+        plane = "all" if node["plane"] is None else node["plane"]
+        lines.append(f"  {node['name']:<8} {node['role']:<6} plane {plane}")
+    lines.append("links:")
+    for link in data["links"]:
+        lines.append(f"  {link['a']:>6} {link['a_intf']:<12} <-> {link['b_intf']:>12} {link['b']:<6} "
+                     f"plane {link['plane']}  {link['state']}")
+    if data["missing_namespaces"]:
+        lines.append(f"missing namespaces: {', '.join(data['missing_namespaces'])} (run 'mrc-emu clean')")
+    emit(data, as_json, "\n".join(lines))
+
+
+@click.command(name="exec", context_settings={"ignore_unknown_options": True})
+@click.argument("node")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@NAME_OPTION
+@friendly
+def exec_(node: str, command: tuple[str, ...], name: str) -> None:
+    """Run COMMAND inside NODE's namespace: mrc-emu exec h0 -- ip -6 route."""
+    from ..fabric import ops
+
+    ops.exec_in(_open(name), node, command)  # replaces this process: nothing to close
+
+
+@click.command()
+@click.argument("src")
+@click.argument("dst")
+@NAME_OPTION
+@JSON_OPTION
+@friendly
+def paths(src: str, dst: str, name: str, as_json: bool) -> None:
+    """The EVs between two hosts, with their segment lists."""
+    with _open(name) as fabric:
+        evs = evs_between(fabric.topology, src, dst)
+    lines = [f"{len(evs)} EVs from {src} to {dst}:"]
+    for ev in evs:
+        lines.append(f"  EV {ev.index:<3} plane {ev.plane}  {' > '.join(ev.hops)}")
+        lines.append(f"         SRH:  {', '.join(ev.segments)}")
+        lines.append(f"         uSID: {ev.usid_carrier}")
+    emit({"src": src, "dst": dst, "evs": [ev.to_dict() for ev in evs]}, as_json, "\n".join(lines))
+
+
+@click.command()
+@click.argument("src")
+@click.argument("dst")
+@click.option("--ev", "ev_index", type=int, default=None, help="Probe this EV only.")
+@click.option("--all", "all_evs", is_flag=True, help="Probe every EV (the default when --ev is not given).")
+@click.option("--timeout", type=float, default=1.0, show_default=True, help="Seconds to wait for probes.")
+@NAME_OPTION
+@JSON_OPTION
+@friendly
+def probe(src: str, dst: str, ev_index: int | None, all_evs: bool, timeout: float, name: str, as_json: bool) -> None:
+    """EV probes: send along exactly each EV and back; report reachable and rtt_ns."""
+    from ..experiments.probes import probe_evs
+
+    if ev_index is not None and all_evs:
+        raise click.UsageError("give --ev K or --all, not both")
+    with _open(name) as fabric:
+        results = probe_evs(fabric, src, dst, None if ev_index is None else [ev_index], timeout)
+    ok = sum(r.reachable for r in results)
+    lines = [f"{ok}/{len(results)} EVs from {src} to {dst} reachable"]
+    for r in results:
+        rtt = f"{r.rtt_ns / 1000:.1f} us" if r.rtt_ns is not None else "-"
+        lines.append(f"  EV {r.ev:<3} {'reachable' if r.reachable else 'UNREACHABLE':<12} rtt {rtt}")
+    emit({"src": src, "dst": dst, "evs": [r.to_dict() for r in results]}, as_json, "\n".join(lines))
+
+
+@click.group()
+def link() -> None:
+    """Fail and restore links (configuration is kept: after up, the same EVs work)."""
+
+
+def _link_command(up_: bool):
+    @click.argument("a")
+    @click.argument("b")
+    @click.option("--plane", type=int, default=None, help="Only the link of this plane.")
+    @NAME_OPTION
+    @JSON_OPTION
+    @friendly
+    def command(a: str, b: str, plane: int | None, name: str, as_json: bool) -> None:
+        from ..fabric import links
+
+        with _open(name) as fabric:
+            ids = links.set_state(fabric, a, b, up_, plane)
+        state = "up" if up_ else "down"
+        emit({"a": a, "b": b, "links": ids, "state": state}, as_json, f"link {a} <-> {b} {state}")
+
+    command.__doc__ = f"Take the link between A and B {'up' if up_ else 'down'}."
+    return command
+
+
+link.command(name="down")(_link_command(False))
+link.command(name="up")(_link_command(True))
+
+
+@link.command()
+@click.argument("a")
+@click.argument("b")
+@click.option("--period", type=float, required=True, help="Milliseconds of one down+up cycle.")
+@click.option("--count", type=int, default=3, show_default=True, help="How many cycles.")
+@click.option("--plane", type=int, default=None, help="Only the link of this plane.")
+@NAME_OPTION
+@JSON_OPTION
+@friendly
+def flap(a: str, b: str, period: float, count: int, plane: int | None, name: str, as_json: bool) -> None:
+    """Take the link down and up COUNT times, half a PERIOD each."""
+    from ..fabric import links
+
+    if period <= 0 or count < 1:
+        raise click.UsageError("--period must be above 0 and --count at least 1")
+    events = []
+
+    def changed(up_: bool, ms: float) -> None:
+        events.append({"ms": round(ms, 1), "state": "up" if up_ else "down"})
+        if up_ and not as_json:
+            click.echo(f"  cycle {len(events) // 2}/{count} done", err=True)
+
+    with _open(name) as fabric, links.LinkSwitch(fabric, links.between(fabric, a, b, plane)) as switch:
+        links.flap(switch, period, count, changed)
+    emit({"a": a, "b": b, "link_ids": switch.link_ids, "cycles": count, "period_ms": period, "events": events},
+         as_json, f"link {a} <-> {b} flapped {count} times, now up")
+
+
+@click.command()
+@click.argument("node")
+@click.option("--iface", "-i", default=None, help="One interface (default: every interface of the node).")
+@click.option("--duration", "-d", type=float, default=5.0, show_default=True, help="Seconds to capture.")
+@click.option("--output", "-o", required=True, help="pcap file to write.")
+@NAME_OPTION
+@JSON_OPTION
+@friendly
+def capture(node: str, iface: str | None, duration: float, output: str, name: str, as_json: bool) -> None:
+    """Capture a node's traffic to a pcap that Wireshark opens."""
+    from ..fabric import ops
+
+    if duration <= 0:
+        raise click.UsageError("--duration must be above 0")
+    with _open(name) as fabric:
+        if not as_json:
+            progress(f"capturing on {node} for {duration:g} s")
+        result = ops.capture(fabric, node, output, duration, iface)
+    emit({"path": result.path, "packets": result.packets, "interfaces": result.interfaces}, as_json,
+         f"wrote {result.path}: {result.packets} packets from {', '.join(result.interfaces)}")
+
+
+@click.command()
+@click.option("--topology", "-t", "topology", default=None, help="Topology YAML file or built-in name (default: the built-in default).")
+@click.option("--max-pairs", type=int, default=None, help="Probe at most this many host pairs.")
+@NAME_OPTION
+@JSON_OPTION
+@friendly
+def check(topology: str | None, max_pairs: int | None, name: str, as_json: bool) -> None:
+    """Bring a fabric up, probe every EV between every pair of hosts, take it down."""
+    from ..experiments.fabric_check import check as run_check
+
+    topo = resolve(topology)
+    result = run_check(topo, name, None if as_json else progress, max_pairs)
+    median = f"{result.rtt_ns_median / 1000:.0f} us" if result.rtt_ns_median else "-"
+    text = (f"{'OK' if result.ok else 'FAILED'}: {result.evs - len(result.unreachable)}/{result.evs} EVs reachable "
+            f"over {result.pairs} host pairs (median probe RTT {median}); "
+            f"up {result.up_seconds:.2f} s, down {result.down_seconds:.2f} s")
+    for miss in result.unreachable[:10]:
+        text += f"\n  unreachable: {miss['src']} -> {miss['dst']} EV {miss['ev']}"
+    emit(result.to_dict(), as_json, text)
+    if not result.ok:
+        sys.exit(1)
+
+
+COMMANDS = [up, down, clean, status, exec_, paths, probe, link, capture, check]

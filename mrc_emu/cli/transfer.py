@@ -1,0 +1,127 @@
+"""`mrc-emu send`: one RDMA WRITE on a running fabric, with its figures and its SHA-256 check.
+
+Why it exists: the transfer command has the most options and the longest report of all;
+it turns them into one `experiments.transfer.send` call and its result into text or JSON.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from ..topology import evs_between
+from ..transport.cc import profile_names
+from .common import JSON_OPTION, NAME_OPTION, Size, emit, friendly
+
+
+def _ev_selection(text: str | None, count: int) -> list[int] | None:
+    """--evs 4 (the first four EVs) or --evs 0,3,5 (exactly these)."""
+    if text is None:
+        return None
+    try:
+        if "," in text:
+            return [int(x) for x in text.split(",") if x.strip()]
+        n = int(text)
+    except ValueError:
+        raise click.BadParameter(f"--evs {text!r}: give a count (4) or a list of EV indexes (0,3,5)") from None
+    if not 1 <= n <= count:
+        hint = " (for EV 0 alone, give the list '0,')" if n == 0 else ""
+        raise click.BadParameter(f"--evs {n}: a count must be 1..{count}, the EVs between these hosts{hint}")
+    return list(range(n))
+
+
+def _transfer_text(r) -> str:
+    lines = []
+    if r.ok:
+        lines.append(f"{r.src} -> {r.dst}: {r.size / 2**20:.1f} MiB in {r.completion_ms:.1f} ms, goodput "
+                     f"{r.goodput_gbps:.2f} Gbit/s ({r.goodput_pps:,} packets/s); MTU {r.mtu}, {len(r.evs)} EVs "
+                     f"({r.ev_format}), CC {r.cc}")
+    else:
+        lines.append(f"{r.src} -> {r.dst}: FAILED: {r.error}")
+    stats = r.requester["stats"]
+    lines.append(f"packets sent {stats['packets_sent']:,}, retransmits {stats['retransmits']:,}, ACK timeouts "
+                 f"{stats['timeouts']}, duplicates placed-once {r.responder['stats']['duplicates']:,}, "
+                 f"probes {stats['probes_sent']} sent / {stats['probes_returned']} back")
+    lines.append("  EV  plane spine   share  sent     lost  srtt_us  state")
+    for e in r.per_ev:
+        lines.append(f"  {e['ev']:<3} {e['plane']:<5} {str(e['spine'] or '-'):<7} {e['share'] * 100:5.1f}% "
+                     f"{e['packets_sent']:<8} {e['packets_lost']:<5} {e['srtt_us']:<8} {e['state']}")
+    if r.ev_events:
+        lines.append(f"EV events ({len(r.ev_events)}):")
+        for ev in r.ev_events[:20]:
+            rtt = f", probe rtt {ev['rtt_ns'] / 1000:.0f} us" if ev["rtt_ns"] else ""
+            lines.append(f"  {ev['time_ms']:9.3f} ms  EV {ev['ev']}: {ev['old']} -> {ev['new']} ({ev['reason']}{rtt})")
+        if len(r.ev_events) > 20:
+            lines.append(f"  ... {len(r.ev_events) - 20} more (--json has all)")
+    else:
+        lines.append("EV events: none")
+    drops = {**r.requester["drops"], **r.responder["drops"]}
+    kernel = {k: v for k, v in r.responder.get("kernel_udp", {}).items() if v}
+    if drops or kernel:
+        lines.append(f"dropped: {drops} kernel: {kernel}")
+    lines.append(f"sha256 source {r.sha256_source}")
+    lines.append(f"sha256 placed {r.sha256_placed}  {'MATCH' if r.verified else 'MISMATCH'}")
+    return "\n".join(lines)
+
+
+@click.command()
+@click.argument("src")
+@click.argument("dst")
+@click.option("--size", "-s", type=Size(), default="64MiB", show_default=True,
+              help="Bytes to WRITE (4096, 100k, 64MiB, 1GiB).")
+@click.option("--evs", default=None, help="EVs to spray over: a count (first N) or a list like 0,3,5 (default: all).")
+@click.option("--cc", type=click.Choice(profile_names()), default="nscc", show_default=True,
+              help="Congestion control profile.")
+@click.option("--mtu", type=int, default=4096, show_default=True, help="Payload bytes per packet (path MTU).")
+@click.option("--format", "ev_format", type=click.Choice(["SRV6", "SRV6_USID", "UDP"]), default="SRV6",
+              show_default=True, help="EV format on the wire.")
+@click.option("--ev-min-active", type=int, default=1, show_default=True,
+              help="Never mark so many EVs ASSUMED_BAD that fewer than this stay GOOD.")
+@click.option("--imm", type=int, default=None, help="Send a WRITE_WITH_IMM with this 32-bit immediate.")
+@click.option("--ack-timeout-exp", type=click.IntRange(0, 24), default=14, show_default=True,
+              help="t in ACK timeout = 1.024 us x 2^t (14: 16.8 ms).")
+@click.option("--retry-exp", type=click.IntRange(0, 25), default=4, show_default=True,
+              help="Retries with doubling timeout after the 7 linear ones (25 = infinite).")
+@NAME_OPTION
+@JSON_OPTION
+@friendly
+def send(src: str, dst: str, size: int, evs: str | None, cc: str, mtu: int, ev_format: str, ev_min_active: int,
+         imm: int | None, ack_timeout_exp: int, retry_exp: int, name: str, as_json: bool) -> None:
+    """RDMA WRITE from SRC to a buffer at DST, sprayed over the EVs; verify by SHA-256.
+
+    Starts the responder in DST's namespace and the requester in SRC's, on a running fabric.
+    Exit code 1 if the transfer fails or the placed bytes differ from the source.
+    """
+    from ..experiments.transfer import send as run_send
+    from ..fabric import routing
+    from ..fabric.running import Fabric
+    from ..topology.evs import EvFormat
+    from ..transport.config import QpConfig
+
+    with Fabric.open(name) as fabric:
+        count = len(evs_between(fabric.topology, src, dst))
+        if ev_format == "UDP" and not routing.running(fabric):
+            raise click.UsageError(f"--format UDP needs plain IPv6 routing: bring the fabric up with 'mrc-emu up --bgp' "
+                                   f"(fabric {name!r} runs no BGP)")
+        selection = _ev_selection(evs, count)
+        if imm is not None and not 0 <= imm <= 0xFFFFFFFF:
+            raise click.BadParameter("--imm must fit in 32 bits")
+        config = QpConfig(mtu=mtu, ack_timeout_exp=ack_timeout_exp, retry_exp=retry_exp)
+        show_bar = not as_json and sys.stderr.isatty()
+        with click.progressbar(length=size, label=f"{src} -> {dst}", file=sys.stderr, show_pos=False,
+                               hidden=not show_bar) as bar:
+            done = [0]
+
+            def progress(acked: int, total: int) -> None:
+                bar.update(acked - done[0])
+                done[0] = acked
+
+            result = run_send(fabric, src, dst, size, selection, cc, mtu, EvFormat(ev_format), ev_min_active, imm,
+                              config, on_progress=progress)
+    emit(result.to_dict(), as_json, _transfer_text(result))
+    if not result.verified:
+        sys.exit(1)
+
+
+COMMANDS = [send]

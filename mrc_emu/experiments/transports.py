@@ -1,0 +1,43 @@
+"""The transports a scenario compares: MRC and the baseline, each knowing how its WRITEs are made.
+
+Why it exists: a scenario runs its workloads once per transport, and what differs between
+them (wire format, EVs, recovery mode, how long a run lingers) must be said in one place:
+here, not in `if transport == "baseline"` branches in the parser, the runner and the report.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from ..topology.evs import EvFormat
+from ..transport.config import QpConfig
+from .transfer import TransferSpec
+
+
+class Transport(str, Enum):
+    """A transport of a scenario run; its value is its name in scenario files and results."""
+
+    MRC = "mrc"  # sprayed over every EV (SRv6 segment lists), selective repeat, path avoidance
+    BASELINE = "baseline"  # RoCEv2 as deployed: one ECMP-hashed path (plain UDP/IPv6), go-back-N
+
+    def spec(self, src: str, dst: str, size: int, mtu: int, evs: list[int] | None = None,
+             start_at: float | None = None, label: str = "") -> TransferSpec:
+        """One WRITE of this transport (`evs`: MRC's EVs to spray over; the baseline has its one path)."""
+        if self is Transport.BASELINE:
+            return TransferSpec(src, dst, size, [0], EvFormat.UDP, QpConfig.baseline(mtu=mtu), "nscc", label=label,
+                                start_at=start_at)
+        return TransferSpec(src, dst, size, evs, EvFormat.SRV6, QpConfig(mtu=mtu), "nscc", label=label,
+                            start_at=start_at)
+
+    @property
+    def linger_s(self) -> float:
+        """After its WRITEs complete, how long a run waits for probes to revive EVs marked bad."""
+        return 3.0 if self is Transport.MRC else 0.0
+
+    @property
+    def needs_routing(self) -> bool:
+        """Whether it needs plain IPv6 routing between hosts (FRR BGP), not only the EVs' SIDs."""
+        return self is Transport.BASELINE
+
+    def __str__(self) -> str:
+        return self.value
