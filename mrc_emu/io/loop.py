@@ -42,7 +42,8 @@ except ImportError:  # pragma: no cover - the extension was not built
 
 RECV_BATCH = 8  # datagrams per recvmmsg: larger batches measured slower here
 RECV_BUDGET = 32  # datagrams per socket per turn, so a busy responder acknowledges every 32 packets
-PUMPS_PER_TURN = 8  # endpoints pumped per turn (each sends at most its burst), then receive again
+RECV_PER_TURN = 256  # datagrams per turn over all sockets, then the due endpoints get their turn
+PUMPS_PER_TURN = 4  # endpoints pumped per turn (each sends at most its burst, 32), then receive again
 IDLE_WAKE_NS = 500_000  # an idle worker still wakes this often to publish its horizon
 _INT64 = struct.Struct("q")
 FOREVER = 1 << 62
@@ -55,11 +56,11 @@ class Clock:
     timers last K times longer in wall time and the machine has K times the CPU per emulated
     microsecond (DieCast, NSDI 2008). Kernel arrival stamps (CLOCK_REALTIME) map onto it."""
 
-    def __init__(self, dilation: float = 1.0) -> None:
+    def __init__(self, dilation: float = 1.0, origin_ns: int | None = None) -> None:
         if dilation < 1.0:
             raise ValueError(f"time dilation {dilation}: must be at least 1")
         self.dilation = dilation
-        self.origin = time.monotonic_ns()
+        self.origin = time.monotonic_ns() if origin_ns is None else origin_ns  # shared by a run's workers
         self._real_offset = 0
         self.resync()
 
@@ -160,13 +161,14 @@ def schedstat() -> tuple[int, int]:
 
 class Port:
     """One host's sockets in a worker: a raw IPv6 socket that sends whole frames and a UDP socket
-    on [address]:4791 that receives; `endpoint` is everything of that host (its QPs)."""
+    on [address]:4791 that receives. `mux` routes a datagram to the endpoint (QP) it names:
+    `mux.route(payload)` gives the endpoint or None."""
 
-    def __init__(self, host: str, send_sock: socket.socket, recv_sock: socket.socket, endpoint: Any) -> None:
+    def __init__(self, host: str, send_sock: socket.socket, recv_sock: socket.socket, mux: Any) -> None:
         self.host = host
         self.send_sock = send_sock
         self.recv_sock = recv_sock
-        self.endpoint = endpoint
+        self.mux = mux
         self.fd = recv_sock.fileno()
         recv_sock.setblocking(False)
         self.stamped = False
@@ -179,11 +181,10 @@ class Port:
         self.send_errors = 0
         self.frames_sent = 0
         self.datagrams = 0
+        self.read_through = 0  # every datagram that arrived before this (clock) time has been read
         self._addr: dict[str, tuple[str, int]] = {}
         self._packed: dict[str, bytes] = {}
         self._sendto = send_sock.sendto
-        self.wake_at: int | None = None  # the wakeup in the heap for this port, if any
-        self.queued = False  # in the loop's queue of ports to pump
 
     def send(self, frame: bytes | bytearray, path: Any) -> bool:
         addr = self._addr.get(path.first_hop)
@@ -201,45 +202,64 @@ class Port:
                 return True  # dropped at the host, like a full NIC queue: loss recovery handles it
             raise
 
-    def receive(self, clock: Clock, budget: int, lag: LagMeter) -> tuple[int, int | None]:
-        """Hand up to `budget` waiting datagrams to the endpoint, each at its arrival time.
-        Returns (how many, the arrival time of the last one if more may be waiting, else None)."""
-        endpoint = self.endpoint
+    def receive(self, clock: Clock, budget: int, lag: LagMeter, woke: Callable[[Any], None]) -> int:
+        """Hand up to `budget` waiting datagrams to the endpoints they name, each at its arrival
+        time; `woke(endpoint)` for each. Moves `read_through` as far as it knows. How many."""
+        route = self.mux.route
         n = 0
-        last_arrival = None
         if self.stamped:
             fd = self.fd
             while n < budget:
+                started = clock.now()
                 batch = _sockio.recv_batch(fd, min(RECV_BATCH, budget - n))
                 if not batch:
-                    return n, None
+                    self.read_through = started  # empty when looked at: everything before is read
+                    return n
                 seen = clock.now()
                 for payload, src, sport, real_ns, _tclass in batch:
                     at = clock.from_realtime(real_ns) if real_ns else seen
                     if at > seen:
                         at = seen
                     lag.record(int((seen - at) * clock.dilation))
-                    endpoint.on_datagram(payload, src, sport, at)
-                    last_arrival = at
+                    endpoint = route(payload)
+                    if endpoint is not None:
+                        endpoint.on_datagram(payload, src, sport, at)
+                        woke(endpoint)
+                    self.read_through = at  # a socket is a queue: all that came before is read
                 n += len(batch)
                 self.datagrams += len(batch)
-            return n, last_arrival
+            return n
         recv = self.recv_sock.recvfrom
         packed = self._packed
         while n < budget:
+            started = clock.now()
             try:
                 data, addr = recv(65535)
             except BlockingIOError:
-                return n, None
+                self.read_through = started
+                return n
             src = packed.get(addr[0])
             if src is None:
                 src = packed[addr[0]] = socket.inet_pton(socket.AF_INET6, addr[0])
-            at = clock.now()
-            endpoint.on_datagram(data, src, addr[1], at)
-            last_arrival = at
+            endpoint = route(data)
+            if endpoint is not None:
+                endpoint.on_datagram(data, src, addr[1], started)
+                woke(endpoint)
             n += 1
             self.datagrams += 1
-        return n, last_arrival
+        return n
+
+
+class _Task:
+    """An endpoint as the loop schedules it: its send function and its pending wakeup."""
+
+    __slots__ = ("endpoint", "send", "wake_at", "queued")
+
+    def __init__(self, endpoint: Any, send: Callable[[bytes, Any], bool]) -> None:
+        self.endpoint = endpoint
+        self.send = send
+        self.wake_at: int | None = None
+        self.queued = False
 
 
 @dataclass
@@ -265,8 +285,11 @@ class LoopStats:
 class EventLoop:
     """Drives the endpoints of many ports: receive, pump what is due, sleep until the next wakeup.
 
-    An endpoint (see io.Endpoint) takes `on_datagram(payload, src, sport, now)`, sends on
-    `pump(now, send, clock, horizon)` and says when it next needs pumping with `next_wakeup()`.
+    Each turn reads at most RECV_PER_TURN datagrams (RECV_BUDGET per socket) and pumps at most
+    PUMPS_PER_TURN endpoints, so that no socket waits long behind a busy sender and no sender
+    behind a flood of datagrams. An endpoint takes `on_datagram(payload, src, sport, now)`,
+    sends on `pump(now, send, clock, horizon)` and says when it next needs pumping with
+    `next_wakeup()` (a time not after its last `now`: at once).
     """
 
     def __init__(self, clock: Clock, horizon: Horizon | None = None, index: int = 0) -> None:
@@ -275,33 +298,46 @@ class EventLoop:
         self.index = index
         self.ports: list[Port] = []
         self._by_fd: dict[int, Port] = {}
+        self._tasks: dict[int, _Task] = {}  # by id(endpoint)
         self._epoll = select.epoll()
         self._controls: dict[int, Callable[[], None]] = {}
-        self._heap: list[tuple[int, int, Port]] = []
-        self._ready: deque[Port] = deque()
+        self._heap: list[tuple[int, int, _Task]] = []
+        self._ready: deque[_Task] = deque()
+        self._behind: set[Port] = set()  # readable ports not read to the end
         self.timer_lag = LagMeter()
         self.socket_lag = LagMeter()
         self.stats = LoopStats(timer_lag=self.timer_lag, socket_lag=self.socket_lag)
-        self._published = 0
 
-    def add(self, port: Port) -> None:
+    def add_port(self, port: Port) -> None:
         self.ports.append(port)
         self._by_fd[port.fd] = port
+        port.read_through = self.clock.now()
         self._epoll.register(port.fd, select.EPOLLIN)
-        self.schedule(port)
+
+    def add_endpoint(self, endpoint: Any, port: Port) -> None:
+        """Drive `endpoint` (a QP of the port's host), sending through the port; pumped at once."""
+        task = self._tasks.get(id(endpoint))
+        if task is None:
+            task = self._tasks[id(endpoint)] = _Task(endpoint, port.send)
+        self._queue(task)
 
     def add_control(self, fd: int, on_readable: Callable[[], None]) -> None:
         """A file descriptor (the parent's pipe) whose readiness runs `on_readable` in the loop."""
         self._controls[fd] = on_readable
         self._epoll.register(fd, select.EPOLLIN)
 
-    def schedule(self, port: Port) -> None:
-        """Pump `port` on the next turn (after new work was given to its endpoint)."""
-        if not port.queued:
-            port.queued = True
-            self._ready.append(port)
+    def wake(self, endpoint: Any) -> None:
+        """Pump `endpoint` on the next turn (a datagram reached it, or new work was given)."""
+        task = self._tasks.get(id(endpoint))
+        if task is not None:
+            self._queue(task)
 
-    def global_horizon(self, mine: int) -> int:
+    def _queue(self, task: _Task) -> None:
+        if not task.queued:
+            task.queued = True
+            self._ready.append(task)
+
+    def _horizon(self, mine: int) -> int:
         if self.horizon is None:
             return mine
         self.horizon.publish(self.index, mine)
@@ -314,49 +350,65 @@ class EventLoop:
         run0, wait0 = schedstat()
         next_tick = clock.now() + tick_ns
         timeout = 0.0
-        ready, heap = self._ready, self._heap
-        by_fd, controls = self._by_fd, self._controls
+        ready, heap, behind = self._ready, self._heap, self._behind
+        by_fd, controls, wake = self._by_fd, self._controls, self.wake
+        rotate = 0
         while not stop():
             events = self._epoll.poll(timeout)
             polled = clock.now()
-            mine = polled  # every socket not reported readable was empty when poll returned
+            readable = []
             for fd, _ in events:
                 port = by_fd.get(fd)
                 if port is None:
                     controls[fd]()
-                    continue
-                got, behind = port.receive(clock, RECV_BUDGET, self.socket_lag)
-                if behind is not None:
-                    mine = min(mine, behind)  # more waits in this socket: read up to `behind` only
-                if got:
-                    self.schedule(port)
+                else:
+                    readable.append(port)
+            # a port not readable when epoll returned has nothing waiting: read through `polled`;
+            # only the ports left behind (readable, not read to the end) hold the horizon back
+            readable_set = set(readable)
+            behind.intersection_update(readable_set)
+            budget = RECV_PER_TURN
+            if readable:
+                rotate = (rotate + 1) % len(readable)
+                for port in readable[rotate:] + readable[:rotate]:
+                    if budget <= 0:
+                        behind.add(port)  # left for the next turn: read only as far as before
+                        continue
+                    got = port.receive(clock, min(RECV_BUDGET, budget), self.socket_lag, wake)
+                    budget -= got
+                    if got >= RECV_BUDGET:
+                        behind.add(port)
+                    else:
+                        behind.discard(port)
+            mine = min([polled] + [p.read_through for p in behind])
             now = clock.now()
             while heap and heap[0][0] <= now:
-                due, _, port = heapq.heappop(heap)
-                if port.wake_at != due:
+                due, _, task = heapq.heappop(heap)
+                if task.wake_at != due:
                     continue  # superseded by a later schedule
-                port.wake_at = None
+                task.wake_at = None
                 self.timer_lag.record(int((now - due) * clock.dilation))
-                self.schedule(port)
-            horizon = self.global_horizon(mine)
+                self._queue(task)
+            horizon = self._horizon(mine)
             for _ in range(min(PUMPS_PER_TURN, len(ready))):
-                port = ready.popleft()
-                port.queued = False
+                task = ready.popleft()
+                task.queued = False
                 now = clock.now()
-                port.endpoint.pump(now, port.send, clock.now, min(now, horizon))
-                self._arm(port, now)
+                task.endpoint.pump(now, task.send, clock.now, min(now, horizon))
+                self._arm(task, now)
             now = clock.now()
             if tick is not None and now >= next_tick:
                 tick(now)
                 next_tick = now + tick_ns
             self.stats.turns += 1
-            if ready or events:
+            if ready or behind or budget <= 0:
                 timeout = 0.0
                 continue
-            wake = heap[0][0] if heap else now + IDLE_WAKE_NS
-            wake = min(wake, now + IDLE_WAKE_NS, next_tick if tick is not None else wake)
-            timeout = max(0.0, (wake - now) * clock.dilation / 1e9)
-            self.global_horizon(clock.now())  # idle: everything that arrived has been read
+            wake_at = heap[0][0] if heap else now + IDLE_WAKE_NS
+            wake_at = min(wake_at, now + IDLE_WAKE_NS, next_tick if tick is not None else wake_at)
+            timeout = max(0.0, (wake_at - now) * clock.dilation / 1e9)
+            if not events:
+                self._horizon(clock.now())  # idle: everything that arrived has been read
         if self.horizon is not None:
             self.horizon.publish(self.index, FOREVER)  # a worker that stopped holds nobody back
         run1, wait1 = schedstat()
@@ -366,16 +418,16 @@ class EventLoop:
         self.stats.frames_sent = sum(p.frames_sent for p in self.ports)
         return self.stats
 
-    def _arm(self, port: Port, now: int) -> None:
-        wake = port.endpoint.next_wakeup()
+    def _arm(self, task: _Task, now: int) -> None:
+        wake = task.endpoint.next_wakeup()
         if wake is None:
             return
         if wake <= now:
-            self.schedule(port)
+            self._queue(task)
             return
-        if port.wake_at is None or wake < port.wake_at:
-            port.wake_at = wake
-            heapq.heappush(self._heap, (wake, id(port), port))
+        if task.wake_at is None or wake < task.wake_at:
+            task.wake_at = wake
+            heapq.heappush(self._heap, (wake, id(task), task))
 
     def close(self) -> None:
         self._epoll.close()
