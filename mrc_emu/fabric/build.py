@@ -9,7 +9,6 @@ it fast. Neither ever touches a resource the journal does not name.
 
 from __future__ import annotations
 
-import os
 import select
 import time
 from collections.abc import Callable
@@ -18,8 +17,8 @@ from dataclasses import dataclass
 from pyroute2 import IPRoute
 
 from ..topology import Topology, from_dict
-from . import config, netns, registry
-from .nodes import FabricSetupError, LinuxRouter, check_prerequisites
+from . import cabling, config, namespaces, netlink, netns, registry
+from .nodes import FabricSetupError, check_prerequisites
 
 Progress = Callable[[str], None]
 
@@ -53,24 +52,22 @@ def up(topo: Topology, name: str = "mrc", progress: Progress | None = None) -> U
     journal = registry.Journal.create(name, {"topology": topo.to_dict(), "source": topo.source})
     phases: dict[str, float] = {}
     start = time.monotonic()
-    nodes: list[LinuxRouter] = []
+    fds: list[int] = []
     try:
-        progress(f"starting {len(topo.nodes)} nodes")
-        for node_name in topo.nodes:
-            node = LinuxRouter(node_name)
-            nodes.append(node)
-            journal.process(node.pid, f"mininet shell of {node_name}")
-        for node in nodes:
-            node.wait_ready()
-            path = netns.netns_path(name, node.name)
+        progress(f"creating {len(topo.nodes)} namespaces")
+        paths = [netns.netns_path(name, node_name) for node_name in topo.nodes]
+        for path in paths:
             journal.namespace(path)
-            netns.bind(node.pid, path)
-            config.prepare_namespace(str(path))
+            namespaces.create(path, config.NAMESPACE_SYSCTLS)
         phases["nodes"] = time.monotonic() - start
 
         mark = time.monotonic()
         progress(f"cabling {len(topo.links)} links")
-        _create_links(topo, name)
+        fds = namespaces.open_all(paths)
+        cabling.batch(topo, dict(zip(topo.nodes, fds))).send()
+        if topo.link_rate_bps:
+            for node_name in topo.nodes:
+                shape_node(topo, name, node_name)
         phases["links"] = time.monotonic() - mark
 
         mark = time.monotonic()
@@ -79,46 +76,18 @@ def up(topo: Topology, name: str = "mrc", progress: Progress | None = None) -> U
             config.apply(config.plan(topo, node_name), str(netns.netns_path(name, node_name)))
         phases["routes"] = time.monotonic() - mark
 
+        mark = time.monotonic()
         wait_operational(name, topo, topo.links, timeout=30.0)
-        for node in nodes:
-            node.stop_shell()
-            journal.process_ended(node.pid)
+        phases["carrier"] = time.monotonic() - mark
         journal.append({"kind": "ready", "time": time.time()})
     except BaseException:
-        for node in nodes:
-            node.stop_shell()
         journal.close()
         registry.remove(name)
         raise
+    finally:
+        namespaces.close_all(fds)
     journal.close()
     return UpResult(name, topo, time.monotonic() - start, phases)
-
-
-def _create_links(topo: Topology, name: str) -> None:
-    """Every veth pair, created straight inside its two namespaces, then shaped if asked."""
-    fds: dict[str, int] = {}
-    try:
-        for node_name in topo.nodes:
-            fds[node_name] = os.open(netns.netns_path(name, node_name), os.O_RDONLY)
-        with IPRoute() as ipr:
-            for node_name in topo.nodes:
-                ipr.link("add", ifname=config.SID_ANCHOR, kind="veth", net_ns_fd=fds[node_name],
-                         peer={"ifname": config.SID_ANCHOR_PEER, "net_ns_fd": fds[node_name]})
-            for link in topo.links:
-                ipr.link(
-                    "add",
-                    ifname=link.a_intf,
-                    kind="veth",
-                    mtu=topo.mtu,
-                    net_ns_fd=fds[link.a],
-                    peer={"ifname": link.b_intf, "net_ns_fd": fds[link.b], "mtu": topo.mtu},
-                )
-    finally:
-        for fd in fds.values():
-            os.close(fd)
-    if topo.link_rate_bps:
-        for node_name in topo.nodes:
-            shape_node(topo, name, node_name)
 
 
 def shape_node(topo: Topology, name: str, node_name: str) -> None:
@@ -178,9 +147,9 @@ def set_link(name: str, a: str, b: str, up_: bool, plane: int | None = None) -> 
 
 
 def _operational(name: str, node_name: str, intfs: set[str]) -> set[str]:
-    with netns.entered(netns.netns_path(name, node_name)), IPRoute() as ipr:
-        return {link.get("ifname") for link in ipr.get_links() if link.get("ifname") in intfs
-                and link.get("operstate") == "UP"}
+    with netns.entered(netns.netns_path(name, node_name)):
+        states = netlink.link_operstates()
+    return {intf for intf in intfs if states.get(intf) == netlink.IF_OPER_UP}
 
 
 def wait_operational(name: str, topo: Topology, links: list, timeout: float = 5.0) -> None:
