@@ -1,7 +1,6 @@
 """Shared fixtures. System tests need root and the kernel's SRv6; they skip with the reason."""
 
 import os
-import shutil
 import uuid
 
 import pytest
@@ -10,8 +9,6 @@ import pytest
 def system_skip_reason() -> str | None:
     if os.geteuid() != 0:
         return "needs root (network namespaces): run the suite with sudo, as CI does"
-    if shutil.which("mnexec") is None:
-        return "mnexec not installed (apt-get install mininet, or scripts/install.sh)"
     if not os.path.exists("/proc/sys/net/ipv6/conf/all/seg6_enabled"):
         return "kernel has no SRv6 support"
     return None

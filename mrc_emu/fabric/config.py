@@ -121,8 +121,3 @@ def apply(node_plan: NodePlan, path: str, skip: frozenset[str] = frozenset()) ->
     with netns.entered(path):
         batch(node_plan, interface_indexes(), skip).send()
 
-
-def prepare_namespace(path: str) -> None:
-    with netns.entered(path):
-        for name, value in NAMESPACE_SYSCTLS:
-            netns.write_sysctl(name, value)
