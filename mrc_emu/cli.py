@@ -69,32 +69,41 @@ def main() -> None:
 
 @main.command()
 @click.option("--topology", "-t", "topology", default=None, help="Topology YAML file or built-in name (default: the built-in default).")
-@click.option("--bgp", is_flag=True, help="Also run FRR BGP (+BFD) in every switch: plain IPv6 routing, for --format UDP.")
+@click.option("--routing", "routing_mode", type=click.Choice(["none", "static", "bgp"]), default=None,
+              help="Plain IPv6 routing between hosts, for --format UDP (the baseline): 'static' installs the routes "
+                   "BGP converges to (no repair after a fault), 'bgp' runs FRR BGP+BFD in every switch. [default: none]")
+@click.option("--bgp", is_flag=True, help="Same as --routing bgp.")
 @NAME_OPTION
 @JSON_OPTION
 @friendly
-def up(topology: str | None, bgp: bool, name: str, as_json: bool) -> None:
+def up(topology: str | None, routing_mode: str | None, bgp: bool, name: str, as_json: bool) -> None:
     """Build the fabric and leave it running."""
-    from .fabric import build, routing
+    from .fabric import build, routing, static_routes
     from .topology import ev_count
 
+    if bgp and routing_mode not in (None, "bgp"):
+        raise click.UsageError(f"--bgp means --routing bgp, not --routing {routing_mode}: give one of them")
+    mode = "bgp" if bgp else routing_mode or "none"
     topo = resolve(topology)
-    if bgp and (reason := routing.frr_missing()):
+    if mode == "bgp" and (reason := routing.frr_missing()):
         raise routing.FabricSetupError(reason)
     result = build.up(topo, name, progress=None if as_json else _progress)
     data = {"name": name, "seconds": round(result.seconds, 3), "phases": result.phases,
-            "topology": topo.summary(), "ev_count": ev_count(topo)}
-    if bgp:
-        try:
+            "topology": topo.summary(), "ev_count": ev_count(topo), "routing": mode}
+    try:
+        if mode == "bgp":
             data["bgp_converged_s"] = round(routing.start(name, progress=None if as_json else _progress), 2)
-        except BaseException:
-            build.down(name)  # nothing half-created
-            raise
+        elif mode == "static":
+            data["static_routes_s"] = round(static_routes.install(name, topo), 3)
+    except BaseException:
+        build.down(name)  # nothing half-created
+        raise
     s = topo.summary()
     _emit(data, as_json,
           f"fabric {name!r} up in {result.seconds:.2f} s: {s['planes']} planes, {s['hosts']} hosts, "
           f"{s['nodes']} nodes, {s['links']} links, {ev_count(topo)} EVs between hosts on different leaves"
-          + (f"; BGP converged in {data['bgp_converged_s']} s" if bgp else "")
+          + (f"; BGP converged in {data['bgp_converged_s']} s" if mode == "bgp" else "")
+          + (f"; static routes installed in {data['static_routes_s']:.2f} s" if mode == "static" else "")
           + f"\ntry: mrc-emu paths h0 h{s['hosts'] - 1} --name {name}")
 
 
@@ -531,16 +540,16 @@ def send(src: str, dst: str, size: int, evs: str | None, cc: str, mtu: int, ev_f
     Exit code 1 if the transfer fails or the placed bytes differ from the source.
     """
     from .experiments.transfer import send as run_send
-    from .fabric import routing
+    from .fabric import routing, static_routes
     from .fabric.build import load_topology
     from .topology.evs import EvFormat
     from .transport.config import QpConfig
 
     nbytes = size
     count = len(evs_between(load_topology(name), src, dst))
-    if ev_format == "UDP" and not routing.running(name):
-        raise click.UsageError(f"--format UDP needs plain IPv6 routing: bring the fabric up with 'mrc-emu up --bgp' "
-                               f"(fabric {name!r} runs no BGP)")
+    if ev_format == "UDP" and not (routing.running(name) or static_routes.installed(name)):
+        raise click.UsageError(f"--format UDP needs plain IPv6 routing: bring the fabric up with 'mrc-emu up --routing "
+                               f"static' (or --routing bgp) (fabric {name!r} has neither)")
     selection = _ev_selection(evs, count)
     if imm is not None and not 0 <= imm <= 0xFFFFFFFF:
         raise click.BadParameter("--imm must fit in 32 bits")

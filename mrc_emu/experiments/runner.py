@@ -19,7 +19,7 @@ from typing import Any
 
 from pyroute2 import IPRoute
 
-from ..fabric import build, netns, ops, routing
+from ..fabric import build, netns, ops, routing, static_routes
 from ..topology import Role, Topology, evs_between
 from ..topology.evs import EvFormat
 from ..transport.config import QpConfig
@@ -304,6 +304,13 @@ def run(scn: Scenario, out_dir: Path, progress: Progress = _quiet,
                 progress("starting FRR (BGP" + (" + BFD" if scn.bfd else "") + ") in every switch")
                 seconds = routing.start(name, bfd=scn.bfd, progress=progress)
                 results["bgp_converged_s"] = round(seconds, 2)
+        elif scn.routing == "static":
+            progress("installing the static routes BGP would converge to")
+            results["static_routes_s"] = round(static_routes.install(name, scn.topology), 3)
+            if scn.faults and "baseline" in transports:
+                notes.append("routing: static repairs nothing: after a fault the baseline keeps only what each "
+                             "kernel does alone (a dead local nexthop leaves its ECMP route); use routing: bgp "
+                             "to measure repair")
         baseline_link = None
         if any(f.link == "baseline-path" for f in scn.faults):
             src, dst, _ = scn.transfers()[0]

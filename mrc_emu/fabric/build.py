@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pyroute2 import IPRoute
 
 from ..topology import Topology, from_dict
-from . import cabling, config, namespaces, netlink, netns, registry
+from . import cabling, config, namespaces, netlink, netns, registry, static_routes
 from .nodes import FabricSetupError, check_prerequisites
 
 Progress = Callable[[str], None]
@@ -122,7 +122,8 @@ def load_topology(name: str) -> Topology:
 
 
 def set_link(name: str, a: str, b: str, up_: bool, plane: int | None = None) -> list[int]:
-    """Take the link(s) between a and b down or up; up re-applies both ends' configuration."""
+    """Take the link(s) between a and b down or up; up re-applies both ends' configuration
+    (and their static routes, on a fabric with `routing: static`)."""
     topo = load_topology(name)
     links = topo.links_between(a, b, plane)
     if not links:
@@ -143,6 +144,8 @@ def set_link(name: str, a: str, b: str, up_: bool, plane: int | None = None) -> 
                 topo.peer(link, node_name)[1] for link in topo.links_of(node_name) if link.link_id in down_links
             )
             config.apply(config.plan(topo, node_name), str(netns.netns_path(name, node_name)), skip)
+            if record.routing == static_routes.MODE:  # the kernel dropped them with the link
+                static_routes.apply(name, topo, node_name, skip)
     return [link.link_id for link in links]
 
 
