@@ -104,7 +104,8 @@ def shape_node(topo: Topology, name: str, node_name: str) -> None:
 def down(name: str = "mrc") -> registry.FabricRecord:
     if not netns.NETNS_DIR.exists() and not registry.journal_path(name).exists():
         raise registry.RegistryError(f"no fabric named {name!r} is running")
-    return registry.remove(name)
+    with namespaces.held(registry.read(name).namespaces):
+        return registry.remove(name)
 
 
 def clean() -> list[str]:

@@ -16,7 +16,8 @@ from __future__ import annotations
 import ctypes
 import os
 import resource
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from . import netns
@@ -71,3 +72,21 @@ def open_all(paths: Iterable[Path]) -> list[int]:
 def close_all(fds: Iterable[int]) -> None:
     for fd in fds:
         os.close(fd)
+
+
+@contextmanager
+def held(paths: Iterable[str | Path]) -> Iterator[None]:
+    """Hold every namespace at `paths` open for the body (that removes their names), then let go
+    of all at once. Released one by one, each namespace's teardown ran in the kernel while the
+    next names were being unmounted and slowed every umount (down of `huge` with its static
+    routes: 5.3 s); released together, the kernel tears them all down in one batch afterwards."""
+    fds = []
+    for path in paths:
+        try:
+            fds.append(os.open(path, os.O_RDONLY))
+        except OSError:
+            pass  # already gone, or never made: nothing to hold
+    try:
+        yield
+    finally:
+        close_all(fds)

@@ -12,6 +12,7 @@ what to configure is config.py's job, which veths to create cabling.py's.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import os
 import socket
@@ -90,6 +91,9 @@ def _nla(kind: int, payload: bytes) -> bytes:
     return struct.pack("=HH", length, kind) + payload + b"\0" * (-length % 4)
 
 
+# Addresses, route heads and nexthop lists repeat across nodes and routes (the same host /128s in
+# every leaf, one leaf's eight spine gateways in its every route): encode each once.
+@functools.lru_cache(maxsize=1 << 16)
 def _v6(address: str) -> bytes:
     return ipaddress.IPv6Address(address).packed
 
@@ -118,6 +122,15 @@ class Seg6Local:
             )
             body += _nla(SEG6_LOCAL_FLAVORS | NLA_F_NESTED, flavors)
         return body
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _multipath(nexthops: tuple[tuple[int, str], ...]) -> bytes:
+    hops = b""
+    for index, gateway in nexthops:
+        attrs = _nla(RTA_GATEWAY, _v6(gateway))
+        hops += struct.pack("=HBBi", 8 + len(attrs), 0, 0, index) + attrs
+    return _nla(RTA_MULTIPATH, hops)
 
 
 class Batch:
@@ -161,6 +174,7 @@ class Batch:
         self._add(RTM_NEWADDR, NLM_F_CREATE | NLM_F_REPLACE, body, f"address {address}/{prefixlen}")
 
     @staticmethod
+    @functools.lru_cache(maxsize=1 << 16)
     def _route_head(prefix: str) -> bytes:
         """rtmsg for a static unicast IPv6 route in the main table, with its table and destination."""
         net = ipaddress.IPv6Network(prefix)
@@ -185,12 +199,7 @@ class Batch:
 
     def multipath_route(self, prefix: str, nexthops: list[tuple[int, str]]) -> None:
         """An ECMP route: one nexthop (ifindex, gateway) per entry; the kernel hashes flows over them."""
-        body = self._route_head(prefix)
-        hops = b""
-        for index, gateway in nexthops:
-            attrs = _nla(RTA_GATEWAY, _v6(gateway))
-            hops += struct.pack("=HBBi", 8 + len(attrs), 0, 0, index) + attrs
-        body += _nla(RTA_MULTIPATH, hops)
+        body = self._route_head(prefix) + _multipath(tuple(nexthops))
         self._add(RTM_NEWROUTE, NLM_F_CREATE | NLM_F_REPLACE, body, f"route {prefix} over {len(nexthops)} nexthops")
 
     def messages(self) -> list[bytes]:

@@ -28,6 +28,7 @@ measures the baseline's repair after a fault.
 
 from __future__ import annotations
 
+import functools
 import time
 
 from ..topology import Role, Topology
@@ -36,6 +37,12 @@ from . import config, netns, registry
 from .netlink import Batch
 
 MODE = "static"
+
+
+@functools.lru_cache(maxsize=4)
+def _host_prefixes(topo: Topology) -> list[tuple[str, str]]:
+    """(host, its /128) of every host: the same in every switch's plan."""
+    return [(h.name, ad.host_address(topo, h.name) + "/128") for h in topo.hosts]
 
 
 def plan(topo: Topology, node: str) -> list[config.Route]:
@@ -48,17 +55,16 @@ def plan(topo: Topology, node: str) -> list[config.Route]:
             peer, intf, _ = topo.peer(link, node)
             if topo.node(peer).role is Role.SPINE:
                 uplinks.append((intf, ad.link_address(link, peer)))
-        for host in topo.hosts:
-            if topo.leaf_of(host.name, me.plane) != node:
-                routes.append(config.Route(ad.host_address(topo, host.name) + "/128", uplinks[0][0], multipath=uplinks))
+        routes = [config.Route(prefix, uplinks[0][0], multipath=uplinks)
+                  for host, prefix in _host_prefixes(topo) if topo.leaf_of(host, me.plane) != node]
     elif me.role is Role.SPINE:
         down = {}  # leaf -> (interface, the leaf's address on that link)
         for link in topo.links_of(node):
             peer, intf, _ = topo.peer(link, node)
             down[peer] = (intf, ad.link_address(link, peer))
-        for host in topo.hosts:
-            intf, gateway = down[topo.leaf_of(host.name, me.plane)]
-            routes.append(config.Route(ad.host_address(topo, host.name) + "/128", intf, gateway=gateway))
+        for host, prefix in _host_prefixes(topo):
+            intf, gateway = down[topo.leaf_of(host, me.plane)]
+            routes.append(config.Route(prefix, intf, gateway=gateway))
     return routes
 
 
