@@ -139,6 +139,18 @@ def test_sigkill_mid_build_then_clean_leaves_nothing(fabric_name):
              what="recorded processes to exit")
 
 
+def test_ctrl_c_mid_build_removes_what_was_made(fabric_name):
+    """No `clean` here: the interrupted build itself removes every namespace it had made."""
+    proc = subprocess.Popen(CLI + ["up", "-t", "large", "--name", fabric_name],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    journal = registry.journal_path(fabric_name)
+    wait_for(lambda: journal.exists() and journal.read_text().count('"netns"') >= 40, what="namespaces")
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130 and b"interrupted" in err, err
+    assert leftovers(fabric_name) == []
+
+
 def test_name_clash_is_one_clear_error(default_fabric):
     name, _ = default_fabric
     result = subprocess.run(CLI + ["up", "--name", name], capture_output=True, text=True)
@@ -184,3 +196,17 @@ def test_large_comes_up_and_goes_down(fabric_name):
         build.down(fabric_name)
     assert leftovers(fabric_name) == []
     assert result.seconds > 0
+
+
+@pytest.mark.slow
+def test_huge_comes_up_and_goes_down(fabric_name):
+    """A thousand namespaces (bench_fabric.py times it; here: it works and leaves nothing)."""
+    topo = builtin("huge")
+    build.up(topo, fabric_name)
+    try:
+        assert len(registry.read(fabric_name).namespaces) == 1088 and not registry.read(fabric_name).processes
+        results = probe_evs(fabric_name, "h0", "h511")
+        assert len(results) == 64 and all(r.reachable for r in results)
+    finally:
+        build.down(fabric_name)
+    assert leftovers(fabric_name) == []
