@@ -118,3 +118,26 @@ def test_link_up_restores_static_routes(fabric_name):
         assert host_routes(fabric_name, topo) == before
     finally:
         build.down(fabric_name)
+
+
+def test_scenario_baseline_over_static_routes_through_a_link_fault(tmp_path):
+    """`routing: static` in a scenario: no FRR, the baseline runs, the fault is reverted, and the
+    results say that nothing but the revert repaired it."""
+    from mrc_emu.experiments import runner, scenario
+
+    path = tmp_path / "static.yaml"
+    path.write_text("""
+transports: [baseline]
+routing: static
+workloads:
+  - {kind: write, src: h0, dst: h2, size: 32MiB}
+faults:
+  - {kind: link-down, link: [p0l1, p0s1], at: 0.3, duration_ms: 200}
+""")
+    results = runner.run(scenario.load(path), tmp_path / "out")
+    run = results["runs"]["baseline"]
+    assert run["verified"], [t["error"] for t in run["transfers"]]
+    assert "static_routes_s" in results and "bgp_converged_s" not in results
+    assert any("repairs nothing" in note for note in results["notes"])
+    assert [e["action"] for e in run["faults"][0]["events"]] == ["down", "restore"]
+    assert not registry.journal_path(results["fabric"]).exists()
