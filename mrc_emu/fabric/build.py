@@ -112,7 +112,8 @@ def clean() -> list[str]:
     """Remove every fabric the journals record (what crashed or killed runs left)."""
     removed = []
     for name in registry.names():
-        registry.remove(name)
+        with namespaces.held(registry.read(name).namespaces):
+            registry.remove(name)
         removed.append(name)
     return removed
 

@@ -49,16 +49,21 @@ def create(path: Path, sysctls: Iterable[tuple[str, str | int]] = ()) -> None:
         os.close(home)
 
 
+def _room_for(count: int) -> None:
+    """Raise the soft limit of open files so that `count` more fit (it is often 1,024)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = count + 256
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        if hard != resource.RLIM_INFINITY and hard < wanted:
+            raise OSError(f"{count} namespaces need {wanted} open files, the hard limit is {hard}: "
+                          f"raise it (ulimit -Hn, or LimitNOFILE=)")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+
+
 def open_all(paths: Iterable[Path]) -> list[int]:
     """An fd per namespace (for netlink's IFLA_NET_NS_FD), raising the soft fd limit if it is short."""
     paths = list(paths)
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    wanted = len(paths) + 256
-    if soft != resource.RLIM_INFINITY and soft < wanted:
-        if hard != resource.RLIM_INFINITY and hard < wanted:
-            raise OSError(f"{len(paths)} namespaces need {wanted} open files, the hard limit is {hard}: "
-                          f"raise it (ulimit -Hn, or LimitNOFILE=)")
-        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+    _room_for(len(paths))
     fds: list[int] = []
     try:
         for path in paths:
@@ -80,6 +85,8 @@ def held(paths: Iterable[str | Path]) -> Iterator[None]:
     of all at once. Released one by one, each namespace's teardown ran in the kernel while the
     next names were being unmounted and slowed every umount (down of `huge` with its static
     routes: 5.3 s); released together, the kernel tears them all down in one batch afterwards."""
+    paths = list(paths)
+    _room_for(len(paths))
     fds = []
     for path in paths:
         try:
