@@ -2,6 +2,7 @@
 
 import itertools
 import json
+import os
 import select
 import signal
 import subprocess
@@ -123,17 +124,20 @@ def test_down_leaves_nothing(fabric_name):
     assert leftovers(fabric_name) == []
 
 
-def test_sigkill_mid_build_then_clean_leaves_nothing(fabric_name):
-    proc = subprocess.Popen(CLI + ["up", "-t", "large", "--name", fabric_name],
+def test_sigkill_mid_build_then_clean_leaves_nothing(fabric_name, tmp_path):
+    # a state directory of its own: `clean` removes every fabric its journals record, and other
+    # fabrics of this machine (other tests, other users) must not be among them
+    env = {**os.environ, "MRC_EMU_STATE_DIR": str(tmp_path / "state")}
+    proc = subprocess.Popen(CLI + ["up", "-t", "large", "--name", fabric_name], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    journal = registry.journal_path(fabric_name)
+    journal = tmp_path / "state" / f"{fabric_name}.journal"
     wait_for(lambda: journal.exists() and journal.read_text().count('"netns"') >= 40, what="namespaces")
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     recorded = [json.loads(line) for line in journal.read_text().splitlines() if '"process"' in line]
-    result = subprocess.run(CLI + ["clean"], capture_output=True, text=True)
+    result = subprocess.run(CLI + ["clean"], capture_output=True, text=True, env=env)
     assert result.returncode == 0, result.stderr
-    assert leftovers(fabric_name) == []
+    assert leftovers(fabric_name) == [] and not journal.exists()
     # nodes are namespaces, not processes; whatever process the build recorded is gone too
     wait_for(lambda: not any(netns.process_start_time(e["pid"]) == e["start"] for e in recorded),
              what="recorded processes to exit")
