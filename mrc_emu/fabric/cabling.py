@@ -2,7 +2,7 @@
 
 Why it exists: one pyroute2 call per veth took 1.4 ms here (3.3 s for the 2,368 of `large`);
 the same requests encoded by netlink.Batch and sent from this namespace, each end placed
-straight into its node's namespace by fd, cost about 0.25 ms each, nearly all of it the
+straight into its node's namespace by fd, cost 0.2-0.45 ms each, nearly all of it the
 kernel's. The index of every end is fixed (lo is 1 everywhere; `index_of`) and unique across
 the whole fabric, so the two ends of a veth never share an index. That matters: linkwatch
 makes a veth operational (operstate UP, qdisc attached: until then it drops) at once only if
