@@ -15,7 +15,7 @@ from mrc_emu.fabric import build, netns, registry, routing, static_routes
 from mrc_emu.topology import Role, Topology, builtin
 from mrc_emu.topology import addressing as ad
 from mrc_emu.topology.evs import EvFormat
-from mrc_emu.transport.qp import QpConfig
+from mrc_emu.transport.config import QpConfig
 
 pytestmark = pytest.mark.system
 CLI = [sys.executable, "-m", "mrc_emu.cli"]
