@@ -20,7 +20,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 SCRIPTS = {
-    "fabric": ["bench_fabric.py", "large"],
+    "fabric": ["bench_fabric.py", "large", "huge"],
     "wire": ["bench_wire.py"],
     "transport": ["bench_transport.py"],
 }
@@ -67,8 +67,11 @@ def headline(results: dict) -> dict:
         rows[key] = {"value": value, "target": target, "met": met}
 
     fabric, wire, transport = results.get("fabric", {}), results.get("wire", {}), results.get("transport", {})
-    add("fabric_up_s", fabric.get("mrc_emu_up_s"), 10.0, "lower")
-    add("fabric_down_s", fabric.get("mrc_emu_down_s"), 5.0, "lower")
+    large, huge = fabric.get("large", {}), fabric.get("huge", {})
+    add("fabric_up_s", large.get("up_s"), 5.0, "lower")
+    add("fabric_down_s", large.get("down_s"), 5.0, "lower")
+    add("fabric_huge_up_s", huge.get("up_s"), 30.0, "lower")
+    add("fabric_huge_down_s", huge.get("down_s"), 5.0, "lower")
     add("wire_fast_to_ceiling", wire.get("ratio_fast_to_ceiling"), 0.8, "higher")
     add("wire_decoder_pps", wire.get("decoder_pps"), 200_000, "higher")
     add("transport_goodput_to_ceiling", transport.get("goodput", {}).get("ratio_goodput_to_ceiling"), 0.5, "higher")

@@ -1,7 +1,6 @@
 """Shared fixtures and helpers. System tests need root and the kernel's SRv6; they skip with the reason."""
 
 import os
-import shutil
 import uuid
 
 import pytest
@@ -12,8 +11,6 @@ from mrc_emu.fabric.waiting import until
 def system_skip_reason() -> str | None:
     if os.geteuid() != 0:
         return "needs root (network namespaces): run the suite with sudo, as CI does"
-    if shutil.which("mnexec") is None:
-        return "mnexec not installed (apt-get install mininet, or scripts/install.sh)"
     if not os.path.exists("/proc/sys/net/ipv6/conf/all/seg6_enabled"):
         return "kernel has no SRv6 support"
     return None

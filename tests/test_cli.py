@@ -33,12 +33,15 @@ def test_non_root_gets_one_clear_line(monkeypatch, state_dir):
     assert not state_dir.exists() or not any(state_dir.iterdir())
 
 
-def test_missing_mnexec_gets_one_clear_line(monkeypatch, state_dir):
+def test_kernel_without_srv6_gets_one_clear_line(monkeypatch, state_dir):
+    """The prerequisite left once Mininet no longer makes the nodes (mnexec is not needed)."""
     monkeypatch.setattr(nodes.os, "geteuid", lambda: 0)
-    monkeypatch.setattr(nodes.shutil, "which", lambda program: None)
+    real_exists = nodes.os.path.exists
+    monkeypatch.setattr(nodes.os.path, "exists", lambda p: False if "seg6_enabled" in str(p) else real_exists(p))
     result = run("up", "--name", "nm")
     assert result.exit_code == 1
-    assert "'mnexec' not found" in result.output and "apt-get install mininet" in result.output
+    assert "no SRv6" in result.output and "seg6_enabled" in result.output
+    assert len(result.output.strip().splitlines()) == 1
     assert not state_dir.exists() or not any(state_dir.iterdir())
 
 

@@ -1,6 +1,6 @@
 """Our batched netlink messages are byte for byte the ones pyroute2 encodes (no root)."""
 
-from pyroute2.netlink import NLM_F_ACK, NLM_F_CREATE, NLM_F_REPLACE, NLM_F_REQUEST
+from pyroute2.netlink import NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REPLACE, NLM_F_REQUEST
 from pyroute2.netlink.rtnl import RTM_NEWADDR, RTM_NEWLINK, RTM_NEWROUTE
 from pyroute2.netlink.rtnl.ifaddrmsg import ifaddrmsg
 from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
@@ -63,3 +63,27 @@ def test_plan_routes_only_to_neighbours():
     assert sum(r.seg6local is not None and r.seg6local.action == "End.X" for r in plan.routes) == 2
     (end,) = [r for r in plan.routes if r.seg6local and r.seg6local.action == "End"]
     assert end.intf == config.SID_ANCHOR and end.seg6local.next_csid == (32, 16)
+
+
+def test_veth_equals_pyroute2():
+    """A veth pair with both ends placed by namespace fd and their indexes fixed (cabling.py)."""
+    batch = Batch()
+    batch.veth("p0l0-eth2", 7, "p0s0-eth0", 9, 9000, index=40, peer_index=41)
+    msg = ifinfmsg()
+    msg["family"], msg["index"], msg["flags"], msg["change"] = 0, 40, 0, 0
+    peer = {"index": 41, "attrs": [("IFLA_IFNAME", "p0s0-eth0"), ("IFLA_NET_NS_FD", 9), ("IFLA_MTU", 9000)]}
+    msg["attrs"] = [("IFLA_IFNAME", "p0l0-eth2"), ("IFLA_NET_NS_FD", 7), ("IFLA_MTU", 9000),
+                    ("IFLA_LINKINFO", {"attrs": [("IFLA_INFO_KIND", "veth"),
+                                                 ("IFLA_INFO_DATA", {"attrs": [("VETH_INFO_PEER", peer)]})]})]
+    assert batch.messages() == [_encode(msg, RTM_NEWLINK, NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL, 1)]
+
+
+def test_cabling_indexes_unique_and_never_shared_by_a_pair():
+    from mrc_emu.fabric import cabling
+
+    topo = builtin("large")
+    ends = [(link.a, cabling.index_of(link, link.a)) for link in topo.links]
+    ends += [(link.b, cabling.index_of(link, link.b)) for link in topo.links]
+    assert len({index for _, index in ends}) == len(ends)  # unique across the fabric, so within each node
+    assert min(index for _, index in ends) > cabling.ANCHOR_INDEX + 1  # lo, sid0, sid1 keep 1, 2, 3
+    assert len(cabling.batch(topo, {n: 3 for n in topo.nodes})) == len(topo.nodes) + len(topo.links)

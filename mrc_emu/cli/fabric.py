@@ -24,33 +24,42 @@ def _open(name: str):
 
 @click.command()
 @click.option("--topology", "-t", "topology", default=None, help="Topology YAML file or built-in name (default: the built-in default).")
-@click.option("--bgp", is_flag=True, help="Also run FRR BGP (+BFD) in every switch: plain IPv6 routing, for --format UDP.")
+@click.option("--routing", "routing_mode", type=click.Choice(["none", "static", "bgp"]), default=None,
+              help="Plain IPv6 routing between hosts, for --format UDP (the baseline): 'static' installs the routes "
+                   "BGP converges to (no repair after a fault), 'bgp' runs FRR BGP+BFD in every switch. [default: none]")
+@click.option("--bgp", is_flag=True, help="Same as --routing bgp.")
 @NAME_OPTION
 @JSON_OPTION
 @friendly
-def up(topology: str | None, bgp: bool, name: str, as_json: bool) -> None:
+def up(topology: str | None, routing_mode: str | None, bgp: bool, name: str, as_json: bool) -> None:
     """Build the fabric and leave it running."""
-    from ..fabric import build, routing
+    from ..fabric import build, routing, static_routes
     from ..topology import ev_count
 
+    if bgp and routing_mode not in (None, "bgp"):
+        raise click.UsageError(f"--bgp means --routing bgp, not --routing {routing_mode}: give one of them")
+    mode = "bgp" if bgp else routing_mode or "none"
     topo = resolve(topology)
-    if bgp and (reason := routing.frr_missing()):
+    if mode == "bgp" and (reason := routing.frr_missing()):
         raise routing.FabricSetupError(reason)
     result = build.up(topo, name, progress=None if as_json else progress)
     data = {"name": name, "seconds": round(result.seconds, 3), "phases": result.phases,
-            "topology": topo.summary(), "ev_count": ev_count(topo)}
-    if bgp:
-        try:
-            with _open(name) as fabric:
+            "topology": topo.summary(), "ev_count": ev_count(topo), "routing": mode}
+    try:
+        with _open(name) as fabric:
+            if mode == "bgp":
                 data["bgp_converged_s"] = round(routing.start(fabric, progress=None if as_json else progress), 2)
-        except BaseException:
-            build.down(name)  # nothing half-created
-            raise
+            elif mode == "static":
+                data["static_routes_s"] = round(static_routes.install(fabric), 3)
+    except BaseException:
+        build.down(name)  # nothing half-created
+        raise
     s = topo.summary()
     emit(data, as_json,
          f"fabric {name!r} up in {result.seconds:.2f} s: {s['planes']} planes, {s['hosts']} hosts, "
          f"{s['nodes']} nodes, {s['links']} links, {ev_count(topo)} EVs between hosts on different leaves"
-         + (f"; BGP converged in {data['bgp_converged_s']} s" if bgp else "")
+         + (f"; BGP converged in {data['bgp_converged_s']} s" if mode == "bgp" else "")
+         + (f"; static routes installed in {data['static_routes_s']:.2f} s" if mode == "static" else "")
          + f"\ntry: mrc-emu paths h0 h{s['hosts'] - 1} --name {name}")
 
 

@@ -103,16 +103,16 @@ def send(src: str, dst: str, size: int, evs: str | None, cc: str, mtu: int, ev_f
     Exit code 1 if the transfer fails or the placed bytes differ from the source.
     """
     from ..experiments.transfer import send as run_send
-    from ..fabric import routing
+    from ..fabric import routing, static_routes
     from ..fabric.running import Fabric
     from ..topology.evs import EvFormat
     from ..transport.config import QpConfig
 
     with Fabric.open(name) as fabric:
         count = len(evs_between(fabric.topology, src, dst))
-        if ev_format == "UDP" and not routing.running(fabric):
-            raise click.UsageError(f"--format UDP needs plain IPv6 routing: bring the fabric up with 'mrc-emu up --bgp' "
-                                   f"(fabric {name!r} runs no BGP)")
+        if ev_format == "UDP" and not (routing.running(fabric) or static_routes.installed(fabric)):
+            raise click.UsageError(f"--format UDP needs plain IPv6 routing: bring the fabric up with 'mrc-emu up "
+                                   f"--routing static' (or --routing bgp) (fabric {name!r} has neither)")
         selection = _ev_selection(evs, count)
         if imm is not None and not 0 <= imm <= 0xFFFFFFFF:
             raise click.BadParameter("--imm must fit in 32 bits")

@@ -18,7 +18,7 @@ from typing import Any
 
 from pyroute2 import IPRoute
 
-from ..fabric import build, netns, ops, routing
+from ..fabric import build, netns, ops, routing, static_routes
 from ..fabric.running import Fabric
 from ..topology import Role, evs_between
 from . import metrics
@@ -235,6 +235,13 @@ def _run_transports(scn: Scenario, fabric: Fabric, transports: list[Transport], 
         else:
             progress("starting FRR (BGP" + (" + BFD" if scn.bfd else "") + ") in every switch")
             results["bgp_converged_s"] = round(routing.start(fabric, bfd=scn.bfd, progress=progress), 2)
+    elif scn.routing == "static":
+        progress("installing the static routes BGP would converge to")
+        results["static_routes_s"] = round(static_routes.install(fabric), 3)
+        if scn.faults and any(t.needs_routing for t in transports):
+            notes.append("routing: static repairs nothing: after a fault the baseline keeps only what each "
+                         "kernel does alone (a dead local nexthop leaves its ECMP route); use routing: bgp "
+                         "to measure repair")
     baseline_link = None
     if any(f.link == "baseline-path" for f in scn.faults):
         src, dst, _ = scn.transfers()[0]

@@ -8,7 +8,8 @@ only parses and validates: every problem is one ScenarioError naming file, line 
     description: ...         # optional, shown in the report
     topology: default        # a built-in topology name or a YAML path (relative to this file)
     transports: [mrc, baseline]
-    routing: bgp             # bgp (FRR with BFD; the baseline needs it) or none
+    routing: bgp             # bgp (FRR with BFD: repairs after a fault), static (the routes BGP
+                             # converges to, installed directly: no repair) or none (no baseline)
     bfd: true
     mtu: 4096                # payload bytes per packet
     timeout_s: 90            # a run that has not finished by then is stopped
@@ -163,11 +164,11 @@ def from_dict(data: Any, source: str = "<dict>", lines: dict[str, int] | None = 
         raise c.fail("transports", f"a list of: {', '.join(known)}")
     transports = [Transport(t) for t in names]
     routing = data.get("routing", "bgp")
-    if routing not in ("bgp", "none"):
-        raise c.fail("routing", "'bgp' (FRR) or 'none'")
+    if routing not in ("bgp", "static", "none"):
+        raise c.fail("routing", "'bgp' (FRR), 'static' (BGP's converged routes, no repair) or 'none'")
     needing = [t.value for t in transports if t.needs_routing]
     if needing and routing == "none":
-        raise c.fail("routing", f"the {needing[0]} needs plain IPv6 routing: use routing: bgp")
+        raise c.fail("routing", f"the {needing[0]} needs plain IPv6 routing: use routing: bgp (or static, without repair)")
     raw_workloads = data.get("workloads")
     if not isinstance(raw_workloads, list) or not raw_workloads:
         raise c.fail("workloads", "give at least one workload")

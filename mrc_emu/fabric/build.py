@@ -9,7 +9,6 @@ it fast. Neither ever touches a resource the journal does not name.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,8 +16,8 @@ from dataclasses import dataclass
 from pyroute2 import IPRoute
 
 from ..topology import Topology
-from . import config, links, netns, registry
-from .nodes import LinuxRouter, check_prerequisites
+from . import cabling, config, links, namespaces, netns, registry
+from .nodes import check_prerequisites
 from .running import Fabric
 
 Progress = Callable[[str], None]
@@ -54,24 +53,22 @@ def up(topo: Topology, name: str = "mrc", progress: Progress | None = None) -> U
     fabric = Fabric(name, topo, journal)
     phases: dict[str, float] = {}
     start = time.monotonic()
-    nodes: list[LinuxRouter] = []
+    fds: list[int] = []
     try:
-        progress(f"starting {len(topo.nodes)} nodes")
-        for node_name in topo.nodes:
-            node = LinuxRouter(node_name)
-            nodes.append(node)
-            journal.process(node.pid, f"mininet shell of {node_name}")
-        for node in nodes:
-            node.wait_ready()
-            path = fabric.netns(node.name)
+        progress(f"creating {len(topo.nodes)} namespaces")
+        paths = [fabric.netns(node_name) for node_name in topo.nodes]
+        for path in paths:
             journal.namespace(path)
-            netns.bind(node.pid, path)
-            config.prepare_namespace(str(path))
+            namespaces.create(path, config.NAMESPACE_SYSCTLS)
         phases["nodes"] = time.monotonic() - start
 
         mark = time.monotonic()
         progress(f"cabling {len(topo.links)} links")
-        _create_links(fabric)
+        fds = namespaces.open_all(paths)
+        cabling.batch(topo, dict(zip(topo.nodes, fds))).send()
+        if topo.link_rate_bps:
+            for node_name in topo.nodes:
+                shape_node(fabric, node_name)
         phases["links"] = time.monotonic() - mark
 
         mark = time.monotonic()
@@ -80,53 +77,25 @@ def up(topo: Topology, name: str = "mrc", progress: Progress | None = None) -> U
             config.apply(config.plan(topo, node_name), str(fabric.netns(node_name)))
         phases["routes"] = time.monotonic() - mark
 
+        mark = time.monotonic()
         links.wait_carrier(fabric, topo.links, timeout=30.0)
-        for node in nodes:
-            node.stop_shell()
-            journal.process_ended(node.pid)
+        phases["carrier"] = time.monotonic() - mark
         journal.append({"kind": "ready", "time": time.time()})
     except BaseException:
-        for node in nodes:
-            node.stop_shell()
         journal.close()
         registry.remove(name)
         raise
+    finally:
+        namespaces.close_all(fds)
     journal.close()
     return UpResult(name, topo, time.monotonic() - start, phases)
 
 
-def _create_links(fabric: Fabric) -> None:
-    """Every veth pair, created straight inside its two namespaces, then shaped if asked."""
+def shape_node(fabric: Fabric, node_name: str, rate_bps: float | None = None) -> None:
+    """A token bucket on every interface of a node: the link rate of the topology (or `rate_bps`:
+    a run under time dilation K shapes links to rate / K, and back afterwards)."""
     topo = fabric.topology
-    fds: dict[str, int] = {}
-    try:
-        for node_name in topo.nodes:
-            fds[node_name] = os.open(fabric.netns(node_name), os.O_RDONLY)
-        with IPRoute() as ipr:
-            for node_name in topo.nodes:
-                ipr.link("add", ifname=config.SID_ANCHOR, kind="veth", net_ns_fd=fds[node_name],
-                         peer={"ifname": config.SID_ANCHOR_PEER, "net_ns_fd": fds[node_name]})
-            for link in topo.links:
-                ipr.link(
-                    "add",
-                    ifname=link.a_intf,
-                    kind="veth",
-                    mtu=topo.mtu,
-                    net_ns_fd=fds[link.a],
-                    peer={"ifname": link.b_intf, "net_ns_fd": fds[link.b], "mtu": topo.mtu},
-                )
-    finally:
-        for fd in fds.values():
-            os.close(fd)
-    if topo.link_rate_bps:
-        for node_name in topo.nodes:
-            shape_node(fabric, node_name)
-
-
-def shape_node(fabric: Fabric, node_name: str) -> None:
-    """A token bucket on every interface of a node: the link rate of the topology."""
-    topo = fabric.topology
-    rate = int(topo.link_rate_bps / 8)  # pyroute2 takes bytes per second
+    rate = int((rate_bps or topo.link_rate_bps) / 8)  # pyroute2 takes bytes per second
     burst = max(topo.mtu * 4, rate // 1000)
     with netns.entered(fabric.netns(node_name)), IPRoute() as ipr:
         for link in topo.links_of(node_name):
@@ -138,13 +107,15 @@ def shape_node(fabric: Fabric, node_name: str) -> None:
 def down(name: str = "mrc") -> registry.FabricRecord:
     if not netns.NETNS_DIR.exists() and not registry.journal_path(name).exists():
         raise registry.RegistryError(f"no fabric named {name!r} is running")
-    return registry.remove(name)
+    with namespaces.held(registry.read(name).namespaces):
+        return registry.remove(name)
 
 
 def clean() -> list[str]:
     """Remove every fabric the journals record (what crashed or killed runs left)."""
     removed = []
     for name in registry.names():
-        registry.remove(name)
+        with namespaces.held(registry.read(name).namespaces):
+            registry.remove(name)
         removed.append(name)
     return removed

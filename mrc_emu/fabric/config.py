@@ -102,14 +102,20 @@ def batch(node_plan: NodePlan, indexes: dict[str, int], skip: frozenset[str] = f
     for intf, address, prefixlen in node_plan.addresses:
         if intf not in skip:
             out.addr(indexes[intf], address, prefixlen)
-    for route in node_plan.routes:
+    add_routes(out, node_plan.routes, indexes, skip)
+    return out
+
+
+def add_routes(out: Batch, routes: list[Route], indexes: dict[str, int], skip: frozenset[str] = frozenset()) -> None:
+    """Create-or-replace requests for `routes`; nexthops over interfaces in `skip` are left out
+    (the kernel refuses a route over a device that is down)."""
+    for route in routes:
         if route.multipath is not None:
             hops = [(indexes[intf], gw) for intf, gw in route.multipath if intf not in skip]
             if hops:
                 out.multipath_route(route.prefix, hops)
         elif route.intf not in skip:
             out.route(route.prefix, indexes[route.intf], route.gateway, route.seg6local)
-    return out
 
 
 def interface_indexes() -> dict[str, int]:
@@ -121,8 +127,3 @@ def apply(node_plan: NodePlan, path: str, skip: frozenset[str] = frozenset()) ->
     with netns.entered(path):
         batch(node_plan, interface_indexes(), skip).send()
 
-
-def prepare_namespace(path: str) -> None:
-    with netns.entered(path):
-        for name, value in NAMESPACE_SYSCTLS:
-            netns.write_sysctl(name, value)

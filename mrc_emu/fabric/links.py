@@ -16,10 +16,8 @@ import socket
 import time
 from collections.abc import Callable, Sequence
 
-from pyroute2 import IPRoute
-
 from ..topology.model import Link
-from . import config, netns
+from . import config, netlink, netns, static_routes
 from .netlink import Batch
 from .nodes import FabricSetupError
 from .running import Fabric
@@ -96,11 +94,13 @@ class LinkSwitch:
         for node, batch in self._up.items():
             batch.send(self._sockets[node])
         wait_carrier(self.fabric, self.links, timeout)
-        still_down = self.fabric.state().down_links
+        state = self.fabric.state()
         topo = self.fabric.topology
         for node in self._up:
-            skip = frozenset(topo.peer(link, node)[1] for link in topo.links_of(node) if link.link_id in still_down)
+            skip = frozenset(topo.peer(link, node)[1] for link in topo.links_of(node) if link.link_id in state.down_links)
             config.apply(config.plan(topo, node), str(self.fabric.netns(node)), skip)
+            if state.routing == static_routes.MODE:  # the kernel dropped them with the link
+                static_routes.apply(self.fabric, node, skip)
 
     def close(self) -> None:
         for sock in self._sockets.values():
@@ -138,9 +138,9 @@ def flap(switch: LinkSwitch, period_ms: float, count: int,
 
 
 def _operational(fabric: Fabric, node: str, intfs: set[str]) -> set[str]:
-    with netns.entered(fabric.netns(node)), IPRoute() as ipr:
-        return {link.get("ifname") for link in ipr.get_links() if link.get("ifname") in intfs
-                and link.get("operstate") == "UP"}
+    with netns.entered(fabric.netns(node)):
+        states = netlink.link_operstates()
+    return {intf for intf in intfs if states.get(intf) == netlink.IF_OPER_UP}
 
 
 def wait_carrier(fabric: Fabric, links: Sequence[Link], timeout: float = 5.0) -> None:

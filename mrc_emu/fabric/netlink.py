@@ -6,11 +6,13 @@ the definition of the messages: tests/test_netlink.py proves that every message 
 encodes is byte for byte the one pyroute2 encodes for the same request. This module adds
 one attribute pyroute2 0.9.7 lacks, SEG6_LOCAL_FLAVORS (NEXT-C-SID), needed for uN SIDs.
 
-It only encodes, sends and checks acknowledgements; what to configure is config.py's job.
+It only encodes, sends and checks acknowledgements (and reads one link dump, for carrier);
+what to configure is config.py's job, which veths to create cabling.py's.
 """
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import os
 import socket
@@ -21,9 +23,13 @@ from dataclasses import dataclass
 NLMSG_ERROR = 2
 NLM_F_REQUEST = 0x1
 NLM_F_ACK = 0x4
+NLMSG_DONE = 3
 NLM_F_REPLACE = 0x100
+NLM_F_EXCL = 0x200
 NLM_F_CREATE = 0x400
+NLM_F_DUMP = 0x300
 RTM_NEWLINK = 16
+RTM_GETLINK = 18
 RTM_NEWADDR = 20
 RTM_NEWROUTE = 24
 AF_INET6 = 10
@@ -53,11 +59,27 @@ IFA_LOCAL = 2
 IFA_F_NODAD = 0x02
 IFA_F_PERMANENT = 0x80
 IFF_UP = 0x1
+IFLA_IFNAME = 3
+IFLA_MTU = 4
+IFLA_OPERSTATE = 16
+IFLA_LINKINFO = 18
+IFLA_NET_NS_FD = 28
+IFLA_EXT_MASK = 29
+IFLA_INFO_KIND = 1
+IFLA_INFO_DATA = 2
+VETH_INFO_PEER = 1
+IF_OPER_UP = 6
+RTEXT_FILTER_SKIP_STATS = 1 << 3
+SOL_NETLINK = 270
+NETLINK_CAP_ACK = 10
 
 SEG6_ACTIONS = {"End": 1, "End.X": 2, "End.DT6": 7}
 
 _HDR = struct.Struct("=IHHII")
 _CHUNK = 32 * 1024  # stay well inside the socket's send buffer
+# Acknowledgements unread at most: each holds a whole skb in the receive buffer, and 256 of them
+# overflowed the default buffer (212,992 bytes) with ENOBUFS while the veths of `large` were made.
+_WINDOW = 128
 
 
 class NetlinkError(OSError):
@@ -69,6 +91,9 @@ def _nla(kind: int, payload: bytes) -> bytes:
     return struct.pack("=HH", length, kind) + payload + b"\0" * (-length % 4)
 
 
+# Addresses, route heads and nexthop lists repeat across nodes and routes (the same host /128s in
+# every leaf, one leaf's eight spine gateways in its every route): encode each once.
+@functools.lru_cache(maxsize=1 << 16)
 def _v6(address: str) -> bytes:
     return ipaddress.IPv6Address(address).packed
 
@@ -99,6 +124,15 @@ class Seg6Local:
         return body
 
 
+@functools.lru_cache(maxsize=1 << 12)
+def _multipath(nexthops: tuple[tuple[int, str], ...]) -> bytes:
+    hops = b""
+    for index, gateway in nexthops:
+        attrs = _nla(RTA_GATEWAY, _v6(gateway))
+        hops += struct.pack("=HBBi", 8 + len(attrs), 0, 0, index) + attrs
+    return _nla(RTA_MULTIPATH, hops)
+
+
 class Batch:
     """Netlink requests of one namespace, encoded now and sent together by `send`."""
 
@@ -121,12 +155,26 @@ class Batch:
         body = struct.pack("=BxHiII", 0, 0, index, IFF_UP if up else 0, IFF_UP)
         self._add(RTM_NEWLINK, 0, body, what or f"link {index} {'up' if up else 'down'}")
 
+    def veth(self, ifname: str, netns_fd: int, peer_ifname: str, peer_netns_fd: int, mtu: int,
+             index: int = 0, peer_index: int = 0) -> None:
+        """A veth pair, each end created straight in the namespace its fd names, with its index
+        (0: the kernel picks one). Created down: a veth created up is refused here (ENOTCONN on 6.18)."""
+        def end(name: str, fd: int) -> bytes:
+            return (_nla(IFLA_IFNAME, name.encode() + b"\0") + _nla(IFLA_NET_NS_FD, struct.pack("=i", fd))
+                    + _nla(IFLA_MTU, struct.pack("=I", mtu)))
+
+        peer = struct.pack("=BxHiII", 0, 0, peer_index, 0, 0) + end(peer_ifname, peer_netns_fd)
+        info = _nla(IFLA_INFO_KIND, b"veth\0") + _nla(IFLA_INFO_DATA, _nla(VETH_INFO_PEER, peer))
+        body = struct.pack("=BxHiII", 0, 0, index, 0, 0) + end(ifname, netns_fd) + _nla(IFLA_LINKINFO, info)
+        self._add(RTM_NEWLINK, NLM_F_CREATE | NLM_F_EXCL, body, f"veth {ifname}/{peer_ifname}")
+
     def addr(self, index: int, address: str, prefixlen: int) -> None:
         body = struct.pack("=BBBBI", AF_INET6, prefixlen, IFA_F_NODAD | IFA_F_PERMANENT, 0, index)
         body += _nla(IFA_LOCAL, _v6(address)) + _nla(IFA_ADDRESS, _v6(address))
         self._add(RTM_NEWADDR, NLM_F_CREATE | NLM_F_REPLACE, body, f"address {address}/{prefixlen}")
 
     @staticmethod
+    @functools.lru_cache(maxsize=1 << 16)
     def _route_head(prefix: str) -> bytes:
         """rtmsg for a static unicast IPv6 route in the main table, with its table and destination."""
         net = ipaddress.IPv6Network(prefix)
@@ -151,12 +199,7 @@ class Batch:
 
     def multipath_route(self, prefix: str, nexthops: list[tuple[int, str]]) -> None:
         """An ECMP route: one nexthop (ifindex, gateway) per entry; the kernel hashes flows over them."""
-        body = self._route_head(prefix)
-        hops = b""
-        for index, gateway in nexthops:
-            attrs = _nla(RTA_GATEWAY, _v6(gateway))
-            hops += struct.pack("=HBBi", 8 + len(attrs), 0, 0, index) + attrs
-        body += _nla(RTA_MULTIPATH, hops)
+        body = self._route_head(prefix) + _multipath(tuple(nexthops))
         self._add(RTM_NEWROUTE, NLM_F_CREATE | NLM_F_REPLACE, body, f"route {prefix} over {len(nexthops)} nexthops")
 
     def messages(self) -> list[bytes]:
@@ -171,6 +214,8 @@ class Batch:
         own = sock is None
         if own:
             sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
+            # a refusal's acknowledgement without the request echoed in it (a few bytes, not the request)
+            sock.setsockopt(SOL_NETLINK, NETLINK_CAP_ACK, 1)
             sock.bind((0, 0))
         try:
             failures = self._send_all(sock)
@@ -188,9 +233,10 @@ class Batch:
         i = 0
         starts = self._starts + [len(self._buf)]
         while i < len(self._starts) or acked < pending:
-            if i < len(self._starts) and pending - acked < 256:
+            room = _WINDOW - (pending - acked)
+            if i < len(self._starts) and room > 0:
                 j = i + 1
-                while j < len(self._starts) and starts[j + 1] - starts[i] <= _CHUNK:
+                while j < len(self._starts) and j - i < room and starts[j + 1] - starts[i] <= _CHUNK:
                     j += 1
                 sock.send(self._buf[starts[i]:starts[j]])
                 pending += j - i
@@ -207,3 +253,39 @@ class Batch:
                         failures.append(f"{self._what[seq - 1]}: {os.strerror(-error)}")
                 offset += (length + 3) & ~3
         return failures
+
+
+def _attrs(data: bytes | memoryview, offset: int, end: int) -> dict[int, bytes]:
+    out = {}
+    while offset + 4 <= end:
+        length, kind = struct.unpack_from("=HH", data, offset)
+        if length < 4:
+            break
+        out[kind & 0x3FFF] = bytes(data[offset + 4:offset + length])
+        offset += (length + 3) & ~3
+    return out
+
+
+def link_operstates() -> dict[str, int]:
+    """ifname -> IF_OPER_* of every interface in the namespace this thread is in, from one
+    RTM_GETLINK dump without statistics (pyroute2 takes milliseconds to build its socket)."""
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE) as sock:
+        sock.bind((0, 0))
+        body = struct.pack("=BxHiII", 0, 0, 0, 0, 0) + _nla(IFLA_EXT_MASK, struct.pack("=I", RTEXT_FILTER_SKIP_STATS))
+        sock.send(_HDR.pack(_HDR.size + len(body), RTM_GETLINK, NLM_F_REQUEST | NLM_F_DUMP, 1, 0) + body)
+        states: dict[str, int] = {}
+        while True:
+            data = sock.recv(1 << 16)
+            offset = 0
+            while offset < len(data):
+                length, kind, _flags, _seq, _pid = _HDR.unpack_from(data, offset)
+                if kind == NLMSG_DONE:
+                    return states
+                if kind == NLMSG_ERROR:
+                    (error,) = struct.unpack_from("=i", data, offset + _HDR.size)
+                    raise NetlinkError(-error, f"link dump: {os.strerror(-error)}")
+                if kind == RTM_NEWLINK:
+                    attrs = _attrs(data, offset + _HDR.size + 16, offset + length)
+                    if IFLA_IFNAME in attrs:
+                        states[attrs[IFLA_IFNAME].rstrip(b"\0").decode()] = attrs.get(IFLA_OPERSTATE, b"\0")[0]
+                offset += (length + 3) & ~3

@@ -1,4 +1,4 @@
-"""Network namespace primitives: enter one from a thread, name one under /run/netns.
+"""Network namespace primitives: enter one from a thread, drop a name under /run/netns.
 
 Why it exists: configuring 320 namespaces by forking `ip netns exec` would take minutes;
 entering a namespace with setns(2) from the current thread costs microseconds, and a
@@ -62,21 +62,6 @@ def entered(path: str | os.PathLike) -> Iterator[None]:
     finally:
         os.close(target)
         os.close(home)
-
-
-def bind(pid: int, path: Path) -> None:
-    """Name the network namespace of process `pid` at `path` (what `ip netns attach` does)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_EXCL, 0o444)
-    os.close(fd)
-    try:
-        _check(
-            _libc.mount(f"/proc/{pid}/ns/net".encode(), str(path).encode(), None, MS_BIND, None),
-            f"bind-mount namespace of pid {pid} at {path}",
-        )
-    except OSError:
-        path.unlink()
-        raise
 
 
 def unbind(path: Path) -> None:

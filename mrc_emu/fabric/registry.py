@@ -51,6 +51,7 @@ class FabricRecord:
     directories: list[str] = field(default_factory=list)
     ready: bool = False
     owner_pid: int | None = None
+    routing: str = "none"  # "static" once static_routes.py installed BGP's converged routes
 
 
 class Journal:
@@ -113,6 +114,10 @@ class Journal:
     def process_ended(self, pid: int) -> None:
         self.append({"kind": "process-ended", "pid": pid})
 
+    def routing(self, mode: str) -> None:
+        """How the fabric routes plain IPv6 between hosts, besides what every fabric has."""
+        self.append({"kind": "routing", "mode": mode})
+
     def link_state(self, link_id: int, up: bool) -> None:
         self.append({"kind": "link", "link_id": link_id, "up": up, "time": time.time()})
 
@@ -153,6 +158,8 @@ def read(name: str) -> FabricRecord:
             (record.down_links.discard if entry["up"] else record.down_links.add)(entry["link_id"])
         elif kind == "ready":
             record.ready = True
+        elif kind == "routing":
+            record.routing = entry["mode"]
     return record
 
 
