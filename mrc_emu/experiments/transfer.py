@@ -201,9 +201,9 @@ def run_transfers(fabric: Fabric, specs: list[TransferSpec], control: Control | 
                 now_keys.setdefault(pool.of[spec.src], []).append(key)
             else:
                 deferred.append((spec.start_at, pool.of[spec.src], key))
-        for worker, keys in now_keys.items():
-            worker.send(Start(tuple(keys)))
-        control.started_ns = min(worker.expect(Started).start_ns for worker in now_keys)
+        for worker in pool.workers:  # every worker measures its loop from now, the sources start their WRITEs
+            worker.send(Start(tuple(now_keys.get(worker, ()))))
+        control.started_ns = min(s.start_ns for s in (w.expect(Started) for w in pool.workers) if s.keys)
         deferred.sort(key=lambda d: d[0])
         _watch(pool.workers, specs, control, on_progress, linger_s, timeout_s, deferred)
         placed = {}

@@ -93,7 +93,7 @@ class Prepare:
 
 @dataclass(frozen=True)
 class Start:
-    """Post the prepared WRITEs of these transfers, now."""
+    """Post the prepared WRITEs of these transfers, now (none: only start measuring the loop)."""
 
     keys: tuple[int, ...]
 
@@ -243,6 +243,7 @@ class _Worker:
         self.parent.send(Prepared(msg.key))
 
     def start(self, msg: Start) -> None:
+        self.loop.measure(True)
         now = self.clock.now()
         for key in msg.keys:
             job = self.jobs[key]
@@ -253,6 +254,7 @@ class _Worker:
         self.parent.send(Started(msg.keys, now))
 
     def hash(self, msg: Hash) -> None:
+        self.loop.measure(False)
         self.parent.send(Hashed(msg.key, hashlib.sha256(self.regions[msg.key].buffer).hexdigest()))
 
     def stop(self, _: Stop) -> None:

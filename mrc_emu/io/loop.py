@@ -104,20 +104,34 @@ class Horizon:
 
 
 class LagMeter:
-    """A histogram of lags in log2 buckets of microseconds (cheap enough for every event)."""
+    """A histogram of lags in microseconds, four buckets per octave (cheap enough for every event)."""
 
-    BUCKETS = 32
+    BUCKETS = 128
 
     def __init__(self) -> None:
         self.counts = [0] * self.BUCKETS
         self.max_ns = 0
         self.n = 0
 
+    @staticmethod
+    def _bucket(us: int) -> int:
+        if us < 4:
+            return us
+        b = us.bit_length()  # 2^(b-1) <= us < 2^b; the two bits after the leading one pick the quarter
+        return min(LagMeter.BUCKETS - 1, 4 * (b - 2) + ((us >> (b - 3)) & 3))
+
+    @staticmethod
+    def _upper_us(bucket: int) -> int:
+        """The largest lag (us) in a bucket."""
+        if bucket < 4:
+            return bucket
+        b, quarter = bucket // 4 + 2, bucket % 4
+        return ((4 + quarter + 1) << (b - 3)) - 1
+
     def record(self, lag_ns: int) -> None:
         if lag_ns < 0:
             lag_ns = 0
-        us = lag_ns // 1000
-        self.counts[min(self.BUCKETS - 1, us.bit_length())] += 1
+        self.counts[self._bucket(lag_ns // 1000)] += 1
         self.n += 1
         if lag_ns > self.max_ns:
             self.max_ns = lag_ns
@@ -128,7 +142,7 @@ class LagMeter:
         self.max_ns = max(self.max_ns, other.max_ns)
 
     def percentile_us(self, p: float) -> float:
-        """The upper edge of the bucket holding the p-th percentile (an upper bound)."""
+        """An upper bound of the p-th percentile: its bucket's upper edge (within 25 %), at most the max."""
         if not self.n:
             return 0.0
         rank = p / 100 * self.n
@@ -136,7 +150,7 @@ class LagMeter:
         for bucket, count in enumerate(self.counts):
             seen += count
             if seen >= rank:
-                return float((1 << bucket) - 1) if bucket else 0.0
+                return float(min(self._upper_us(bucket), self.max_ns // 1000))
         return self.max_ns / 1000
 
     def to_dict(self) -> dict:
@@ -307,6 +321,31 @@ class EventLoop:
         self.timer_lag = LagMeter()
         self.socket_lag = LagMeter()
         self.stats = LoopStats(timer_lag=self.timer_lag, socket_lag=self.socket_lag)
+        self._measured_from: tuple[int, int, int, int, int] | None = None  # wall, cpu, wait, datagrams, frames
+        self.measuring = False
+
+    def measure(self, on: bool) -> None:
+        """Measure the loop from now (on) until now (off): the run itself, not its set-up (making
+        source bytes) or its end (hashing the placed ones), which block the loop on purpose."""
+        if on and not self.measuring:
+            self.measuring = True
+            run, wait = schedstat()
+            self._measured_from = (time.monotonic_ns(), run, wait, self._datagrams(), self._frames())
+            self.timer_lag.__init__()
+            self.socket_lag.__init__()
+        elif not on and self.measuring:
+            self.measuring = False
+            wall0, run0, wait0, d0, f0 = self._measured_from
+            run, wait = schedstat()
+            self.stats.wall_ns = time.monotonic_ns() - wall0
+            self.stats.cpu_ns, self.stats.runqueue_wait_ns = run - run0, wait - wait0
+            self.stats.datagrams, self.stats.frames_sent = self._datagrams() - d0, self._frames() - f0
+
+    def _datagrams(self) -> int:
+        return sum(p.datagrams for p in self.ports)
+
+    def _frames(self) -> int:
+        return sum(p.frames_sent for p in self.ports)
 
     def add_port(self, port: Port) -> None:
         self.ports.append(port)
@@ -346,14 +385,14 @@ class EventLoop:
     def run(self, stop: Callable[[], bool], tick: Callable[[int], None] | None = None,
             tick_ns: int = 1_000_000) -> LoopStats:
         clock = self.clock
-        start_wall = time.monotonic_ns()
-        run0, wait0 = schedstat()
         next_tick = clock.now() + tick_ns
         timeout = 0.0
         ready, heap, behind = self._ready, self._heap, self._behind
         by_fd, controls, wake = self._by_fd, self._controls, self.wake
         rotate = 0
+        idle = LagMeter()  # what arrives while not measuring is not counted
         while not stop():
+            socket_lag = self.socket_lag if self.measuring else idle
             events = self._epoll.poll(timeout)
             polled = clock.now()
             readable = []
@@ -374,7 +413,7 @@ class EventLoop:
                     if budget <= 0:
                         behind.add(port)  # left for the next turn: read only as far as before
                         continue
-                    got = port.receive(clock, min(RECV_BUDGET, budget), self.socket_lag, wake)
+                    got = port.receive(clock, min(RECV_BUDGET, budget), socket_lag, wake)
                     budget -= got
                     if got >= RECV_BUDGET:
                         behind.add(port)
@@ -387,7 +426,8 @@ class EventLoop:
                 if task.wake_at != due:
                     continue  # superseded by a later schedule
                 task.wake_at = None
-                self.timer_lag.record(int((now - due) * clock.dilation))
+                if self.measuring:
+                    self.timer_lag.record(int((now - due) * clock.dilation))
                 self._queue(task)
             horizon = self._horizon(mine)
             for _ in range(min(PUMPS_PER_TURN, len(ready))):
@@ -411,11 +451,7 @@ class EventLoop:
                 self._horizon(clock.now())  # idle: everything that arrived has been read
         if self.horizon is not None:
             self.horizon.publish(self.index, FOREVER)  # a worker that stopped holds nobody back
-        run1, wait1 = schedstat()
-        self.stats.wall_ns = time.monotonic_ns() - start_wall
-        self.stats.cpu_ns, self.stats.runqueue_wait_ns = run1 - run0, wait1 - wait0
-        self.stats.datagrams = sum(p.datagrams for p in self.ports)
-        self.stats.frames_sent = sum(p.frames_sent for p in self.ports)
+        self.measure(False)
         return self.stats
 
     def _arm(self, task: _Task, now: int) -> None:
