@@ -216,9 +216,9 @@ class Port:
                 return True  # dropped at the host, like a full NIC queue: loss recovery handles it
             raise
 
-    def receive(self, clock: Clock, budget: int, lag: LagMeter, woke: Callable[[Any], None]) -> int:
+    def receive(self, clock: Clock, budget: int, lag: LagMeter, woke: Callable[[Any, int], None]) -> int:
         """Hand up to `budget` waiting datagrams to the endpoints they name, each at its arrival
-        time; `woke(endpoint)` for each. Moves `read_through` as far as it knows. How many."""
+        time; `woke(endpoint, arrival)` for each. Moves `read_through` as far as it knows. How many."""
         route = self.mux.route
         n = 0
         if self.stamped:
@@ -238,7 +238,7 @@ class Port:
                     endpoint = route(payload)
                     if endpoint is not None:
                         endpoint.on_datagram(payload, src, sport, at)
-                        woke(endpoint)
+                        woke(endpoint, at)
                     self.read_through = at  # a socket is a queue: all that came before is read
                 n += len(batch)
                 self.datagrams += len(batch)
@@ -258,7 +258,7 @@ class Port:
             endpoint = route(data)
             if endpoint is not None:
                 endpoint.on_datagram(data, src, addr[1], started)
-                woke(endpoint)
+                woke(endpoint, started)
             n += 1
             self.datagrams += 1
         return n
@@ -267,13 +267,16 @@ class Port:
 class _Task:
     """An endpoint as the loop schedules it: its send function and its pending wakeup."""
 
-    __slots__ = ("endpoint", "send", "wake_at", "queued")
+    __slots__ = ("endpoint", "send", "wake_at", "queued", "owed_since")
 
     def __init__(self, endpoint: Any, send: Callable[[bytes, Any], bool]) -> None:
         self.endpoint = endpoint
         self.send = send
         self.wake_at: int | None = None
         self.queued = False
+        # the oldest datagram (or due timer) this endpoint has been given and not yet answered
+        # in a pump: until then, what it caused has not left, and the horizon stays behind it
+        self.owed_since: int | None = None
 
 
 @dataclass
@@ -365,10 +368,13 @@ class EventLoop:
         self._controls[fd] = on_readable
         self._epoll.register(fd, select.EPOLLIN)
 
-    def wake(self, endpoint: Any) -> None:
-        """Pump `endpoint` on the next turn (a datagram reached it, or new work was given)."""
+    def wake(self, endpoint: Any, since: int | None = None) -> None:
+        """Pump `endpoint` on a coming turn: new work was given, or (`since`: its arrival time) a
+        datagram reached it, whose consequences are owed until then."""
         task = self._tasks.get(id(endpoint))
         if task is not None:
+            if since is not None and (task.owed_since is None or since < task.owed_since):
+                task.owed_since = since
             self._queue(task)
 
     def _queue(self, task: _Task) -> None:
@@ -419,7 +425,6 @@ class EventLoop:
                         behind.add(port)
                     else:
                         behind.discard(port)
-            mine = min([polled] + [p.read_through for p in behind])
             now = clock.now()
             while heap and heap[0][0] <= now:
                 due, _, task = heapq.heappop(heap)
@@ -428,11 +433,21 @@ class EventLoop:
                 task.wake_at = None
                 if self.measuring:
                     self.timer_lag.record(int((now - due) * clock.dilation))
-                self._queue(task)
+                wake(task.endpoint, due)
+            # the horizon: read through `polled`, except sockets left behind, and not past what an
+            # endpoint was given and has not answered yet
+            mine = polled
+            for port in behind:
+                if port.read_through < mine:
+                    mine = port.read_through
+            for task in ready:
+                if task.owed_since is not None and task.owed_since < mine:
+                    mine = task.owed_since
             horizon = self._horizon(mine)
             for _ in range(min(PUMPS_PER_TURN, len(ready))):
                 task = ready.popleft()
                 task.queued = False
+                task.owed_since = None
                 now = clock.now()
                 task.endpoint.pump(now, task.send, clock.now, min(now, horizon))
                 self._arm(task, now)
