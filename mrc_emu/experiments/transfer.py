@@ -220,7 +220,9 @@ def run_transfers(fabric: Fabric, specs: list[TransferSpec], control: Control | 
     results = [_result(spec, plans[key], by_host[spec.src].requesters[key], by_host[spec.dst], key, placed[key])
                for key, spec in enumerate(specs)]
     report = emulation.assess(finals, results, kernel_before, emulation.softnet(), dilation)
-    return Run(results, report)
+    run = Run(results, report)
+    run.finals = finals
+    return run
 
 
 class Run(list):

@@ -303,6 +303,7 @@ class _Worker:
                             "imm_completions": [{"psn": c.psn, "imm": c.imm, "time_ns": c.time_ns}
                                                 for c in resp.completions]}
                       for key, resp in self.responders.items()}
+        loop_stats["send_errors"] = {h: p.errors for h, p in self.ports.items() if p.errors}
         return Final(requesters, responders, kernel, {h: p.mux.unknown_qp for h, p in self.ports.items()},
                      loop_stats, sorted(self.ports))
 

@@ -193,6 +193,7 @@ class Port:
             except OSError:
                 pass
         self.send_errors = 0
+        self.errors: dict[str, int] = {}  # failed sends by errno name
         self.frames_sent = 0
         self.datagrams = 0
         self.read_through = 0  # every datagram that arrived before this (clock) time has been read
@@ -210,6 +211,7 @@ class Port:
             return True
         except OSError as e:
             self.send_errors += 1
+            self.errors[errno.errorcode.get(e.errno, str(e.errno))] = self.errors.get(errno.errorcode.get(e.errno, str(e.errno)), 0) + 1
             if e.errno in (errno.ENETUNREACH, errno.EHOSTUNREACH, errno.ENETDOWN, errno.EINVAL):
                 return False  # the host's own port of that plane is down
             if e.errno in (errno.ENOBUFS, errno.EAGAIN):
