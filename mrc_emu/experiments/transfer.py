@@ -27,7 +27,6 @@ from ..fabric.waiting import WaitTimeout, until
 from ..io.loop import Horizon
 from ..topology.evs import EvFormat
 from ..transport.config import QpConfig
-from ..transport.ev import EvState
 from ..transport.paths import QpPaths, qp_paths
 from . import emulation
 from .worker import Accept, Accepted, Final, Hash, Hashed, HostSpec, JobProgress, Prepare, Prepared, Progress, Start, Started, serve_hosts
@@ -301,7 +300,7 @@ class _Watch:
                 self.on_progress(acked, self.total)
         if self.done_at is None:
             return False
-        healed = all(state != EvState.ASSUMED_BAD.value for v in latest.values() for state in v.ev_states.values())
+        healed = not any(v.assumed_bad for v in latest.values())
         return healed or now - self.done_at >= self.linger_s
 
 

@@ -135,7 +135,8 @@ class JobProgress:
     bytes_acked: int
     done: bool
     error: str | None
-    ev_states: dict[int, str]
+    assumed_bad: int  # EVs ASSUMED_BAD now
+    ev_states: dict[int, str] | None  # every EV's state: of the first transfer only (what a run shows live)
 
 
 @dataclass(frozen=True)
@@ -277,7 +278,8 @@ class _Worker:
             self.next_report = now + REPORT_NS
             self.parent.send(Progress({
                 k: JobProgress(j.requester.bytes_acked, j.end_ns is not None, j.requester.error,
-                               {e: s.state.value for e, s in j.requester.profile.evs.items()})
+                               j.requester.profile.assumed_bad,
+                               {e: s.state.value for e, s in j.requester.profile.evs.items()} if k == 0 else None)
                 for k, j in self.jobs.items() if j.start_ns}))
 
     def final(self, before: dict[str, dict[str, int]], loop_stats: dict[str, Any]) -> Final:

@@ -43,7 +43,7 @@ except ImportError:  # pragma: no cover - the extension was not built
 RECV_BATCH = 8  # datagrams per recvmmsg: larger batches measured slower here
 RECV_BUDGET = 32  # datagrams per socket per turn, so a busy responder acknowledges every 32 packets
 RECV_PER_TURN = 256  # datagrams per turn over all sockets, then the due endpoints get their turn
-PUMPS_PER_TURN = 4  # endpoints pumped per turn (each sends at most its burst, 32), then receive again
+TURN_NS = 1_000_000  # pump due endpoints (each sends at most its burst, 32) for this long, then receive again
 IDLE_WAKE_NS = 500_000  # an idle worker still wakes this often to publish its horizon
 _INT64 = struct.Struct("q")
 FOREVER = 1 << 62
@@ -304,8 +304,8 @@ class LoopStats:
 class EventLoop:
     """Drives the endpoints of many ports: receive, pump what is due, sleep until the next wakeup.
 
-    Each turn reads at most RECV_PER_TURN datagrams (RECV_BUDGET per socket) and pumps at most
-    PUMPS_PER_TURN endpoints, so that no socket waits long behind a busy sender and no sender
+    Each turn reads at most RECV_PER_TURN datagrams (RECV_BUDGET per socket) and pumps due
+    endpoints for at most TURN_NS, so that no socket waits long behind a busy sender and no sender
     behind a flood of datagrams. An endpoint takes `on_datagram(payload, src, sport, now)`,
     sends on `pump(now, send, clock, horizon)` and says when it next needs pumping with
     `next_wakeup()` (a time not after its last `now`: at once).
@@ -401,8 +401,12 @@ class EventLoop:
         idle = LagMeter()  # what arrives while not measuring is not counted
         while not stop():
             socket_lag = self.socket_lag if self.measuring else idle
-            events = self._epoll.poll(timeout)
+            if timeout > 0:
+                self._epoll.poll(timeout)  # sleep until something is readable, or the next wakeup
+            # the time is read before sockets are looked at: a datagram that arrives meanwhile is
+            # seen now or counted as unread (the horizon must never run ahead of what was read)
             polled = clock.now()
+            events = self._epoll.poll(0)
             readable = []
             for fd, _ in events:
                 port = by_fd.get(fd)
@@ -446,13 +450,16 @@ class EventLoop:
                 if task.owed_since is not None and task.owed_since < mine:
                     mine = task.owed_since
             horizon = self._horizon(mine)
-            for _ in range(min(PUMPS_PER_TURN, len(ready))):
+            turn_ends = time.monotonic_ns() + TURN_NS
+            for _ in range(len(ready)):  # each endpoint due now at most once per turn
                 task = ready.popleft()
                 task.queued = False
                 task.owed_since = None
                 now = clock.now()
                 task.endpoint.pump(now, task.send, clock.now, min(now, horizon))
                 self._arm(task, now)
+                if time.monotonic_ns() >= turn_ends:
+                    break
             now = clock.now()
             if tick is not None and now >= next_tick:
                 tick(now)
@@ -464,8 +471,6 @@ class EventLoop:
             wake_at = heap[0][0] if heap else now + IDLE_WAKE_NS
             wake_at = min(wake_at, now + IDLE_WAKE_NS, next_tick if tick is not None else wake_at)
             timeout = max(0.0, (wake_at - now) * clock.dilation / 1e9)
-            if not events:
-                self._horizon(clock.now())  # idle: everything that arrived has been read
         if self.horizon is not None:
             self.horizon.publish(self.index, FOREVER)  # a worker that stopped holds nobody back
         self.measure(False)
