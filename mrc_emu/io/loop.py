@@ -301,9 +301,10 @@ class EventLoop:
                     if budget <= 0:
                         behind.add(port)  # left for the next turn: read only as far as before
                         continue
-                    got = port.receive(clock, min(RECV_BUDGET, budget), socket_lag, wake)
+                    allowed = min(RECV_BUDGET, budget)
+                    got = port.receive(clock, allowed, socket_lag, wake)
                     budget -= got
-                    if got >= RECV_BUDGET:
+                    if got >= allowed:  # stopped by its budget, not by an empty socket: more may wait
                         behind.add(port)
                     else:
                         behind.discard(port)
