@@ -13,4 +13,5 @@ setup(ext_modules=[
     Extension("mrc_emu.wire._fastpath", ["mrc_emu/wire/_fastpath.c"], optional=True, libraries=["z"],
               extra_compile_args=["-O3"]),
     Extension("mrc_emu.transport._spray", ["mrc_emu/transport/_spray.c"], optional=True, extra_compile_args=["-O2"]),
+    Extension("mrc_emu.io._sockio", ["mrc_emu/io/_sockio.c"], optional=True, extra_compile_args=["-O2"]),
 ])

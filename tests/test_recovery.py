@@ -224,3 +224,34 @@ def test_three_losses_in_a_row_make_the_ev_assumed_bad_naming_the_rule():
     assert event.ev == 0 and event.new.value == "ASSUMED_BAD" and SAME_EV in event.reason
     # a path that delivers the packets sent after them lost these to a queue: each tells the CC so
     assert cc.of("lost") == [("lost", 0, MTU, True)] * 3
+
+
+# ---- the driver's horizon: timers judged only as far as the emulation has seen ------------------
+
+def test_ack_timeout_waits_for_the_horizon_and_counts_the_deferral():
+    rec, cc = make(ack_timeout_exp=10)  # 1.05 ms
+    pkt = send(rec, 0, 0)
+    late = 5_000 * US  # the driver runs 5 ms after the packet left...
+    rec.horizon = 200 * US  # ...but some part of the emulation has read its sockets only up to 0.2 ms
+    assert rec.on_timer(late) is None
+    assert rec.timeouts == 0 and pkt.psn in rec.sent.flight  # not lost: its ACK may be unread
+    assert rec.deferred == 1
+    rec.on_timer(late + 10 * US)  # the same deadline, put off again, is counted once
+    assert rec.deferred == 1
+    rec.horizon = late  # the emulation caught up, and no ACK came: now the timeout is real
+    rec.on_timer(late)
+    assert rec.timeouts == 1 and cc.of("timeout")
+
+
+def test_ev_timer_loss_waits_for_the_horizon():
+    rec, cc = make(reorder_floor_ns=500 * US)
+    old = send(rec, 0, 0)
+    newer = send(rec, 1, 10 * US)
+    rec.horizon = 100 * US  # the responder's worker has not caught up
+    rec.on_ack(ack(-1, arrived=[newer.psn], echo=(newer.psn, 1)), 3_000 * US)
+    assert old.psn in rec.sent.flight and not cc.of("lost")
+    rec.on_timer(12_000 * US)  # past EV 0's timer (3 x EV 1's 3 ms srtt), still not past the horizon
+    assert old.psn in rec.sent.flight and not cc.of("lost")
+    rec.horizon = None  # a driver whose `now` is the horizon (virtual time)
+    rec.on_timer(12_000 * US)
+    assert old.psn not in rec.sent.flight and cc.of("lost")

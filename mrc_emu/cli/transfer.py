@@ -10,6 +10,7 @@ import sys
 
 import click
 
+from ..experiments.emulation import Report
 from ..topology import evs_between
 from ..transport.cc import profile_names
 from .common import JSON_OPTION, NAME_OPTION, Size, emit, friendly
@@ -62,6 +63,8 @@ def _transfer_text(r) -> str:
         lines.append(f"dropped: {drops} kernel: {kernel}")
     lines.append(f"sha256 source {r.sha256_source}")
     lines.append(f"sha256 placed {r.sha256_placed}  {'MATCH' if r.verified else 'MISMATCH'}")
+    if r.emulation is not None:
+        lines.append(Report(**r.emulation).line())
     return "\n".join(lines)
 
 
@@ -83,11 +86,17 @@ def _transfer_text(r) -> str:
               help="t in ACK timeout = 1.024 us x 2^t (14: 16.8 ms).")
 @click.option("--retry-exp", type=click.IntRange(0, 25), default=4, show_default=True,
               help="Retries with doubling timeout after the 7 linear ones (25 = infinite).")
+@click.option("--workers", type=click.IntRange(1, 256), default=None,
+              help="Endpoint worker processes serving the hosts (default: one per CPU).")
+@click.option("--time-dilation", "dilation", type=click.FloatRange(1.0, 10_000.0), default=1.0, show_default=True,
+              help="K: the transport's clock runs K times slower than wall time (link rates shaped to rate/K); "
+                   "times and rates are reported in emulated time.")
 @NAME_OPTION
 @JSON_OPTION
 @friendly
 def send(src: str, dst: str, size: int, evs: str | None, cc: str, mtu: int, ev_format: str, ev_min_active: int,
-         imm: int | None, ack_timeout_exp: int, retry_exp: int, name: str, as_json: bool) -> None:
+         imm: int | None, ack_timeout_exp: int, retry_exp: int, workers: int | None, dilation: float, name: str,
+         as_json: bool) -> None:
     """RDMA WRITE from SRC to a buffer at DST, sprayed over the EVs; verify by SHA-256.
 
     Starts the responder in DST's namespace and the requester in SRC's, on a running fabric.
@@ -118,7 +127,7 @@ def send(src: str, dst: str, size: int, evs: str | None, cc: str, mtu: int, ev_f
                 done[0] = acked
 
             result = run_send(fabric, src, dst, size, selection, cc, mtu, EvFormat(ev_format), ev_min_active, imm,
-                              config, on_progress=progress)
+                              config, on_progress=progress, workers=workers, dilation=dilation)
     emit(result.to_dict(), as_json, _transfer_text(result))
     if not result.verified:
         sys.exit(1)

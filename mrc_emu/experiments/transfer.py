@@ -1,12 +1,14 @@
-"""MRC transfers on a running fabric: any number of WRITEs at once, one process per host.
+"""MRC transfers on a running fabric: any number of WRITEs at once, on a pool of workers.
 
 Why it exists: `mrc-emu send`, the system tests, the benchmarks and the scenarios all run
 WRITEs between hosts and want the same results back (goodput, per-EV share, EV events, the
-SHA-256 of both buffers). This module is the parent's side: it plans each QP's paths from
-the topology, starts one endpoint process per host taking part (host.py, through
-fabric/procs.py: journaled, dying with the parent, stopped in order), sets each QP up out
-of band (the destination accepts it, then the source posts the WRITE), follows their
-progress reports (running fault hooks and progress bars) and collects the results.
+SHA-256 of both buffers) and to know whether the run was faithful. This module is the
+parent's side: it plans each QP's paths from the topology, starts a fixed pool of endpoint
+workers (worker.py, through fabric/procs.py: journaled, dying with the parent, stopped in
+order; default one per CPU) and spreads the hosts over them, sets each QP up out of band
+(the destination accepts it, the source prepares its bytes; when every WRITE is prepared
+they all start together), follows their progress reports (running fault hooks and
+progress bars), collects the results and the emulation report (emulation.py).
 """
 
 from __future__ import annotations
@@ -22,11 +24,12 @@ from typing import Any
 from ..fabric.procs import Child, Stop
 from ..fabric.running import Fabric
 from ..fabric.waiting import WaitTimeout, until
+from ..io.loop import Horizon
 from ..topology.evs import EvFormat
 from ..transport.config import QpConfig
-from ..transport.ev import EvState
 from ..transport.paths import QpPaths, qp_paths
-from .host import Accept, Accepted, Final, Hash, Hashed, JobProgress, Progress, Started, Write, serve_host
+from . import emulation
+from .worker import Accept, Accepted, Final, Hash, Hashed, HostSpec, JobProgress, Prepare, Prepared, Progress, Start, Started, serve_hosts
 
 
 class TransferError(RuntimeError):
@@ -89,6 +92,7 @@ class TransferResult:
     imm_completions: list[dict[str, Any]] = field(default_factory=list)
     label: str = ""
     ev_timeline: list[tuple[int, list[int], list[int]]] = field(default_factory=list)  # (ns, sent, delivered per EV)
+    emulation: dict[str, Any] | None = None  # the run's emulation report (send), see emulation.py
 
     @property
     def verified(self) -> bool:
@@ -105,19 +109,67 @@ class TransferResult:
 _qpns = itertools.count(0x100)
 
 
+def default_workers() -> int:
+    """One endpoint worker per CPU this process may run on."""
+    return len(os.sched_getaffinity(0))
+
+
+class _Pool:
+    """The endpoint workers of one run, and which serves which host."""
+
+    def __init__(self, fabric: Fabric, hosts: dict[str, str], workers: int, dilation: float) -> None:
+        cpus = sorted(os.sched_getaffinity(0))
+        names = sorted(hosts, key=_host_order)
+        count = max(1, min(workers, len(names)))
+        self.horizon = Horizon(count)
+        self.origin_ns = time.monotonic_ns()
+        self.dilation = dilation
+        self.workers: list[Child] = []
+        self.of: dict[str, Child] = {}
+        shares: list[list[HostSpec]] = [[] for _ in range(count)]
+        for i, host in enumerate(names):  # round robin: neighbours of a ring land on different workers
+            shares[i % count].append(HostSpec(host, str(fabric.node_path(host)), hosts[host]))
+        try:
+            for index, share in enumerate(shares):
+                child = Child(fabric, f"MRC endpoint worker {index} ({len(share)} hosts)", serve_hosts,
+                              (index, share, self.horizon, dilation, self.origin_ns),
+                              cpu=cpus[index] if count <= len(cpus) else None, ready_timeout=60.0)
+                self.workers.append(child)
+                self.of.update({h.name: child for h in share})
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        for worker in self.workers:
+            worker.stop()
+        self.horizon.close()
+
+
+def _host_order(name: str) -> tuple:
+    digits = "".join(c for c in name if c.isdigit())
+    return (name.rstrip("0123456789"), int(digits) if digits else -1, name)
+
+
 def run_transfers(fabric: Fabric, specs: list[TransferSpec], control: Control | None = None,
                   on_progress: Callable[[int, int], None] | None = None, linger_s: float = 0.0,
-                  timeout_s: float = 600.0) -> list[TransferResult]:
-    """Run every WRITE of `specs` at once; return one result per spec, in order.
+                  timeout_s: float = 600.0, workers: int | None = None, dilation: float = 1.0,
+                  on_prepare: Callable[[int, int], None] | None = None) -> Run:
+    """Run every WRITE of `specs` at once on a pool of `workers` endpoint processes (default:
+    one per CPU); return one result per spec, in order, and the run's emulation report.
 
     `linger_s`: after the WRITEs complete, keep the QPs alive (probing ASSUMED_BAD EVs) until
-    every EV not DENIED is GOOD again, or this many seconds pass.
+    every EV not DENIED is GOOD again, or this many seconds pass. `dilation`: time dilation K
+    (the transport's clock runs K times slower than wall time). `on_prepare(done, total)`
+    follows the making of the source bytes, before any WRITE starts.
     """
     for spec in specs:
         if spec.size <= 0:
             raise TransferError(f"size must be at least one byte, not {spec.size}")
     if all(s.start_at is not None for s in specs):
         raise TransferError("at least one transfer must start at once")
+    if workers is not None and workers < 1:
+        raise TransferError(f"--workers {workers}: at least one worker")
     control = control or Control()
     # a UDP EV is whatever path the fabric's ECMP hash picks: no EV states, no probes (the
     # caller's specs stay as they were)
@@ -125,53 +177,81 @@ def run_transfers(fabric: Fabric, specs: list[TransferSpec], control: Control | 
              for s in specs]
     plans = [qp_paths(fabric.topology, spec.src, spec.dst, spec.ev_format, spec.evs) for spec in specs]
     address_of = {s.src: p.src_address for s, p in zip(specs, plans)} | {s.dst: p.dst_address for s, p in zip(specs, plans)}
-    hosts: dict[str, Child] = {}
+    kernel_before = emulation.softnet()
+    pool = _Pool(fabric, address_of, workers or default_workers(), dilation)
     try:
-        cpus = sorted(os.sched_getaffinity(0))
-        pin = len(address_of) <= len(cpus)  # one core per host process when there are enough
-        for i, host in enumerate(sorted(address_of)):
-            hosts[host] = Child(fabric, f"MRC endpoint process of {host}", serve_host,
-                                (str(fabric.node_path(host)), address_of[host]), cpu=cpus[i] if pin else None)
-        started: dict[int, int] = {}
-        deferred: list[tuple[float, Child, Write]] = []
+        deferred: list[tuple[float, Child, int]] = []
         for key, (spec, paths) in enumerate(zip(specs, plans)):
             qpn_req, qpn_resp = next(_qpns) << 8 | os.getpid() & 0xFF, next(_qpns) << 8 | os.getpid() & 0xFF
             start_psn = int.from_bytes(os.urandom(3), "big")
-            dst, src = hosts[spec.dst], hosts[spec.src]
-            dst.send(Accept(key, spec.size, qpn_resp, qpn_req, start_psn, paths.back, paths.src_address, spec.config))
-            region = dst.expect(Accepted).region
-            write = Write(key, qpn_req, qpn_resp, paths.forward, paths.probes, spec.config, spec.cc,
-                          spec.ev_min_active, start_psn, region, spec.size, spec.imm)
+            dst, src = pool.of[spec.dst], pool.of[spec.src]
+            dst.send(Accept(key, spec.dst, spec.size, qpn_resp, qpn_req, start_psn, paths.back, paths.src_address,
+                            spec.config))
+            region = _expect_key(dst, Accepted, key).region
+            src.send(Prepare(key, spec.src, qpn_req, qpn_resp, paths.forward, paths.probes, spec.config, spec.cc,
+                             spec.ev_min_active, start_psn, region, spec.size, spec.imm))
+        for key, spec in enumerate(specs):
+            _expect_key(pool.of[spec.src], Prepared, key, timeout=120.0)
+            if on_prepare is not None:
+                on_prepare(key + 1, len(specs))
+        now_keys: dict[Child, list[int]] = {}
+        for key, spec in enumerate(specs):
             if spec.start_at is None:
-                src.send(write)
-                started[key] = src.expect(Started).start_ns
+                now_keys.setdefault(pool.of[spec.src], []).append(key)
             else:
-                deferred.append((spec.start_at, src, write))
-        control.started_ns = min(started.values())
+                deferred.append((spec.start_at, pool.of[spec.src], key))
+        for worker in pool.workers:  # every worker measures its loop from now, the sources start their WRITEs
+            worker.send(Start(tuple(now_keys.get(worker, ()))))
+        control.started_ns = min(s.start_ns for s in (w.expect(Started) for w in pool.workers) if s.keys)
         deferred.sort(key=lambda d: d[0])
-        _watch(hosts, specs, control, on_progress, linger_s, timeout_s, deferred)
+        _watch(pool.workers, specs, control, on_progress, linger_s, timeout_s, deferred)
         placed = {}
         for key, spec in enumerate(specs):
-            hosts[spec.dst].send(Hash(key))
-            placed[key] = hosts[spec.dst].expect(Hashed).sha256
-        for host in hosts.values():
-            host.send(Stop())
-        finals = {host_name: host.expect(Final, timeout=60) for host_name, host in hosts.items()}
+            pool.of[spec.dst].send(Hash(key))
+            placed[key] = _expect_key(pool.of[spec.dst], Hashed, key).sha256
+        for worker in pool.workers:
+            worker.send(Stop())
+        finals = [worker.expect(Final, timeout=60) for worker in pool.workers]
     finally:
-        for host in hosts.values():
-            host.stop()
+        pool.stop()
         control.finished.set()
-    return [_result(spec, plans[key], finals[spec.src].requesters[key], finals[spec.dst], key, placed[key])
-            for key, spec in enumerate(specs)]
+    by_host = {h: f for f in finals for h in f.hosts}
+    results = [_result(spec, plans[key], by_host[spec.src].requesters[key], by_host[spec.dst], key, placed[key])
+               for key, spec in enumerate(specs)]
+    report = emulation.assess(finals, results, kernel_before, emulation.softnet(), dilation)
+    run = Run(results, report)
+    run.finals = finals
+    return run
 
 
-def _watch(hosts: dict[str, Child], specs: list[TransferSpec], control: Control,
-           on_progress: Callable[[int, int], None] | None, linger_s: float, timeout_s: float,
-           deferred: list[tuple[float, Child, Write]]) -> None:
-    """Follow the hosts' progress reports until every transfer is done (and lingering ended)."""
-    watch = _Watch(hosts, specs, control, on_progress, linger_s, deferred)
+class Run(list):
+    """The results of a run, in the order of its specs (a list), with its emulation report."""
+
+    def __init__(self, results: list[TransferResult], report: emulation.Report) -> None:
+        super().__init__(results)
+        self.emulation = report
+
+
+def _expect_key(worker: Child, kind: type, key: int, timeout: float = 30.0):
+    """The answer of `kind` about transfer `key` (answers about other transfers are kept)."""
+    kept = []
     try:
-        until(watch.step, timeout_s, "the transfers to finish", interval=0.05, wake=list(hosts.values()))
+        while True:
+            message = worker.expect(kind, timeout)
+            if message.key == key:
+                return message
+            kept.append(message)
+    finally:
+        worker._inbox[:0] = kept
+
+
+def _watch(workers: list[Child], specs: list[TransferSpec], control: Control,
+           on_progress: Callable[[int, int], None] | None, linger_s: float, timeout_s: float,
+           deferred: list[tuple[float, Child, int]]) -> None:
+    """Follow the workers' progress reports until every transfer is done (and lingering ended)."""
+    watch = _Watch(workers, specs, control, on_progress, linger_s, deferred)
+    try:
+        until(watch.step, timeout_s, "the transfers to finish", interval=0.05, wake=list(workers))
     except WaitTimeout:
         raise TransferError(f"the transfers did not finish within {timeout_s:.0f} s") from None
 
@@ -179,10 +259,10 @@ def _watch(hosts: dict[str, Child], specs: list[TransferSpec], control: Control,
 class _Watch:
     """What the parent follows while transfers run; `step` takes what arrived and says if it is over."""
 
-    def __init__(self, hosts: dict[str, Child], specs: list[TransferSpec], control: Control,
+    def __init__(self, workers: list[Child], specs: list[TransferSpec], control: Control,
                  on_progress: Callable[[int, int], None] | None, linger_s: float,
-                 deferred: list[tuple[float, Child, Write]]) -> None:
-        self.hosts, self.specs, self.control, self.on_progress = hosts, specs, control, on_progress
+                 deferred: list[tuple[float, Child, int]]) -> None:
+        self.workers, self.specs, self.control, self.on_progress = workers, specs, control, on_progress
         self.linger_s, self.deferred = linger_s, deferred
         self.primary = {k for k, s in enumerate(specs) if s.start_at is None}
         self.total = sum(s.size for k, s in enumerate(specs) if k in self.primary)
@@ -194,16 +274,16 @@ class _Watch:
         control, latest, deferred = self.control, self.latest, self.deferred
         if control.stop.is_set():
             return True
-        for host in self.hosts.values():
-            while (report := host.poll(Progress)) is not None:  # other answers wait for their expect
+        for worker in self.workers:
+            while (report := worker.poll(Progress)) is not None:  # other answers wait for their expect
                 latest.update(report.jobs)
         acked = sum(v.bytes_acked for k, v in latest.items() if k in self.primary)
         control.bytes_acked = acked
         control.progress = acked / self.total
         primaries_done = all(k in latest and latest[k].done for k in self.primary)
         while deferred and (control.progress >= deferred[0][0] or primaries_done):
-            _, host, write = deferred.pop(0)
-            host.send(write)  # its Started answer waits, unread
+            _, worker, key = deferred.pop(0)
+            worker.send(Start((key,)))  # its Started answer waits, unread
         if 0 in latest:
             control.ev_states = latest[0].ev_states
         while control.hooks and control.progress >= control.hooks[0][0]:
@@ -220,7 +300,7 @@ class _Watch:
                 self.on_progress(acked, self.total)
         if self.done_at is None:
             return False
-        healed = all(state != EvState.ASSUMED_BAD.value for v in latest.values() for state in v.ev_states.values())
+        healed = not any(v.assumed_bad for v in latest.values())
         return healed or now - self.done_at >= self.linger_s
 
 
@@ -242,8 +322,8 @@ def _result(spec: TransferSpec, paths: QpPaths, req: dict, dst: Final, key: int,
         goodput_pps=round(packets / (elapsed / 1e9)) if elapsed else None,
         sha256_source=req["sha256_source"], sha256_placed=placed,
         requester={"stats": req["stats"], "drops": req["drops"]},
-        responder={"stats": resp["stats"], "drops": resp["drops"], "kernel_udp": dst.kernel_udp,
-                   "unknown_qp": dst.unknown_qp},
+        responder={"stats": resp["stats"], "drops": resp["drops"], "kernel_udp": dst.kernel_udp[spec.dst],
+                   "unknown_qp": dst.unknown_qp[spec.dst]},
         per_ev=per_ev, ev_events=req["ev_events"], timeline=req["timeline"],
         imm_completions=resp["imm_completions"], label=spec.label, ev_timeline=req["ev_timeline"],
     )
@@ -252,7 +332,11 @@ def _result(spec: TransferSpec, paths: QpPaths, req: dict, dst: Final, key: int,
 def send(fabric: Fabric, src: str, dst: str, size: int, evs: list[int] | None = None, cc: str = "nscc",
          mtu: int = 4096, ev_format: EvFormat = EvFormat.SRV6, ev_min_active: int = 1,
          imm: int | None = None, config: QpConfig | None = None, control: Control | None = None,
-         on_progress: Callable[[int, int], None] | None = None, linger_s: float = 0.0) -> TransferResult:
+         on_progress: Callable[[int, int], None] | None = None, linger_s: float = 0.0,
+         workers: int | None = None, dilation: float = 1.0) -> TransferResult:
     """WRITE `size` random bytes from host `src` to a buffer registered at host `dst`."""
     spec = TransferSpec(src, dst, size, evs, ev_format, config or QpConfig(mtu=mtu), cc, ev_min_active, imm)
-    return run_transfers(fabric, [spec], control, on_progress, linger_s)[0]
+    run = run_transfers(fabric, [spec], control, on_progress, linger_s, workers=workers, dilation=dilation)
+    result = run[0]
+    result.emulation = run.emulation.to_dict()
+    return result

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pyroute2 import IPRoute
 
 from ..topology import Topology
-from . import cabling, config, links, namespaces, netns, registry
+from . import cabling, config, limits, links, namespaces, netns, registry
 from .nodes import check_prerequisites
 from .running import Fabric
 
@@ -51,6 +51,7 @@ def up(topo: Topology, name: str = "mrc", progress: Progress | None = None) -> U
         )
     journal = registry.Journal.create(name, {"topology": topo.to_dict(), "source": topo.source})
     fabric = Fabric(name, topo, journal)
+    limits.raise_for(topo)
     phases: dict[str, float] = {}
     start = time.monotonic()
     fds: list[int] = []
@@ -84,6 +85,7 @@ def up(topo: Topology, name: str = "mrc", progress: Progress | None = None) -> U
     except BaseException:
         journal.close()
         registry.remove(name)
+        limits.restore_if_last()
         raise
     finally:
         namespaces.close_all(fds)
@@ -108,7 +110,9 @@ def down(name: str = "mrc") -> registry.FabricRecord:
     if not netns.NETNS_DIR.exists() and not registry.journal_path(name).exists():
         raise registry.RegistryError(f"no fabric named {name!r} is running")
     with namespaces.held(registry.read(name).namespaces):
-        return registry.remove(name)
+        record = registry.remove(name)
+    limits.restore_if_last()
+    return record
 
 
 def clean() -> list[str]:
@@ -118,4 +122,5 @@ def clean() -> list[str]:
         with namespaces.held(registry.read(name).namespaces):
             registry.remove(name)
         removed.append(name)
+    limits.restore_if_last()
     return removed

@@ -14,7 +14,7 @@
  *
  * spray(table, writers, paths, mtu, wr, send, now, next_psn, window_end, budget, bif, cwnd,
  *       schedule, cursor, clock) -> (sent, next_psn, bif, cursor, failed_ev, counts)
- *   table    the requester's sent-packet table (recovery.SentPackets): each packet sent is
+ *   table    the requester's sent-packet table (sent.SentPackets): each packet sent is
  *            recorded in its `pkts`, `flight` and `by_ev` as SentPackets.record does; the
  *            caller adds `bif` and `counts` to its byte counters
  *   writers  {ev: the C encoder bound to that EV's buffer for full-MTU WRITE_ONLY packets}

@@ -112,6 +112,11 @@ class EvProfile:
 
     # ---- state -------------------------------------------------------------------------
 
+    @property
+    def assumed_bad(self) -> int:
+        """How many EVs are ASSUMED_BAD now."""
+        return self._bad
+
     def any_assumed_bad(self) -> bool:
         return self._bad > 0
 

@@ -12,7 +12,6 @@ No clock and no sockets: time comes in as `now` (ns), frames go out through the 
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Iterable
 from typing import Protocol
 
@@ -20,119 +19,13 @@ from ..wire.format import AckPacket, Syndrome
 from .cc import CongestionControl
 from .config import PSN_MOD, QpConfig, RecoveryMode, psn_abs
 from .ev import EvProfile
-
-try:  # the C send loop and its packet record (optional; see _spray.c)
-    from . import _spray
-except ImportError:  # pragma: no cover - the extension was not built
-    _spray = None
+from .sent import PyPkt, SentPackets
 
 SAME_EV = "a later packet on the same EV arrived"  # loss rule 1: a path keeps order
 EV_TIMER = "not acknowledged while later packets were"  # loss rule 2: the EV's timer ran out
 ACK_TIMEOUT = "ACK timeout"
 SEQUENCE_NAK = "PSN sequence NAK"  # go-back-N: the responder saw a gap
 LOSS_CHECK_NS = 100_000  # how often the pump re-runs the loss rules when no ACK comes
-
-
-class PyPkt:
-    """One packet of a WRITE, as the requester tracks it (_spray.Pkt is the same in C)."""
-
-    __slots__ = ("psn", "wr", "offset", "length", "ev", "sent_ns", "tx", "last")
-
-    def __init__(self, psn: int, wr, offset: int, length: int, last: bool) -> None:
-        self.psn = psn
-        self.wr = wr
-        self.offset = offset
-        self.length = length
-        self.last = last
-        self.ev = -1
-        self.sent_ns = 0
-        self.tx = 0
-
-
-Pkt = _spray.Pkt if _spray is not None else PyPkt
-
-
-class SentPackets:
-    """Every packet sent and not yet known delivered, by PSN, by send order and by EV.
-
-    `pkts` holds them all (PSN -> packet record); `flight` the ones in flight, in order of their
-    latest send; `by_ev` per EV (PSN, send time) in send order, which loss rule 1 walks (stale
-    entries, of packets delivered or resent elsewhere since, are skipped on the way); `retx` the
-    PSNs declared lost, to resend. `bytes_in_flight` and `ev_flight` add up what is in flight.
-    The C send loop (_spray.c) records its packets in `pkts`, `flight` and `by_ev` as `record` does.
-    """
-
-    def __init__(self, evs: Iterable[int]) -> None:
-        evs = list(evs)
-        self.pkts: dict[int, PyPkt] = {}
-        self.flight: dict[int, None] = {}
-        self.by_ev: dict[int, deque[tuple[int, int]]] = {ev: deque() for ev in evs}
-        self.ev_flight: dict[int, int] = dict.fromkeys(evs, 0)
-        self.bytes_in_flight = 0
-        self.retx: deque[int] = deque()
-        self.Pkt = Pkt  # the record type, fixed when the table is made (tests swap the module's)
-
-    def new(self, psn: int, wr, offset: int, length: int, last: bool) -> PyPkt:
-        pkt = self.pkts[psn] = self.Pkt(psn, wr, offset, length, last)
-        return pkt
-
-    def record(self, pkt: PyPkt, ev: int, stamp: int) -> None:
-        """`pkt` left on `ev` at `stamp`."""
-        pkt.ev = ev
-        pkt.sent_ns = stamp
-        pkt.tx += 1
-        self.flight[pkt.psn] = None
-        self.by_ev[ev].append((pkt.psn, stamp))
-        self.bytes_in_flight += pkt.length
-        self.ev_flight[ev] += pkt.length
-
-    def out_of_flight(self, pkt: PyPkt) -> None:
-        del self.flight[pkt.psn]
-        self.bytes_in_flight -= pkt.length
-        self.ev_flight[pkt.ev] -= pkt.length
-
-    def deliver(self, psns: Iterable[int], seen: dict[int, list[int]]) -> int:
-        """Mark PSNs delivered (unknown ones are skipped); returns the bytes. Per EV `seen` gets
-        [packets, latest send time, that packet's transmissions, bytes]."""
-        pkts, flight, ev_flight = self.pkts, self.flight, self.ev_flight
-        acked = in_flight = 0
-        for psn in psns:
-            pkt = pkts.pop(psn, None)
-            if pkt is None:
-                continue
-            length = pkt.length
-            acked += length
-            pkt.wr.acked += length
-            if psn in flight:
-                del flight[psn]
-                in_flight += length
-                ev_flight[pkt.ev] -= length
-            entry = seen.get(pkt.ev)
-            if entry is None:
-                seen[pkt.ev] = [1, pkt.sent_ns, pkt.tx, length]
-            else:
-                entry[0] += 1
-                entry[3] += length
-                if pkt.sent_ns > entry[1]:
-                    entry[1] = pkt.sent_ns
-                    entry[2] = pkt.tx
-        self.bytes_in_flight -= in_flight
-        return acked
-
-    def front(self, ev: int) -> PyPkt | None:
-        """The oldest packet still in flight on `ev` (stale entries are dropped on the way)."""
-        queue = self.by_ev[ev]
-        while queue:
-            psn, sent = queue[0]
-            pkt = self.pkts.get(psn)
-            if pkt is not None and pkt.ev == ev and pkt.sent_ns == sent and psn in self.flight:
-                return pkt
-            queue.popleft()
-        return None
-
-    def oldest(self) -> PyPkt | None:
-        """The packet in flight longest since its latest send (the ACK timeout's)."""
-        return self.pkts[next(iter(self.flight))] if self.flight else None
 
 
 class Recovery:
@@ -153,6 +46,18 @@ class Recovery:
         self.duplicates_acked = 0
         self._window_mask = (1 << config.window) - 1
         self._loss_check_at = 0
+        # The driver's horizon: the time up to which every datagram that reached the sockets of
+        # the emulation has been read (None: the driver's `now` is the horizon, as in virtual
+        # time). Time-driven loss decisions are taken at min(now, horizon), so a timer never
+        # fires on a packet whose ACK still waits, unread, behind a starved emulator process.
+        self.horizon: int | None = None
+        self.deferred = 0  # timer decisions put off because the emulation had not seen that far
+        self._last_deferred = -1
+
+    def decide_at(self, now: int) -> int:
+        """The time up to which the network's effects are known: what timers are judged at."""
+        horizon = self.horizon
+        return now if horizon is None or horizon >= now else horizon
 
     # ---- ACKs ----------------------------------------------------------------------------
 
@@ -299,11 +204,12 @@ class Recovery:
         EV's timer has run out: how a dead path shows."""
         sent = self.sent
         rack = self.rack_sent_ns
+        known = self.decide_at(now)
         for ev in sent.by_ev:
             timer = None
             while (pkt := sent.front(ev)) is not None and pkt.sent_ns < rack:
                 timer = timer or self.ev_timer(ev)
-                if now < pkt.sent_ns + timer:
+                if known < pkt.sent_ns + timer:
                     break
                 sent.by_ev[ev].popleft()
                 self.lose(pkt, now, EV_TIMER)
@@ -322,11 +228,17 @@ class Recovery:
     def on_timer(self, now: int) -> str | None:
         """Run what is due at `now`: ACK timeouts, then the loss rules (at most every
         LOSS_CHECK_NS: ACKs run them too, and the EV timers, >= 0.5 ms, need no finer look).
-        Returns the QP's error when a packet's retry budget is spent."""
+        Returns the QP's error when a packet's retry budget is spent. Timers are judged at
+        `decide_at(now)`; what that puts off is counted in `deferred`."""
         sent = self.sent
+        known = self.decide_at(now)
+        if known < now and (due := self.next_deadline()) is not None and known < due <= now:
+            if due != self._last_deferred:
+                self.deferred += 1
+                self._last_deferred = due
         while (pkt := sent.oldest()) is not None:
             tries = self.policy.tries(pkt)
-            if now < pkt.sent_ns + self.config.ack_timeout_for(tries):
+            if known < pkt.sent_ns + self.config.ack_timeout_for(tries):
                 break
             self.timeouts += 1
             if self.config.retry_budget_spent(tries):
@@ -336,9 +248,9 @@ class Recovery:
                         f"retries, ACK timeout {self.config.ack_timeout_ns / 1e6:.1f} ms); "
                         f"EVs tried: {evs}. Every path to the responder seems dead.")
             self.policy.on_ack_timeout(self, pkt, now)
-        if sent.flight and now >= self._loss_check_at:
+        if sent.flight and known >= self._loss_check_at:
             self.policy.detect_losses(self, now, None)
-            self._loss_check_at = now + LOSS_CHECK_NS
+            self._loss_check_at = known + LOSS_CHECK_NS
         return None
 
     def next_deadline(self) -> int | None:

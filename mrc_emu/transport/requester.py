@@ -22,13 +22,15 @@ from .cc import CongestionControl, make_cc
 from .config import QpConfig, RandomBits
 from .ev import EvProfile
 from .paths import Path, Send
-from .probing import EvProber
+from .probing import EvProber, ProbeBudget
 from .recovery import Recovery
 
 try:  # the C send loop for first transmissions (optional; see _spray.c)
     from . import _spray
 except ImportError:  # pragma: no cover - the extension was not built
     _spray = None
+
+RECHECK_NS = 100_000  # a timer put off for the driver's horizon is looked at again this much later
 
 _FATAL_NAKS = {
     Syndrome.NAK_INVALID_REQUEST: "invalid request",
@@ -71,7 +73,7 @@ class Requester:
     def __init__(self, address: bytes, qpn: int, dest_qp: int, paths: dict[int, Path],
                  probe_paths: dict[int, Path] | None = None, config: QpConfig | None = None,
                  cc: CongestionControl | None = None, start_psn: int = 0, ev_min_active: int = 1,
-                 c_loop: bool = True, *, random_bits: RandomBits) -> None:
+                 c_loop: bool = True, *, random_bits: RandomBits, probe_budget: ProbeBudget | None = None) -> None:
         if not paths:
             raise ValueError("a requester needs at least one path (EV)")
         self.address = address
@@ -83,7 +85,8 @@ class Requester:
         self.profile = EvProfile(sorted(paths), ev_min_active=ev_min_active)
         self.recovery = Recovery(self.config, self.profile, self.cc, start_psn)
         self.sent = self.recovery.sent
-        self.prober = EvProber(qpn, probe_paths or {}, self.profile, self.config.probe_interval_ns, random_bits)
+        self.prober = EvProber(qpn, probe_paths or {}, self.profile, self.config.probe_interval_ns, random_bits,
+                               probe_budget)
         self.start_psn = start_psn
         self.queue: deque[WriteRequest] = deque()  # posted, not all packets sent yet
         self.active: deque[WriteRequest] = deque()  # posted, not completed (in order)
@@ -173,13 +176,16 @@ class Requester:
 
     # ---- sending -------------------------------------------------------------------------
 
-    def pump(self, now: int, send: Send, clock: Callable[[], int] | None = None) -> None:
+    def pump(self, now: int, send: Send, clock: Callable[[], int] | None = None, horizon: int | None = None) -> None:
         """Send what is due: timeouts' consequences, EV probes, then data while the window allows.
 
         `clock`, when given, stamps each data packet with its own send time (a burst of 32 full
         packets takes about 0.4 ms over sockets, which would otherwise skew RTT samples by as
-        much); without it every packet of the burst is stamped `now` (virtual time)."""
+        much); without it every packet of the burst is stamped `now` (virtual time).
+        `horizon`, when given, is the time up to which the driver has seen everything that
+        arrived anywhere in the emulation: loss timers are judged at min(now, horizon)."""
         self._last_now = now
+        self.recovery.horizon = horizon
         if self.error is not None:
             return
         self.error = self.recovery.on_timer(now)
@@ -281,7 +287,8 @@ class Requester:
             return self._last_now
         wakes = []
         if (deadline := self.recovery.next_deadline()) is not None:
-            wakes.append(deadline)
+            # due already but put off (the emulation had not seen that far): look again shortly
+            wakes.append(deadline if deadline > self._last_now else self._last_now + RECHECK_NS)
         if self.config.path_avoidance and (probe := self.prober.next_wakeup()) is not None:
             wakes.append(probe)
         return min(wakes) if wakes else None
@@ -302,7 +309,9 @@ class Requester:
         return {"packets_sent": self.packets_sent, "retransmits": self.retransmits, "bytes_acked": rec.bytes_acked,
                 "duplicates_acked": rec.duplicates_acked, "naks": self.naks, "timeouts": rec.timeouts,
                 "send_failures": self.send_failures, "probes_sent": self.prober.probes_sent,
-                "probes_returned": self.prober.probes_returned, "cwnd": int(self.cc.cwnd), "stalled": self.stalled}
+                "probes_returned": self.prober.probes_returned, "probes_paced": self.prober.probes_paced,
+                "cwnd": int(self.cc.cwnd), "stalled": self.stalled, "timers_deferred": rec.deferred,
+                "psns_sent": rec.next_psn - self.start_psn, "psns_acked": rec.una - self.start_psn}
 
     def ev_bytes_in_flight(self, ev: int) -> int:
         return self.sent.ev_flight[ev]

@@ -197,7 +197,7 @@ class Responder:
         return AckPacket(qp.peer_qpn, psn & (PSN_MOD - 1), syndrome, (qp.epsn - qp.start_psn) & (PSN_MOD - 1),
                          qp.epsn & (PSN_MOD - 1), qp.echo_psn, qp.echo_ev & 0xFFFF, qp.ecn, bitmap, qp.pkey)
 
-    def pump(self, now: int, send: Send, clock: Callable[[], int] | None = None) -> None:
+    def pump(self, now: int, send: Send, clock: Callable[[], int] | None = None, horizon: int | None = None) -> None:
         self._last_now = now
         for qp in self.qps.values():
             if not qp.ack_due and not (qp.unacked_since >= 0 and now >= qp.unacked_since + qp.config.ack_delay_ns):

@@ -1,0 +1,368 @@
+"""One worker's event loop: the sockets of many hosts, one timer heap, and a measure of its own lag.
+
+Why it exists: on a 2-core machine a process per host means a process waits tens of
+milliseconds for the CPU, and every timer shorter than that fires late and blames the
+network. Here a fixed pool of workers each serves many hosts: one epoll over all their
+receive sockets, one heap of the endpoints' wakeups, a bounded amount of sending per turn so
+that receiving is never starved. And the loop knows when it is itself the bottleneck:
+
+- every datagram is taken with the kernel's arrival stamp (SO_TIMESTAMPNS) and handed to the
+  transport at that time, so an ACK that waited in a socket for the worker does not lengthen
+  an RTT sample;
+- it measures its lag (how late it serves a due wakeup, how long a datagram waited in a
+  socket), the CPU it got and the time it waited for one (/proc/self/schedstat);
+- it publishes a *horizon*: the time up to which it has read every datagram that arrived at
+  its sockets and sent what they caused. Timers in the transport decide at
+  min(now, every worker's horizon): a loss timer never fires on a packet whose ACK is still
+  in a socket that a starved worker has not read yet. (Conservative synchronisation, as in
+  parallel discrete-event simulation: nothing is decided beyond what every part has seen.)
+
+It never enters a namespace and never builds a socket: the runtime gives it sockets made in
+each host's namespace. It never decides anything about the transport itself.
+"""
+
+from __future__ import annotations
+
+import errno
+import heapq
+import select
+import socket
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .clock import FOREVER, Clock, Horizon, LagMeter, schedstat
+
+__all__ = ["Clock", "EventLoop", "Horizon", "LagMeter", "LoopStats", "Port", "schedstat"]
+
+try:  # batched receive with the kernel's arrival stamps (optional; see _sockio.c)
+    from . import _sockio
+except ImportError:  # pragma: no cover - the extension was not built
+    _sockio = None
+
+RECV_BATCH = 8  # datagrams per recvmmsg: larger batches measured slower here
+RECV_BUDGET = 32  # datagrams per socket per turn, so a busy responder acknowledges every 32 packets
+RECV_PER_TURN = 256  # datagrams per turn over all sockets, then the due endpoints get their turn
+TURN_NS = 1_000_000  # pump due endpoints (each sends at most its burst, 32) for this long, then receive again
+IDLE_WAKE_NS = 500_000  # an idle worker still wakes this often to publish its horizon
+
+
+class Port:
+    """One host's sockets in a worker: a raw IPv6 socket that sends whole frames and a UDP socket
+    on [address]:4791 that receives. `mux` routes a datagram to the endpoint (QP) it names:
+    `mux.route(payload)` gives the endpoint or None."""
+
+    def __init__(self, host: str, send_sock: socket.socket, recv_sock: socket.socket, mux: Any) -> None:
+        self.host = host
+        self.send_sock = send_sock
+        self.recv_sock = recv_sock
+        self.mux = mux
+        self.fd = recv_sock.fileno()
+        recv_sock.setblocking(False)
+        self.stamped = False
+        if _sockio is not None:
+            try:
+                _sockio.enable_stamps(self.fd)
+                self.stamped = True
+            except OSError:
+                pass
+        self.send_errors = 0
+        self.errors: dict[str, int] = {}  # failed sends by errno name
+        self.frames_sent = 0
+        self.datagrams = 0
+        self.read_through = 0  # every datagram that arrived before this (clock) time has been read
+        self._addr: dict[str, tuple[str, int]] = {}
+        self._packed: dict[str, bytes] = {}
+        self._sendto = send_sock.sendto
+
+    def send(self, frame: bytes | bytearray, path: Any) -> bool:
+        addr = self._addr.get(path.first_hop)
+        if addr is None:
+            addr = self._addr[path.first_hop] = (path.first_hop, 0)
+        try:
+            self._sendto(frame, addr)
+            self.frames_sent += 1
+            return True
+        except OSError as e:
+            self.send_errors += 1
+            self.errors[errno.errorcode.get(e.errno, str(e.errno))] = self.errors.get(errno.errorcode.get(e.errno, str(e.errno)), 0) + 1
+            if e.errno in (errno.ENETUNREACH, errno.EHOSTUNREACH, errno.ENETDOWN, errno.EINVAL):
+                return False  # the host's own port of that plane is down
+            if e.errno in (errno.ENOBUFS, errno.EAGAIN):
+                return True  # dropped at the host, like a full NIC queue: loss recovery handles it
+            raise
+
+    def receive(self, clock: Clock, budget: int, lag: LagMeter, woke: Callable[[Any, int], None]) -> int:
+        """Hand up to `budget` waiting datagrams to the endpoints they name, each at its arrival
+        time; `woke(endpoint, arrival)` for each. Moves `read_through` as far as it knows. How many."""
+        route = self.mux.route
+        n = 0
+        if self.stamped:
+            fd = self.fd
+            while n < budget:
+                started = clock.now()
+                batch = _sockio.recv_batch(fd, min(RECV_BATCH, budget - n))
+                if not batch:
+                    self.read_through = started  # empty when looked at: everything before is read
+                    return n
+                seen = clock.now()
+                for payload, src, sport, real_ns, _tclass in batch:
+                    at = clock.from_realtime(real_ns) if real_ns else seen
+                    if at > seen:
+                        at = seen
+                    lag.record(int((seen - at) * clock.dilation))
+                    endpoint = route(payload)
+                    if endpoint is not None:
+                        endpoint.on_datagram(payload, src, sport, at)
+                        woke(endpoint, at)
+                    self.read_through = at  # a socket is a queue: all that came before is read
+                n += len(batch)
+                self.datagrams += len(batch)
+            return n
+        recv = self.recv_sock.recvfrom
+        packed = self._packed
+        while n < budget:
+            started = clock.now()
+            try:
+                data, addr = recv(65535)
+            except BlockingIOError:
+                self.read_through = started
+                return n
+            src = packed.get(addr[0])
+            if src is None:
+                src = packed[addr[0]] = socket.inet_pton(socket.AF_INET6, addr[0])
+            endpoint = route(data)
+            if endpoint is not None:
+                endpoint.on_datagram(data, src, addr[1], started)
+                woke(endpoint, started)
+            n += 1
+            self.datagrams += 1
+        return n
+
+
+class _Task:
+    """An endpoint as the loop schedules it: its send function and its pending wakeup."""
+
+    __slots__ = ("endpoint", "send", "wake_at", "queued", "owed_since")
+
+    def __init__(self, endpoint: Any, send: Callable[[bytes, Any], bool]) -> None:
+        self.endpoint = endpoint
+        self.send = send
+        self.wake_at: int | None = None
+        self.queued = False
+        # the oldest datagram (or due timer) this endpoint has been given and not yet answered
+        # in a pump: until then, what it caused has not left, and the horizon stays behind it
+        self.owed_since: int | None = None
+
+
+@dataclass
+class LoopStats:
+    """What a worker measured about itself over one run."""
+
+    wall_ns: int = 0
+    cpu_ns: int = 0
+    runqueue_wait_ns: int = 0
+    turns: int = 0
+    datagrams: int = 0
+    frames_sent: int = 0
+    timer_lag: LagMeter | None = None  # how late due wakeups were served
+    socket_lag: LagMeter | None = None  # how long datagrams waited in a socket
+
+    def to_dict(self) -> dict:
+        return {"wall_ns": self.wall_ns, "cpu_ns": self.cpu_ns, "runqueue_wait_ns": self.runqueue_wait_ns,
+                "turns": self.turns, "datagrams": self.datagrams, "frames_sent": self.frames_sent,
+                "timer_lag": self.timer_lag.to_dict() if self.timer_lag else None,
+                "socket_lag": self.socket_lag.to_dict() if self.socket_lag else None}
+
+
+class EventLoop:
+    """Drives the endpoints of many ports: receive, pump what is due, sleep until the next wakeup.
+
+    Each turn reads at most RECV_PER_TURN datagrams (RECV_BUDGET per socket) and pumps due
+    endpoints for at most TURN_NS, so that no socket waits long behind a busy sender and no sender
+    behind a flood of datagrams. An endpoint takes `on_datagram(payload, src, sport, now)`,
+    sends on `pump(now, send, clock, horizon)` and says when it next needs pumping with
+    `next_wakeup()` (a time not after its last `now`: at once).
+    """
+
+    def __init__(self, clock: Clock, horizon: Horizon | None = None, index: int = 0) -> None:
+        self.clock = clock
+        self.horizon = horizon
+        self.index = index
+        self.ports: list[Port] = []
+        self._by_fd: dict[int, Port] = {}
+        self._tasks: dict[int, _Task] = {}  # by id(endpoint)
+        self._epoll = select.epoll()
+        self._controls: dict[int, Callable[[], None]] = {}
+        self._heap: list[tuple[int, int, _Task]] = []
+        self._ready: deque[_Task] = deque()
+        self._behind: set[Port] = set()  # readable ports not read to the end
+        self.timer_lag = LagMeter()
+        self.socket_lag = LagMeter()
+        self.stats = LoopStats(timer_lag=self.timer_lag, socket_lag=self.socket_lag)
+        self._measured_from: tuple[int, int, int, int, int] | None = None  # wall, cpu, wait, datagrams, frames
+        self.measuring = False
+
+    def measure(self, on: bool) -> None:
+        """Measure the loop from now (on) until now (off): the run itself, not its set-up (making
+        source bytes) or its end (hashing the placed ones), which block the loop on purpose."""
+        if on and not self.measuring:
+            self.measuring = True
+            run, wait = schedstat()
+            self._measured_from = (time.monotonic_ns(), run, wait, self._datagrams(), self._frames())
+            self.timer_lag.__init__()
+            self.socket_lag.__init__()
+        elif not on and self.measuring:
+            self.measuring = False
+            wall0, run0, wait0, d0, f0 = self._measured_from
+            run, wait = schedstat()
+            self.stats.wall_ns = time.monotonic_ns() - wall0
+            self.stats.cpu_ns, self.stats.runqueue_wait_ns = run - run0, wait - wait0
+            self.stats.datagrams, self.stats.frames_sent = self._datagrams() - d0, self._frames() - f0
+
+    def _datagrams(self) -> int:
+        return sum(p.datagrams for p in self.ports)
+
+    def _frames(self) -> int:
+        return sum(p.frames_sent for p in self.ports)
+
+    def add_port(self, port: Port) -> None:
+        self.ports.append(port)
+        self._by_fd[port.fd] = port
+        port.read_through = self.clock.now()
+        self._epoll.register(port.fd, select.EPOLLIN)
+
+    def add_endpoint(self, endpoint: Any, port: Port) -> None:
+        """Drive `endpoint` (a QP of the port's host), sending through the port; pumped at once."""
+        task = self._tasks.get(id(endpoint))
+        if task is None:
+            task = self._tasks[id(endpoint)] = _Task(endpoint, port.send)
+        self._queue(task)
+
+    def add_control(self, fd: int, on_readable: Callable[[], None]) -> None:
+        """A file descriptor (the parent's pipe) whose readiness runs `on_readable` in the loop."""
+        self._controls[fd] = on_readable
+        self._epoll.register(fd, select.EPOLLIN)
+
+    def wake(self, endpoint: Any, since: int | None = None) -> None:
+        """Pump `endpoint` on a coming turn: new work was given, or (`since`: its arrival time) a
+        datagram reached it, whose consequences are owed until then."""
+        task = self._tasks.get(id(endpoint))
+        if task is not None:
+            if since is not None and (task.owed_since is None or since < task.owed_since):
+                task.owed_since = since
+            self._queue(task)
+
+    def _queue(self, task: _Task) -> None:
+        if not task.queued:
+            task.queued = True
+            self._ready.append(task)
+
+    def _horizon(self, mine: int) -> int:
+        if self.horizon is None:
+            return mine
+        self.horizon.publish(self.index, mine)
+        return self.horizon.min()
+
+    def run(self, stop: Callable[[], bool], tick: Callable[[int], None] | None = None,
+            tick_ns: int = 1_000_000) -> LoopStats:
+        clock = self.clock
+        next_tick = clock.now() + tick_ns
+        timeout = 0.0
+        ready, heap, behind = self._ready, self._heap, self._behind
+        by_fd, controls, wake = self._by_fd, self._controls, self.wake
+        rotate = 0
+        idle = LagMeter()  # what arrives while not measuring is not counted
+        while not stop():
+            socket_lag = self.socket_lag if self.measuring else idle
+            if timeout > 0:
+                self._epoll.poll(timeout)  # sleep until something is readable, or the next wakeup
+            # the time is read before sockets are looked at: a datagram that arrives meanwhile is
+            # seen now or counted as unread (the horizon must never run ahead of what was read)
+            polled = clock.now()
+            events = self._epoll.poll(0)
+            readable = []
+            for fd, _ in events:
+                port = by_fd.get(fd)
+                if port is None:
+                    controls[fd]()
+                else:
+                    readable.append(port)
+            # a port not readable when epoll returned has nothing waiting: read through `polled`;
+            # only the ports left behind (readable, not read to the end) hold the horizon back
+            readable_set = set(readable)
+            behind.intersection_update(readable_set)
+            budget = RECV_PER_TURN
+            if readable:
+                rotate = (rotate + 1) % len(readable)
+                for port in readable[rotate:] + readable[:rotate]:
+                    if budget <= 0:
+                        behind.add(port)  # left for the next turn: read only as far as before
+                        continue
+                    allowed = min(RECV_BUDGET, budget)
+                    got = port.receive(clock, allowed, socket_lag, wake)
+                    budget -= got
+                    if got >= allowed:  # stopped by its budget, not by an empty socket: more may wait
+                        behind.add(port)
+                    else:
+                        behind.discard(port)
+            now = clock.now()
+            while heap and heap[0][0] <= now:
+                due, _, task = heapq.heappop(heap)
+                if task.wake_at != due:
+                    continue  # superseded by a later schedule
+                task.wake_at = None
+                if self.measuring:
+                    self.timer_lag.record(int((now - due) * clock.dilation))
+                wake(task.endpoint, due)
+            # the horizon: read through `polled`, except sockets left behind, and not past what an
+            # endpoint was given and has not answered yet
+            mine = polled
+            for port in behind:
+                if port.read_through < mine:
+                    mine = port.read_through
+            for task in ready:
+                if task.owed_since is not None and task.owed_since < mine:
+                    mine = task.owed_since
+            horizon = self._horizon(mine)
+            turn_ends = time.monotonic_ns() + TURN_NS
+            for _ in range(len(ready)):  # each endpoint due now at most once per turn
+                task = ready.popleft()
+                task.queued = False
+                task.owed_since = None
+                now = clock.now()
+                task.endpoint.pump(now, task.send, clock.now, min(now, horizon))
+                self._arm(task, now)
+                if time.monotonic_ns() >= turn_ends:
+                    break
+            now = clock.now()
+            if tick is not None and now >= next_tick:
+                tick(now)
+                next_tick = now + tick_ns
+            self.stats.turns += 1
+            if ready or behind or budget <= 0:
+                timeout = 0.0
+                continue
+            wake_at = heap[0][0] if heap else now + IDLE_WAKE_NS
+            wake_at = min(wake_at, now + IDLE_WAKE_NS, next_tick if tick is not None else wake_at)
+            timeout = max(0.0, (wake_at - now) * clock.dilation / 1e9)
+        if self.horizon is not None:
+            self.horizon.publish(self.index, FOREVER)  # a worker that stopped holds nobody back
+        self.measure(False)
+        return self.stats
+
+    def _arm(self, task: _Task, now: int) -> None:
+        wake = task.endpoint.next_wakeup()
+        if wake is None:
+            return
+        if wake <= now:
+            self._queue(task)
+            return
+        if task.wake_at is None or wake < task.wake_at:
+            task.wake_at = wake
+            heapq.heappush(self._heap, (wake, id(task), task))
+
+    def close(self) -> None:
+        self._epoll.close()
