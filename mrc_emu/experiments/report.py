@@ -47,6 +47,9 @@ _RUN = {
                                              "properties": {"kind": {"enum": list(FAULT_KINDS)}}}},
         "transfers": {"type": "array", "minItems": 1, "items": _TRANSFER},
         "pcap": {"type": ["string", "null"]},
+        "emulation": {"type": "object", "required": ["verdict", "reasons", "workers", "time_dilation", "loop_lag_us",
+                                                     "cpu_busy", "packets_per_s", "kernel_drops"],
+                      "properties": {"verdict": {"enum": ["faithful", "emulator-bound"]}}},
     },
 }
 RESULTS_SCHEMA: dict[str, Any] = {
@@ -219,6 +222,24 @@ def table(rows: list[list[str]]) -> str:
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows)
 
 
+def emulation_lines(results: dict[str, Any]) -> list[str]:
+    """What each run's emulation block says: faithful, or emulator-bound and why (figures flagged)."""
+    lines = []
+    for transport, run in results["runs"].items():
+        emu = run.get("emulation")
+        if not emu:
+            continue
+        k = emu["time_dilation"]
+        head = (f"{transport}: {emu['verdict']} ({emu['workers']} workers"
+                + (f", time dilation {k:g}: times and rates are emulated, {k:g}x slower in wall time" if k != 1 else "")
+                + f"; loop lag p99 {emu['loop_lag_us']['p99']:.0f} us, CPU busy {max(emu['cpu_busy'], default=0):.0%})")
+        lines.append(head)
+        if emu["verdict"] != "faithful":
+            lines += [f"  - {reason}" for reason in emu["reasons"]]
+            lines.append(f"  - so {transport}'s goodput and times above are the emulator's, not the fabric's")
+    return lines
+
+
 def markdown(results: dict[str, Any]) -> str:
     scn = results["scenario"]
     rows = summary_rows(results)
@@ -232,6 +253,8 @@ def markdown(results: dict[str, Any]) -> str:
               "its level in the 50 ms before it (docs/results.md).", ""]
     for note in results["notes"]:
         lines.append(f"- {note}")
+    if emu := emulation_lines(results):
+        lines += ["", "## Emulation", "", *[line if line.startswith("  ") else f"- {line}" for line in emu]]
     for what in ("goodput", "spray_share", "recovery"):
         if what in results.get("plots", {}):
             lines += ["", f"![{what}]({results['plots'][what]})"]

@@ -25,7 +25,7 @@ from . import metrics
 from .fault_agent import After, Done, LinkFaultAgent
 from .faults import Fault
 from .scenario import Scenario
-from .transfer import Control, TransferResult, run_transfers
+from .transfer import Control, Run, run_transfers
 from .transports import Transport
 
 Progress = Callable[[str], None]
@@ -116,7 +116,7 @@ def run_transport(scn: Scenario, fabric: Fabric, transport: Transport, baseline_
         progress(f"{transport}: {len(specs)} WRITE(s), faults: {', '.join(f.describe() for f in scn.faults) or 'none'}")
         try:
             results = run_transfers(fabric, specs, control, on_bytes, linger_s=transport.linger_s,
-                                    timeout_s=scn.timeout_s)
+                                    timeout_s=scn.timeout_s, workers=scn.workers, dilation=scn.time_dilation)
         finally:
             if capture is not None:
                 capture.stop()
@@ -151,13 +151,13 @@ def _trigger(agent: LinkFaultAgent, fault: Fault) -> Callable[[], None]:
     return fire
 
 
-def _summarise(transport: Transport, results: list[TransferResult], runs: list[FaultRun], pcap: str | None) -> dict:
+def _summarise(transport: Transport, results: Run, runs: list[FaultRun], pcap: str | None) -> dict:
     origin = min(r.start_ns for r in results)
     for fr in runs:
         for e in fr.events:
-            if "began_ns" in e:
-                e["began_ms"] = round((e.pop("began_ns") - origin) / 1e6, 3)
-                e["returned_ms"] = round((e.pop("returned_ns") - origin) / 1e6, 3)
+            if "began_ns" in e:  # the agent's monotonic times, onto the transport's (dilated) clock
+                e["began_ms"] = round((results.transport_time(e.pop("began_ns")) - origin) / 1e6, 3)
+                e["returned_ms"] = round((results.transport_time(e.pop("returned_ns")) - origin) / 1e6, 3)
     first_fault = next((e["began_ms"] for fr in runs for e in fr.events if "began_ms" in e), None)
     transfers = []
     for r in results:
@@ -190,6 +190,7 @@ def _summarise(transport: Transport, results: list[TransferResult], runs: list[F
         "faults": [fr.to_dict() for fr in runs],
         "transfers": transfers,
         "pcap": pcap,
+        "emulation": results.emulation.to_dict(),
     }
 
 

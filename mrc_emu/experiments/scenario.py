@@ -13,6 +13,9 @@ only parses and validates: every problem is one ScenarioError naming file, line 
     bfd: true
     mtu: 4096                # payload bytes per packet
     timeout_s: 90            # a run that has not finished by then is stopped
+    workers: 2               # endpoint worker processes serving the hosts (default: one per CPU)
+    time_dilation: 1         # K: the transport's clock runs K times slower than wall time and links
+                             # are shaped to rate / K; reported times are emulated times
     workloads:               # all start together
       - {kind: write, src: h0, dst: h2, size: 128MiB}
       - {kind: incast, hosts: [h0, h1, h3], dst: h2, size: 16MiB}
@@ -82,6 +85,8 @@ class Scenario:
     bfd: bool = True
     mtu: int = 4096
     timeout_s: float = 90.0
+    workers: int | None = None  # endpoint workers (None: one per CPU)
+    time_dilation: float = 1.0
     capture: bool = False
     description: str = ""
     source: str = ""
@@ -92,6 +97,7 @@ class Scenario:
     def to_dict(self) -> dict:
         return {"name": self.name, "description": self.description, "topology": self.topology.name,
                 "transports": [t.value for t in self.transports], "routing": self.routing, "bfd": self.bfd, "mtu": self.mtu,
+                "workers": self.workers, "time_dilation": self.time_dilation,
                 "workloads": [{"kind": w.kind, "size": w.size, "pairs": len(w.pairs())} for w in self.workloads],
                 "faults": [f.describe() for f in self.faults]}
 
@@ -110,7 +116,7 @@ class _Checker:
 
 
 _TOP = {"name", "description", "topology", "transports", "routing", "bfd", "mtu", "timeout_s", "workloads",
-        "faults", "capture"}
+        "faults", "capture", "workers", "time_dilation"}
 
 
 def from_dict(data: Any, source: str = "<dict>", lines: dict[str, int] | None = None,
@@ -241,8 +247,12 @@ def from_dict(data: Any, source: str = "<dict>", lines: dict[str, int] | None = 
     mtu = int(number("mtu", data.get("mtu", 4096), 64, 8192))
     if mtu % 4 or mtu + 300 > topo.mtu:
         raise c.fail("mtu", f"{mtu}: a multiple of 4 that fits the links' MTU {topo.mtu} with headers")
+    workers = data.get("workers")
+    if workers is not None:
+        workers = int(number("workers", workers, 1, 256))
     return Scenario(name=name, topology=topo, workloads=workloads, faults=faults, transports=transports,
-                    routing=routing, bfd=bool(data.get("bfd", True)), mtu=mtu,
+                    routing=routing, bfd=bool(data.get("bfd", True)), mtu=mtu, workers=workers,
+                    time_dilation=number("time_dilation", data.get("time_dilation", 1), 1, 10_000),
                     timeout_s=number("timeout_s", data.get("timeout_s", 90), 1, 3600),
                     capture=bool(data.get("capture", False)), description=str(data.get("description", "")),
                     source=source)

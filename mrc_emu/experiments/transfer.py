@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ..fabric import build
 from ..fabric.procs import Child, Stop
 from ..fabric.running import Fabric
 from ..fabric.waiting import WaitTimeout, until
@@ -178,7 +179,12 @@ def run_transfers(fabric: Fabric, specs: list[TransferSpec], control: Control | 
     plans = [qp_paths(fabric.topology, spec.src, spec.dst, spec.ev_format, spec.evs) for spec in specs]
     address_of = {s.src: p.src_address for s, p in zip(specs, plans)} | {s.dst: p.dst_address for s, p in zip(specs, plans)}
     kernel_before = emulation.softnet()
-    pool = _Pool(fabric, address_of, workers or default_workers(), dilation)
+    shaped = _shape_for_dilation(fabric, dilation)
+    try:
+        pool = _Pool(fabric, address_of, workers or default_workers(), dilation)
+    except BaseException:
+        _shape_for_dilation(fabric, 1.0, shaped)
+        raise
     try:
         deferred: list[tuple[float, Child, int]] = []
         for key, (spec, paths) in enumerate(zip(specs, plans)):
@@ -214,12 +220,13 @@ def run_transfers(fabric: Fabric, specs: list[TransferSpec], control: Control | 
         finals = [worker.expect(Final, timeout=60) for worker in pool.workers]
     finally:
         pool.stop()
+        _shape_for_dilation(fabric, 1.0, shaped)
         control.finished.set()
     by_host = {h: f for f in finals for h in f.hosts}
     results = [_result(spec, plans[key], by_host[spec.src].requesters[key], by_host[spec.dst], key, placed[key])
                for key, spec in enumerate(specs)]
     report = emulation.assess(finals, results, kernel_before, emulation.softnet(), dilation)
-    run = Run(results, report)
+    run = Run(results, report, pool.origin_ns, dilation)
     run.finals = finals
     return run
 
@@ -227,9 +234,27 @@ def run_transfers(fabric: Fabric, specs: list[TransferSpec], control: Control | 
 class Run(list):
     """The results of a run, in the order of its specs (a list), with its emulation report."""
 
-    def __init__(self, results: list[TransferResult], report: emulation.Report) -> None:
+    def __init__(self, results: list[TransferResult], report: emulation.Report, origin_ns: int = 0,
+                 dilation: float = 1.0) -> None:
         super().__init__(results)
         self.emulation = report
+        self.origin_ns, self.dilation = origin_ns, dilation
+        self.finals: list[Final] = []
+
+    def transport_time(self, monotonic_ns: int) -> int:
+        """A CLOCK_MONOTONIC time (a fault agent's) on the transport's clock of this run."""
+        return self.origin_ns + int((monotonic_ns - self.origin_ns) / self.dilation)
+
+
+def _shape_for_dilation(fabric: Fabric, dilation: float, undo: bool = False) -> bool:
+    """Under time dilation K a shaped fabric runs its links at rate / K (DieCast); `undo` puts the
+    topology's rate back. Returns whether anything was shaped."""
+    rate = fabric.topology.link_rate_bps
+    if not rate or (dilation == 1.0 and not undo):
+        return False
+    for node in fabric.topology.nodes:
+        build.shape_node(fabric, node, rate / dilation)
+    return True
 
 
 def _expect_key(worker: Child, kind: type, key: int, timeout: float = 30.0):
