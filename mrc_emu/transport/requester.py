@@ -287,8 +287,12 @@ class Requester:
             return self._last_now
         wakes = []
         if (deadline := self.recovery.next_deadline()) is not None:
-            # due already but put off (the emulation had not seen that far): look again shortly
-            wakes.append(deadline if deadline > self._last_now else self._last_now + RECHECK_NS)
+            if deadline <= self._last_now:
+                # due already but put off: the emulation had seen only up to `known`, and its
+                # horizon moves no faster than time, so it cannot reach the deadline sooner
+                known = self.recovery.decide_at(self._last_now)
+                deadline = self._last_now + max(RECHECK_NS, deadline - known)
+            wakes.append(deadline)
         if self.config.path_avoidance and (probe := self.prober.next_wakeup()) is not None:
             wakes.append(probe)
         return min(wakes) if wakes else None
