@@ -16,8 +16,10 @@ the default pool of endpoint workers (one per CPU), no fault, MTU 4096:
 
 For each point: aggregate goodput (payload bytes of all WRITEs / (latest end - earliest start),
 transport clock), retransmits / packets sent, EV events (with the first few, and their
-reasons), WRITEs verified, and the run's emulation block (verdict and reasons, loop lag, CPU
-busy, kernel drops, timers the horizon deferred). A point whose verdict is `emulator-bound`
+reasons), WRITEs verified, the run's emulation block (verdict and reasons, loop lag, CPU
+busy, kernel drops, timers the horizon deferred), and the cores the machine had busy over the
+point: this benchmark's (parent and workers), the kernel's softirq threads' (ksoftirqd:
+forwarding put off from the senders' context) and everyone else's (another user's tests). A point whose verdict is `emulator-bound`
 measured the emulator, not the fabric: its goodput is this machine's speed.
 
 Targets (issue 11): aggregate goodput at 128 QPs >= 0.8 of the best point of the same run;
@@ -30,8 +32,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import sys
 import time
+from pathlib import Path
 
 from mrc_emu.experiments.transfer import Run, TransferSpec, run_transfers
 from mrc_emu.fabric import build
@@ -44,7 +48,8 @@ MTU = 4096
 RING_POINTS = (4, 16, 64, 128)
 GOODPUT_AT_128_TO_BEST = 0.8
 RETRANSMIT_RATIO_LIMIT = 0.01
-EV_EVENTS_SHOWN = 5
+EV_EVENTS_SHOWN = 5  # and QPs that retransmitted
+RETRANSMIT_DETAIL = ("retransmits", "timeouts", "naks", "duplicates_acked", "send_failures", "timers_deferred")
 
 
 def log(message: str) -> None:
@@ -69,27 +74,63 @@ def all_to_all(hosts: list[str], size: int) -> list[TransferSpec]:
     return [TransferSpec(a, b, size, config=QpConfig(mtu=MTU)) for a in hosts for b in hosts if a != b]
 
 
+def cpu_seconds() -> dict[str, float]:
+    """CPU seconds so far: the machine's (/proc/stat, every core), the kernel's softirq threads'
+    (forwarding the kernel put off from the senders' context), and this benchmark's with the
+    workers it has waited for."""
+    tick = os.sysconf("SC_CLK_TCK")
+    cols = [int(c) for c in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    user, nice, system, idle, iowait, irq, softirq, steal = cols[:8]
+    ksoftirqd = 0
+    for comm in Path("/proc").glob("[0-9]*/comm"):
+        try:
+            if comm.read_text().startswith("ksoftirqd/"):
+                fields = (comm.parent / "stat").read_text().rsplit(")", 1)[1].split()
+                ksoftirqd += int(fields[11]) + int(fields[12])  # utime, stime
+        except (OSError, ValueError, IndexError):
+            continue
+    own = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return {"busy": (user + nice + system + irq + softirq + steal) / tick, "system": (system + irq) / tick,
+            "softirq": softirq / tick, "ksoftirqd": ksoftirqd / tick,
+            "benchmark": sum(r.ru_utime + r.ru_stime for r in own)}
+
+
+def cores_used(before: dict[str, float], after: dict[str, float], wall: float) -> dict[str, float]:
+    """Cores busy on average over `wall` seconds, and whose: others' = the rest (other users' tests)."""
+    used = {k: round((after[k] - before[k]) / wall, 2) for k in before}
+    used["others"] = round(max(0.0, used["busy"] - used["benchmark"] - used["ksoftirqd"]), 2)
+    return used
+
+
 def measure(fabric: Fabric, kind: str, specs: list[TransferSpec]) -> dict:
     """One point: every WRITE of `specs` at once; what it achieved and whether the emulator held."""
     log(f"{kind}: {len(specs)} QPs, {sum(s.size for s in specs) / MiB:,.0f} MiB ...")
+    cpu_before = cpu_seconds()
     began = time.monotonic()
     run: Run = run_transfers(fabric, specs)
     wall = time.monotonic() - began
+    cores = cores_used(cpu_before, cpu_seconds(), wall)
     start, end = min(r.start_ns for r in run), max(r.end_ns for r in run)
     stats = [r.requester["stats"] for r in run]
     sent = sum(s["packets_sent"] for s in stats)
     retransmits = sum(s["retransmits"] for s in stats)
     events = [{"qp": f"{r.src}->{r.dst}", **e} for r in run for e in r.ev_events]
+    # without a fault a retransmission is the emulator's doing or a bug: say which QPs, and whether
+    # the receiver already had what was sent again (duplicates) or it was really missing
+    resent = [{"qp": f"{r.src}->{r.dst}", **{k: r.requester["stats"][k] for k in RETRANSMIT_DETAIL},
+               "responder_duplicates": r.responder["stats"].get("duplicates")}
+              for r in run if r.requester["stats"]["retransmits"]]
     report = run.emulation
     point = {
         "kind": kind, "qps": len(specs), "bytes_per_qp": specs[0].size, "payload_bytes": sum(s.size for s in specs),
         "verified": sum(r.verified for r in run), "failed": [f"{r.src}->{r.dst}: {r.error}" for r in run if not r.ok],
         "aggregate_goodput_gbps": round(sum(r.size for r in run) * 8 / max(1, end - start), 3),
         "span_ms": round((end - start) / 1e6, 1), "wall_s": round(wall, 1),
-        "load_average_1m": round(os.getloadavg()[0], 2),  # others' work on the machine shows here too
+        "cores_used": cores, "load_average_1m": round(os.getloadavg()[0], 2),
         "completion_ms": {"min": min(r.completion_ms or 0 for r in run), "max": max(r.completion_ms or 0 for r in run)},
         "packets_sent": sent, "retransmits": retransmits, "retransmit_ratio": round(retransmits / max(1, sent), 5),
         "timeouts": sum(s["timeouts"] for s in stats), "probes_sent": sum(s["probes_sent"] for s in stats),
+        "qps_retransmitting": len(resent), "retransmitting_first": resent[:EV_EVENTS_SHOWN],
         "ev_events": len(events), "ev_events_first": events[:EV_EVENTS_SHOWN],
         "emulation": {"verdict": report.verdict, "reasons": report.reasons, "loop_lag_us": report.loop_lag_us,
                       "socket_wait_us": report.socket_wait_us, "cpu_busy": report.cpu_busy,
@@ -97,7 +138,8 @@ def measure(fabric: Fabric, kind: str, specs: list[TransferSpec]) -> dict:
                       "kernel_drops": report.kernel_drops, "timers_deferred": report.timers_deferred},
     }
     log(f"{kind}: {point['aggregate_goodput_gbps']} Gb/s, {point['verified']}/{len(specs)} verified, "
-        f"retransmits {retransmits}/{sent}, EV events {len(events)}, {report.verdict} ({wall:.1f} s)")
+        f"retransmits {retransmits}/{sent}, EV events {len(events)}, {report.verdict} ({wall:.1f} s; cores busy "
+        f"{cores['busy']}: benchmark {cores['benchmark']}, ksoftirqd {cores['ksoftirqd']}, others {cores['others']})")
     return point
 
 
