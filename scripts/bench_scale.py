@@ -129,6 +129,10 @@ def measure(fabric: Fabric, kind: str, specs: list[TransferSpec]) -> dict:
         "cores_used": cores, "load_average_1m": round(os.getloadavg()[0], 2),
         "completion_ms": {"min": min(r.completion_ms or 0 for r in run), "max": max(r.completion_ms or 0 for r in run)},
         "packets_sent": sent, "retransmits": retransmits, "retransmit_ratio": round(retransmits / max(1, sent), 5),
+        # a responder ACKs every 32 packets or 250 us after the first it has not ACKed
+        # (QpConfig): the slower each QP goes, the more ACKs per packet, the more work per byte
+        "acks_per_packet_placed": round(sum(r.responder["stats"]["acks_sent"] + r.responder["stats"]["naks_sent"] for r in run)
+                                        / max(1, sum(r.responder["stats"]["packets_placed"] for r in run)), 3),
         "timeouts": sum(s["timeouts"] for s in stats), "probes_sent": sum(s["probes_sent"] for s in stats),
         "qps_retransmitting": len(resent), "retransmitting_first": resent[:EV_EVENTS_SHOWN],
         "ev_events": len(events), "ev_events_first": events[:EV_EVENTS_SHOWN],
