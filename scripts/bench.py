@@ -23,6 +23,7 @@ SCRIPTS = {
     "fabric": ["bench_fabric.py", "large", "huge"],
     "wire": ["bench_wire.py"],
     "transport": ["bench_transport.py"],
+    "scale": ["bench_scale.py"],
 }
 
 
@@ -74,10 +75,15 @@ def headline(results: dict) -> dict:
     add("fabric_huge_down_s", huge.get("down_s"), 5.0, "lower")
     add("wire_fast_to_ceiling", wire.get("ratio_fast_to_ceiling"), 0.8, "higher")
     add("wire_decoder_pps", wire.get("decoder_pps"), 200_000, "higher")
-    add("transport_goodput_to_ceiling", transport.get("goodput", {}).get("ratio_goodput_to_ceiling"), 0.5, "higher")
+    goodput, scale = transport.get("goodput", {}), results.get("scale", {}).get("targets", {})
+    add("transport_goodput_to_ceiling", goodput.get("ratio_goodput_to_ceiling"), 0.9, "higher")
+    add("transport_goodput_to_strict_ceiling", goodput.get("ratio_goodput_to_strict_ceiling"), 0.7, "higher")
     add("transport_recovery_ms", transport.get("recovery", {}).get("recovery_ms_median"), 5.0, "lower")
     add("transport_plane_aggregation", transport.get("plane_aggregation", {}).get("ratio_to_planes_x_rate"), 0.9,
         "higher")
+    add("scale_goodput_128_qps_to_best", scale.get("goodput_128_to_best", {}).get("value"), 0.8, "higher")
+    add("scale_retransmit_ratio_max", scale.get("retransmit_ratio_max", {}).get("value"), 0.01, "lower")
+    add("scale_ev_events_without_fault", scale.get("ev_events_total", {}).get("value"), 0, "lower")
     add("demo_recovery_ratio_mrc_vs_baseline", results.get("demo", {}).get("recovery_ratio_median"), 100, "higher")
     return rows
 
