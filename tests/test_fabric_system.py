@@ -157,7 +157,7 @@ def test_sigkill_mid_build_then_clean_leaves_nothing(fabric_name, tmp_path):
 
 def test_ctrl_c_mid_build_removes_what_was_made(fabric_name):
     """No `clean` here: the interrupted build itself removes every namespace it had made."""
-    proc = subprocess.Popen(CLI + ["up", "-t", "large", "--name", fabric_name],
+    proc = subprocess.Popen(CLI + ["up", "-t", "huge", "--name", fabric_name],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     journal = registry.journal_path(fabric_name)
     wait_for(lambda: journal.exists() and journal.read_text().count('"netns"') >= 40, what="namespaces")

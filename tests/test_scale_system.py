@@ -41,7 +41,8 @@ def test_ring_over_16_hosts_of_large_all_verified_no_ev_event(large_fabric):
     kernel = run.emulation.kernel_drops
     assert kernel["Udp6RcvbufErrors"] == 0 and kernel["softnet_dropped"] == 0, kernel
     assert [(r.label, e) for r in run for e in r.ev_events] == []
-    assert sum(r.requester["stats"]["timeouts"] for r in run) == 0
+    sent = sum(r.requester["stats"]["packets_sent"] for r in run)
+    assert sum(r.requester["stats"]["retransmits"] for r in run) <= 0.01 * sent  # issue 11: <= 1 % without a fault
     assert run.emulation.workers == min(default_workers(), len(hosts))  # a pool, not a process per host
     assert run.emulation.faithful or run.emulation.reasons  # an emulator-bound verdict always says why
 

@@ -23,7 +23,6 @@ each host's namespace. It never decides anything about the transport itself.
 
 from __future__ import annotations
 
-import errno
 import heapq
 import select
 import socket
@@ -34,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .clock import FOREVER, Clock, Horizon, LagMeter, schedstat
+from .sockets import SocketLink
 
 __all__ = ["Clock", "EventLoop", "Horizon", "LagMeter", "LoopStats", "Port", "schedstat"]
 
@@ -68,31 +68,19 @@ class Port:
                 self.stamped = True
             except OSError:
                 pass
-        self.send_errors = 0
-        self.errors: dict[str, int] = {}  # failed sends by errno name
-        self.frames_sent = 0
+        self.link = SocketLink(send_sock, recv_sock)  # sending, and what a failed send means
+        self.send = self.link.send
         self.datagrams = 0
         self.read_through = 0  # every datagram that arrived before this (clock) time has been read
-        self._addr: dict[str, tuple[str, int]] = {}
         self._packed: dict[str, bytes] = {}
-        self._sendto = send_sock.sendto
 
-    def send(self, frame: bytes | bytearray, path: Any) -> bool:
-        addr = self._addr.get(path.first_hop)
-        if addr is None:
-            addr = self._addr[path.first_hop] = (path.first_hop, 0)
-        try:
-            self._sendto(frame, addr)
-            self.frames_sent += 1
-            return True
-        except OSError as e:
-            self.send_errors += 1
-            self.errors[errno.errorcode.get(e.errno, str(e.errno))] = self.errors.get(errno.errorcode.get(e.errno, str(e.errno)), 0) + 1
-            if e.errno in (errno.ENETUNREACH, errno.EHOSTUNREACH, errno.ENETDOWN, errno.EINVAL):
-                return False  # the host's own port of that plane is down
-            if e.errno in (errno.ENOBUFS, errno.EAGAIN):
-                return True  # dropped at the host, like a full NIC queue: loss recovery handles it
-            raise
+    @property
+    def frames_sent(self) -> int:
+        return self.link.frames_sent
+
+    @property
+    def errors(self) -> dict[str, int]:
+        return self.link.errors
 
     def receive(self, clock: Clock, budget: int, lag: LagMeter, woke: Callable[[Any, int], None]) -> int:
         """Hand up to `budget` waiting datagrams to the endpoints they name, each at its arrival

@@ -34,6 +34,8 @@ class SocketLink:
         self.recv_sock = recv_sock
         recv_sock.setblocking(False)
         self.send_errors = 0
+        self.errors: dict[str, int] = {}  # failed sends by errno name
+        self.frames_sent = 0
         self._packed: dict[str, bytes] = {}
         self._addresses: dict[str, tuple[str, int]] = {}  # first hop -> what sendto takes, built once
         self._sendto = send_sock.sendto
@@ -44,9 +46,12 @@ class SocketLink:
             address = self._addresses[path.first_hop] = (path.first_hop, 0)
         try:
             self._sendto(frame, address)
+            self.frames_sent += 1
             return True
         except OSError as e:
             self.send_errors += 1
+            name = errno.errorcode.get(e.errno, str(e.errno))
+            self.errors[name] = self.errors.get(name, 0) + 1
             if e.errno in (errno.ENETUNREACH, errno.EHOSTUNREACH, errno.ENETDOWN, errno.EINVAL):
                 return False  # the host's own port of that plane is down
             if e.errno in (errno.ENOBUFS, errno.EAGAIN):
