@@ -157,8 +157,11 @@ def test_sigkill_mid_build_then_clean_leaves_nothing(fabric_name, tmp_path):
 
 def test_ctrl_c_mid_build_removes_what_was_made(fabric_name):
     """No `clean` here: the interrupted build itself removes every namespace it had made."""
+    # SIGINT as a terminal sends it, whatever this test's own parent ignores (a background CI job
+    # starts with SIGINT ignored, and Python keeps an ignored SIGINT ignored)
     proc = subprocess.Popen(CLI + ["up", "-t", "huge", "--name", fabric_name],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     journal = registry.journal_path(fabric_name)
     wait_for(lambda: journal.exists() and journal.read_text().count('"netns"') >= 40, what="namespaces")
     proc.send_signal(signal.SIGINT)

@@ -37,6 +37,17 @@ def _write(path: str, value: int) -> None:
         f.write(str(value))
 
 
+def entries_now() -> int:
+    """Neighbour entries the kernel holds now, in every namespace (including dying ones: a
+    namespace that went down is torn down asynchronously and its entries count for a while)."""
+    try:
+        with open("/proc/net/stat/ndisc_cache") as f:
+            f.readline()
+            return int(f.readline().split()[0], 16)
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 def needed(topo: Topology) -> dict[str, int]:
     """The neighbour-table thresholds a fabric of this topology needs, besides what else runs."""
     entries = ENTRIES_PER_END * 2 * len(topo.links) + 2 * len(topo.nodes)
@@ -56,12 +67,14 @@ def raise_for(topo: Topology) -> None:
             registry.STATE_DIR.mkdir(parents=True, exist_ok=True)
             saved.write_text(json.dumps(found))  # before the change: a crash leaves what to restore
         want = found[path] + extra * max(1, len(registry.names()))  # every fabric recorded, this one included
+        want = max(want, entries_now() + extra)  # and what fabrics torn down a moment ago still hold
         if current < want:
             _write(path, want)
 
 
 def restore_if_last() -> None:
-    """Write back the values found, once no fabric is recorded any more."""
+    """Write back the values found, once no fabric is recorded any more (the next `up` raises
+    them again, above whatever the kernel still holds of the namespaces just removed)."""
     saved = _saved()
     if registry.names() or not saved.exists():
         return

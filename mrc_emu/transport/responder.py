@@ -204,8 +204,10 @@ class Responder:
                 continue
             path = qp.paths_back.get(qp.echo_ev) or next(iter(qp.paths_back.values()))
             ack = self._ack_for(qp)
-            send(path.template.encode(ack), path)
-            self.stats["naks_sent" if qp.nak is not None else "acks_sent"] += 1
+            if send(path.template.encode(ack), path):
+                self.stats["naks_sent" if qp.nak is not None else "acks_sent"] += 1
+            else:  # it never left this host (no route out): the requester's timers cover it
+                self.drops["ack_not_sent"] += 1
             qp.ack_due, qp.nak, qp.since_ack, qp.unacked_since = False, None, 0, -1
 
     def next_wakeup(self) -> int | None:
