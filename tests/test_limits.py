@@ -7,6 +7,7 @@ from mrc_emu.topology import builtin
 
 def test_raise_then_restore_when_the_last_fabric_goes(tmp_path, monkeypatch):
     monkeypatch.setattr(registry, "STATE_DIR", tmp_path / "state")
+    monkeypatch.setattr(limits, "entries_now", lambda: 0)
     files = {n: tmp_path / f"gc_thresh{n}" for n in (2, 3)}
     for f in files.values():
         f.write_text("1024\n")
@@ -29,8 +30,21 @@ def test_raise_then_restore_when_the_last_fabric_goes(tmp_path, monkeypatch):
     assert not (registry.STATE_DIR / limits.SAVED).exists()
 
 
+def test_room_for_what_the_kernel_still_holds(tmp_path, monkeypatch):
+    """Namespaces torn down a moment ago keep their neighbour entries for a while: counted in."""
+    monkeypatch.setattr(registry, "STATE_DIR", tmp_path / "state")
+    for n in (2, 3):
+        (tmp_path / f"gc_thresh{n}").write_text("1024")
+    monkeypatch.setattr(limits, "NEIGH", str(tmp_path / "gc_thresh{}"))
+    monkeypatch.setattr(limits, "entries_now", lambda: 50_000)
+    topo = builtin()
+    limits.raise_for(topo)
+    assert int((tmp_path / "gc_thresh3").read_text()) == 50_000 + limits.needed(topo)[str(tmp_path / "gc_thresh3")]
+
+
 def test_a_limit_set_higher_stays_higher_and_comes_back_exactly(tmp_path, monkeypatch):
     monkeypatch.setattr(registry, "STATE_DIR", tmp_path / "state")
+    monkeypatch.setattr(limits, "entries_now", lambda: 0)
     for n in (2, 3):
         (tmp_path / f"gc_thresh{n}").write_text("10000000")
     monkeypatch.setattr(limits, "NEIGH", str(tmp_path / "gc_thresh{}"))
