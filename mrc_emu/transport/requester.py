@@ -30,7 +30,8 @@ try:  # the C send loop for first transmissions (optional; see _spray.c)
 except ImportError:  # pragma: no cover - the extension was not built
     _spray = None
 
-RECHECK_NS = 100_000  # a timer put off for the driver's horizon is looked at again this much later
+RECHECK_NS = 100_000  # a timer put off for the driver's horizon is looked at again at least this much later,
+RECHECK_MAX_NS = 2_000_000  # and at most this much later (a horizon seen far behind may be a moment's lag)
 
 _FATAL_NAKS = {
     Syndrome.NAK_INVALID_REQUEST: "invalid request",
@@ -291,7 +292,7 @@ class Requester:
                 # due already but put off: the emulation had seen only up to `known`, and its
                 # horizon moves no faster than time, so it cannot reach the deadline sooner
                 known = self.recovery.decide_at(self._last_now)
-                deadline = self._last_now + max(RECHECK_NS, deadline - known)
+                deadline = self._last_now + min(max(RECHECK_NS, deadline - known), RECHECK_MAX_NS)
             wakes.append(deadline)
         if self.config.path_avoidance and (probe := self.prober.next_wakeup()) is not None:
             wakes.append(probe)
