@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Set up (idempotently) and run the whole test suite, system tests included; it makes itself
-# root through sudo when it is not.
+# Set up (idempotently) and run the whole test suite, system and slow tests included; it makes
+# itself root through sudo when it is not. Extra arguments go to pytest (a later -m wins, e.g.
+# `scripts/test.sh -m "not slow"` for the quick part only).
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$repo/scripts/as-root.sh"
 venv="${MRC_EMU_VENV:-$repo/.venv}"
 "$repo/scripts/install.sh"
 cd "$repo"
-exec "$venv/bin/python" -m pytest "$@"
+exec "$venv/bin/python" -m pytest -m "slow or not slow" "$@"
