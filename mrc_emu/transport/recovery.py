@@ -59,6 +59,12 @@ class Recovery:
         horizon = self.horizon
         return now if horizon is None or horizon >= now else horizon
 
+    def _put_off(self, deadline: int, now: int) -> None:
+        """A timer not yet due at the horizon: count it once if it was due at `now` already."""
+        if deadline <= now and deadline != self._last_deferred:
+            self.deferred += 1
+            self._last_deferred = deadline
+
     # ---- ACKs ----------------------------------------------------------------------------
 
     def in_range(self, ack: AckPacket) -> bool:
@@ -209,7 +215,9 @@ class Recovery:
             timer = None
             while (pkt := sent.front(ev)) is not None and pkt.sent_ns < rack:
                 timer = timer or self.ev_timer(ev)
-                if known < pkt.sent_ns + timer:
+                deadline = pkt.sent_ns + timer
+                if known < deadline:
+                    self._put_off(deadline, now)
                     break
                 sent.by_ev[ev].popleft()
                 self.lose(pkt, now, EV_TIMER)
@@ -232,13 +240,11 @@ class Recovery:
         `decide_at(now)`; what that puts off is counted in `deferred`."""
         sent = self.sent
         known = self.decide_at(now)
-        if known < now and (due := self.next_deadline()) is not None and known < due <= now:
-            if due != self._last_deferred:
-                self.deferred += 1
-                self._last_deferred = due
         while (pkt := sent.oldest()) is not None:
             tries = self.policy.tries(pkt)
-            if known < pkt.sent_ns + self.config.ack_timeout_for(tries):
+            deadline = pkt.sent_ns + self.config.ack_timeout_for(tries)
+            if known < deadline:
+                self._put_off(deadline, now)
                 break
             self.timeouts += 1
             if self.config.retry_budget_spent(tries):
