@@ -259,15 +259,7 @@ def _shape_for_dilation(fabric: Fabric, dilation: float, undo: bool = False) -> 
 
 def _expect_key(worker: Child, kind: type, key: int, timeout: float = 30.0):
     """The answer of `kind` about transfer `key` (answers about other transfers are kept)."""
-    kept = []
-    try:
-        while True:
-            message = worker.expect(kind, timeout)
-            if message.key == key:
-                return message
-            kept.append(message)
-    finally:
-        worker._inbox[:0] = kept
+    return worker.expect(kind, timeout, where=lambda message: message.key == key)
 
 
 def _watch(workers: list[Child], specs: list[TransferSpec], control: Control,

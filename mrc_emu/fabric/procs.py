@@ -158,20 +158,25 @@ class Child:
             raise ChildError(f"{self.what} {'failed to start' if starting else 'failed'}: {message.error}")
         return message
 
-    def poll(self, kind: type[M] | tuple[type, ...]) -> M | None:
-        """A message of `kind` if one has arrived (others are kept); never waits."""
+    def poll(self, kind: type[M] | tuple[type, ...], where: Callable[[M], bool] | None = None) -> M | None:
+        """A message of `kind` (and, given `where`, one it accepts) if one has arrived; the others
+        are kept, in order. Never waits."""
+        def wanted(message: Any) -> bool:
+            return isinstance(message, kind) and (where is None or where(message))
+
         for i, message in enumerate(self._inbox):
-            if isinstance(message, kind):
+            if wanted(message):
                 return self._inbox.pop(i)
         while self.conn.poll():
             message = self._read()
-            if isinstance(message, kind):
+            if wanted(message):
                 return message
             self._inbox.append(message)
         return None
 
-    def expect(self, kind: type[M] | tuple[type, ...], timeout: float = 30.0, *, starting: bool = False) -> M:
-        """The next message of `kind`, within `timeout` seconds."""
+    def expect(self, kind: type[M] | tuple[type, ...], timeout: float = 30.0, *, starting: bool = False,
+               where: Callable[[M], bool] | None = None) -> M:
+        """The next message of `kind` (that `where` accepts, if given), within `timeout` seconds."""
         found: list[M] = []
 
         def arrived() -> bool:
@@ -179,7 +184,7 @@ class Child:
                 if self.conn.poll():
                     found.append(self._read(starting=True))
                 return bool(found)
-            message = self.poll(kind)
+            message = self.poll(kind, where)
             if message is not None:
                 found.append(message)
             return bool(found)
