@@ -25,7 +25,7 @@ from ..fabric import build
 from ..fabric.procs import Child, Stop
 from ..fabric.running import Fabric
 from ..fabric.waiting import WaitTimeout, until
-from ..io.loop import Horizon
+from ..io.clock import Clock, Horizon
 from ..topology.evs import EvFormat
 from ..transport.config import QpConfig
 from ..transport.paths import QpPaths, qp_paths
@@ -123,8 +123,7 @@ class _Pool:
         names = sorted(hosts, key=_host_order)
         count = max(1, min(workers, len(names)))
         self.horizon = Horizon(count)
-        self.origin_ns = time.monotonic_ns()
-        self.dilation = dilation
+        self.clock = Clock(dilation)  # the run's transport clock: every worker keeps it from the same origin
         self.workers: list[Child] = []
         self.of: dict[str, Child] = {}
         shares: list[list[HostSpec]] = [[] for _ in range(count)]
@@ -133,7 +132,7 @@ class _Pool:
         try:
             for index, share in enumerate(shares):
                 child = Child(fabric, f"MRC endpoint worker {index} ({len(share)} hosts)", serve_hosts,
-                              (index, share, self.horizon, dilation, self.origin_ns),
+                              (index, share, self.horizon, dilation, self.clock.origin),
                               cpu=cpus[index] if count <= len(cpus) else None, ready_timeout=60.0)
                 self.workers.append(child)
                 self.of.update({h.name: child for h in share})
@@ -226,24 +225,23 @@ def run_transfers(fabric: Fabric, specs: list[TransferSpec], control: Control | 
     results = [_result(spec, plans[key], by_host[spec.src].requesters[key], by_host[spec.dst], key, placed[key])
                for key, spec in enumerate(specs)]
     report = emulation.assess(finals, results, kernel_before, emulation.softnet(), dilation)
-    run = Run(results, report, pool.origin_ns, dilation)
-    run.finals = finals
-    return run
+    return Run(results, report, pool.clock, finals)
 
 
 class Run(list):
-    """The results of a run, in the order of its specs (a list), with its emulation report."""
+    """The results of a run, in the order of its specs (a list), with its emulation report, the
+    workers' Final reports and the run's transport clock."""
 
-    def __init__(self, results: list[TransferResult], report: emulation.Report, origin_ns: int = 0,
-                 dilation: float = 1.0) -> None:
+    def __init__(self, results: list[TransferResult], report: emulation.Report, clock: Clock,
+                 finals: list[Final]) -> None:
         super().__init__(results)
         self.emulation = report
-        self.origin_ns, self.dilation = origin_ns, dilation
-        self.finals: list[Final] = []
+        self.clock = clock
+        self.finals = finals
 
     def transport_time(self, monotonic_ns: int) -> int:
         """A CLOCK_MONOTONIC time (a fault agent's) on the transport's clock of this run."""
-        return self.origin_ns + int((monotonic_ns - self.origin_ns) / self.dilation)
+        return self.clock.from_monotonic(monotonic_ns)
 
 
 def _shape_for_dilation(fabric: Fabric, dilation: float, undo: bool = False) -> bool:
