@@ -30,6 +30,7 @@ from typing import Any
 from ..fabric import netns
 from ..fabric.procs import Parent, Stop
 from ..io.loop import Clock, EventLoop, Horizon, Port
+from ..io.sockets import udp_receiver
 from ..transport.cc import make_cc
 from ..transport.config import QpConfig
 from ..transport.mux import HostMux
@@ -173,12 +174,7 @@ def kernel_udp_counters() -> dict[str, int]:
 def _host_sockets(spec: HostSpec) -> tuple[socket.socket, socket.socket, dict[str, int]]:
     """The host's raw socket (out) and UDP socket on port 4791 (in), made inside its namespace."""
     with netns.entered(spec.ns_path):
-        recv = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
-        try:
-            recv.setsockopt(socket.SOL_SOCKET, 33, RECV_BUFFER)  # SO_RCVBUFFORCE (root)
-        except OSError:
-            recv.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECV_BUFFER)
-        recv.bind((spec.address, 4791))
+        recv = udp_receiver(spec.address, buffer=RECV_BUFFER)
         raw = socket.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_RAW)
         return raw, recv, kernel_udp_counters()
 
@@ -201,10 +197,11 @@ class _Job:
 class _Worker:
     """What one worker holds while it runs: its hosts' ports, QPs, buffers and WRITEs."""
 
-    def __init__(self, parent: Parent, loop: EventLoop, ports: dict[str, Port]) -> None:
+    def __init__(self, parent: Parent, loop: EventLoop, hosts: dict[str, HostSpec], ports: dict[str, Port]) -> None:
         self.parent = parent
         self.loop = loop
         self.clock = loop.clock
+        self.hosts = hosts
         self.ports = ports
         self.responders: dict[int, Responder] = {}
         self.regions: dict[int, Any] = {}
@@ -284,8 +281,8 @@ class _Worker:
 
     def final(self, before: dict[str, dict[str, int]], loop_stats: dict[str, Any]) -> Final:
         kernel = {}
-        for host, port in self.ports.items():
-            with netns.entered(port.ns_path):
+        for host, spec in self.hosts.items():
+            with netns.entered(spec.ns_path):
                 after = kernel_udp_counters()
             kernel[host] = {k: after[k] - before[host].get(k, 0) for k in after}
         requesters = {}
@@ -321,9 +318,8 @@ def serve_hosts(parent: Parent, index: int, hosts: list[HostSpec], horizon: Hori
     for spec in hosts:
         raw, recv, before[spec.name] = _host_sockets(spec)
         port = ports[spec.name] = Port(spec.name, raw, recv, HostMux(socket.inet_pton(socket.AF_INET6, spec.address)))
-        port.ns_path = spec.ns_path
         loop.add_port(port)
-    worker = _Worker(parent, loop, ports)
+    worker = _Worker(parent, loop, {spec.name: spec for spec in hosts}, ports)
     loop.add_control(parent.fileno(), worker.on_control)
     parent.ready()
     # The cyclic garbage collector is paused while the loop runs: a full collection over a

@@ -84,14 +84,14 @@ class SocketLink:
         select.select([self.recv_sock], [], [], max(0.0, timeout_s))
 
 
-def udp_receiver(address: str, port: int = 4791) -> socket.socket:
-    """A UDP socket bound to the host address on the RoCEv2 port, with a large receive buffer.
-    Call it inside the host's namespace."""
+def udp_receiver(address: str, port: int = 4791, buffer: int = RECV_BUFFER) -> socket.socket:
+    """A UDP socket bound to the host address on the RoCEv2 port, with a large receive buffer
+    (`buffer` bytes). Call it inside the host's namespace."""
     sock = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
     try:
-        sock.setsockopt(socket.SOL_SOCKET, 33, RECV_BUFFER)  # SO_RCVBUFFORCE (root)
+        sock.setsockopt(socket.SOL_SOCKET, 33, buffer)  # SO_RCVBUFFORCE (root)
     except OSError:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECV_BUFFER)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, buffer)
     sock.bind((address, port))
     return sock
 
