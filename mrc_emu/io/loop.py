@@ -60,7 +60,6 @@ class Port:
         self.recv_sock = recv_sock
         self.mux = mux
         self.fd = recv_sock.fileno()
-        recv_sock.setblocking(False)
         self.stamped = False
         if _sockio is not None:
             try:
@@ -68,11 +67,10 @@ class Port:
                 self.stamped = True
             except OSError:
                 pass
-        self.link = SocketLink(send_sock, recv_sock)  # sending, and what a failed send means
+        self.link = SocketLink(send_sock, recv_sock)  # sending, what a failed send means, plain receiving
         self.send = self.link.send
         self.datagrams = 0
         self.read_through = 0  # every datagram that arrived before this (clock) time has been read
-        self._packed: dict[str, bytes] = {}
 
     @property
     def frames_sent(self) -> int:
@@ -109,25 +107,28 @@ class Port:
                 n += len(batch)
                 self.datagrams += len(batch)
             return n
-        recv = self.recv_sock.recvfrom
-        packed = self._packed
-        while n < budget:
-            started = clock.now()
-            try:
-                data, addr = recv(65535)
-            except BlockingIOError:
-                self.read_through = started
-                return n
-            src = packed.get(addr[0])
-            if src is None:
-                src = packed[addr[0]] = socket.inet_pton(socket.AF_INET6, addr[0])
-            endpoint = route(data)
-            if endpoint is not None:
-                endpoint.on_datagram(data, src, addr[1], started)
-                woke(endpoint, started)
-            n += 1
-            self.datagrams += 1
+        # without the C extension: the link's own receive, one datagram per call, stamped when read
+        started = clock.now()
+        n = self.link.receive(_Routed(route, woke), clock.now, budget)
+        if n < budget:
+            self.read_through = started  # emptied: everything that came before the first look is read
+        self.datagrams += n
         return n
+
+
+class _Routed:
+    """A port's QPs as one endpoint: SocketLink.receive hands each datagram to the QP it names."""
+
+    __slots__ = ("route", "woke")
+
+    def __init__(self, route: Callable[[Any], Any], woke: Callable[[Any, int], None]) -> None:
+        self.route, self.woke = route, woke
+
+    def on_datagram(self, payload: bytes | memoryview, src: bytes, sport: int, now: int) -> None:
+        endpoint = self.route(payload)
+        if endpoint is not None:
+            endpoint.on_datagram(payload, src, sport, now)
+            self.woke(endpoint, now)
 
 
 class _Task:
