@@ -77,6 +77,9 @@ class LagMeter:
     BUCKETS = 128
 
     def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
         self.counts = [0] * self.BUCKETS
         self.max_ns = 0
         self.n = 0

@@ -10,7 +10,7 @@ that receiving is never starved. And the loop knows when it is itself the bottle
   transport at that time, so an ACK that waited in a socket for the worker does not lengthen
   an RTT sample;
 - it measures its lag (how late it serves a due wakeup, how long a datagram waited in a
-  socket), the CPU it got and the time it waited for one (/proc/self/schedstat);
+  socket), the CPU it got and the time it waited for one (/proc/thread-self/schedstat);
 - it publishes a *horizon*: the time up to which it has read every datagram that arrived at
   its sockets and sent what they caused. Timers in the transport decide at
   min(now, every worker's horizon): a loss timer never fires on a packet whose ACK is still
@@ -201,8 +201,8 @@ class EventLoop:
             self.measuring = True
             run, wait = schedstat()
             self._measured_from = (time.monotonic_ns(), run, wait, self._datagrams(), self._frames())
-            self.timer_lag.__init__()
-            self.socket_lag.__init__()
+            self.timer_lag.reset()
+            self.socket_lag.reset()
         elif not on and self.measuring:
             self.measuring = False
             wall0, run0, wait0, d0, f0 = self._measured_from
