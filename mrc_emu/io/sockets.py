@@ -4,17 +4,14 @@ Why it exists: inside a fabric namespace the transport's frames must become real
 `SocketLink` sends each whole frame (outer IPv6, SRH, inner IPv6, UDP, RoCE) through a raw
 socket, routed by the frame's outer destination (the path's first hop), and hands the
 datagrams a UDP socket on [address]:4791 receives to an endpoint; the kernel has checked
-each one's UDP checksum. `run_socket` drives one endpoint in real time (the monotonic
-clock). The sockets are created by the caller inside the host's namespace (fabric.ops).
+each one's UDP checksum. The worker's event loop (loop.py) drives many such links at once.
+The sockets are created by the caller inside the host's namespace (fabric.ops).
 """
 
 from __future__ import annotations
 
 import errno
-import gc
-import select
 import socket
-import time
 from collections.abc import Callable
 
 from ..transport.paths import Endpoint, Path
@@ -80,9 +77,6 @@ class SocketLink:
             n += 1
         return n
 
-    def wait(self, timeout_s: float) -> None:
-        select.select([self.recv_sock], [], [], max(0.0, timeout_s))
-
 
 def udp_receiver(address: str, port: int = 4791, buffer: int = RECV_BUFFER) -> socket.socket:
     """A UDP socket bound to the host address on the RoCEv2 port, with a large receive buffer
@@ -94,40 +88,3 @@ def udp_receiver(address: str, port: int = 4791, buffer: int = RECV_BUFFER) -> s
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, buffer)
     sock.bind((address, port))
     return sock
-
-
-def run_socket(endpoint: Endpoint, link: SocketLink, done: Callable[[], bool],
-               tick: Callable[[int], None] | None = None, tick_ns: int = 100_000_000,
-               clock: Callable[[], int] = time.monotonic_ns) -> None:
-    """Drive one endpoint over sockets until `done()`. `tick(now)` runs every `tick_ns`.
-
-    The cyclic garbage collector is paused meanwhile: a full collection over a large heap
-    stalls the loop for milliseconds, and the transport's objects are freed by reference
-    counting anyway.
-    """
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        _run_socket(endpoint, link, done, tick, tick_ns, clock)
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
-def _run_socket(endpoint: Endpoint, link: SocketLink, done: Callable[[], bool],
-                tick: Callable[[int], None] | None, tick_ns: int, clock: Callable[[], int]) -> None:
-    next_tick = clock() + tick_ns
-    while not done():
-        now = clock()
-        endpoint.pump(now, link.send, clock)
-        got = link.receive(endpoint, clock)
-        now = clock()
-        if tick is not None and now >= next_tick:
-            tick(now)
-            next_tick = now + tick_ns
-        if got:
-            continue
-        wake = endpoint.next_wakeup()
-        if wake is None or wake > now:
-            limit = min(wake if wake is not None else now + tick_ns, next_tick)
-            link.wait(min((limit - now) / 1e9, 0.05))

@@ -23,14 +23,11 @@ class HostMux:
     def __init__(self, address: bytes) -> None:
         self.address = address
         self.by_qpn: dict[int, Any] = {}
-        self.endpoints: list[Any] = []
         self.unknown_qp = 0
         self.probe_budget = ProbeBudget(HOST_PROBES_PER_S, HOST_PROBE_BURST)
 
     def add(self, qpn: int, endpoint: Any) -> None:
         self.by_qpn[qpn] = endpoint
-        if endpoint not in self.endpoints:
-            self.endpoints.append(endpoint)
 
     def route(self, payload: bytes | memoryview):
         """The endpoint a datagram is for (by the destination QPN in its BTH), or None."""
