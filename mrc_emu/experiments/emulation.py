@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..io.loop import LagMeter
+from ..io.clock import LagMeter
 
 LAG_LIMIT_US = 1000  # loop lag p99 (transport time) above which timings are the emulator's
 CPU_BUSY_LIMIT = 0.9  # a worker on a CPU this fraction of the run was saturated
@@ -69,13 +69,17 @@ class Report:
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
 
+    def summary(self) -> str:
+        """The verdict and the figures behind it, in one line."""
+        lag, k = self.loop_lag_us, self.time_dilation
+        return (f"{self.verdict} ({self.workers} worker{'s' if self.workers != 1 else ''}"
+                + (f", time dilation {k:g}: times and rates are emulated, {k:g}x slower in wall time" if k != 1 else "")
+                + f"; loop lag p50 {lag['p50']:.0f} / p99 {lag['p99']:.0f} / max {lag['max']:.0f} us; "
+                  f"CPU busy {max(self.cpu_busy, default=0):.0%}; {self.packets_per_s:,.0f} packets/s)")
+
     def line(self) -> str:
-        """One line for the CLI."""
-        lag = self.loop_lag_us
-        head = (f"emulation: {self.verdict} ({self.workers} worker{'s' if self.workers != 1 else ''}"
-                f"{f', time dilation {self.time_dilation:g}' if self.time_dilation != 1 else ''}; "
-                f"loop lag p50 {lag['p50']:.0f} / p99 {lag['p99']:.0f} / max {lag['max']:.0f} us; "
-                f"CPU busy {max(self.cpu_busy, default=0):.0%}; {self.packets_per_s:,.0f} packets/s)")
+        """What the CLI prints after a transfer: the summary, then each reason."""
+        head = "emulation: " + self.summary()
         return head if self.faithful else head + "\n  " + "\n  ".join(self.reasons)
 
 

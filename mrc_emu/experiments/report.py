@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from .emulation import Report
 from .faults import FAULT_KINDS
 from .transports import Transport
 
@@ -226,16 +227,12 @@ def emulation_lines(results: dict[str, Any]) -> list[str]:
     """What each run's emulation block says: faithful, or emulator-bound and why (figures flagged)."""
     lines = []
     for transport, run in results["runs"].items():
-        emu = run.get("emulation")
-        if not emu:
+        if not run.get("emulation"):
             continue
-        k = emu["time_dilation"]
-        head = (f"{transport}: {emu['verdict']} ({emu['workers']} workers"
-                + (f", time dilation {k:g}: times and rates are emulated, {k:g}x slower in wall time" if k != 1 else "")
-                + f"; loop lag p99 {emu['loop_lag_us']['p99']:.0f} us, CPU busy {max(emu['cpu_busy'], default=0):.0%})")
-        lines.append(head)
-        if emu["verdict"] != "faithful":
-            lines += [f"  - {reason}" for reason in emu["reasons"]]
+        emu = Report(**run["emulation"])
+        lines.append(f"{transport}: {emu.summary()}")
+        if not emu.faithful:
+            lines += [f"  - {reason}" for reason in emu.reasons]
             lines.append(f"  - so {transport}'s goodput and times above are the emulator's, not the fabric's")
     return lines
 
