@@ -56,8 +56,6 @@ class Port:
 
     def __init__(self, host: str, send_sock: socket.socket, recv_sock: socket.socket, mux: Any) -> None:
         self.host = host
-        self.send_sock = send_sock
-        self.recv_sock = recv_sock
         self.mux = mux
         self.fd = recv_sock.fileno()
         self.stamped = False
