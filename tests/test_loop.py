@@ -109,11 +109,29 @@ def _pair():
     return rx, tx
 
 
+def _until_the_kernel_stamps(rx, tx, deadline_s: float = 5.0) -> None:
+    """Wait until datagrams are stamped on arrival. The kernel turns arrival stamps on for the
+    whole machine a moment after the first socket asks for them (a deferred static key); until
+    then it stamps a datagram when it is read."""
+    give_up = time.monotonic() + deadline_s
+    while time.monotonic() < give_up:
+        tx.sendto(b"warm-up", rx.getsockname())
+        held_until = time.monotonic_ns() + 3_000_000
+        while time.monotonic_ns() < held_until:
+            pass
+        read = time.time_ns()
+        (_, _, _, stamp, _), = lp._sockio.recv_batch(rx.fileno(), 1)
+        if stamp and read - stamp >= 2_000_000:
+            return
+    pytest.fail("the kernel never stamped a datagram on arrival")
+
+
 @needs_sockio
 def test_datagrams_are_handed_over_at_their_arrival_time_not_when_read():
     echo = Echo()
     clock = lp.Clock()
     loop, rx, tx = _loop(echo, clock)
+    _until_the_kernel_stamps(rx, tx)
     sent_at = clock.now()
     tx.sendto(b"late", rx.getsockname())
     busy_until = time.monotonic_ns() + 30_000_000  # the worker is busy elsewhere for 30 ms
@@ -160,4 +178,49 @@ def test_pump_gets_the_slowest_workers_horizon():
     now, seen = echo.pumps[0]
     assert seen == stale < now
     assert horizon.min() == stale  # this worker stopped: its slot no longer holds anyone back
+    loop.close()
+
+
+class Busy:
+    """A sender whose every pump takes 3 ms (a burst of data through the kernel) and is always due."""
+
+    def __init__(self, order: list) -> None:
+        self.order = order
+        self.now = 0
+
+    def pump(self, now, send, clock=None, horizon=None):
+        self.now = now
+        self.order.append("busy")
+        spin_until = time.monotonic_ns() + 3_000_000
+        while time.monotonic_ns() < spin_until:
+            pass
+
+    def next_wakeup(self):
+        return self.now
+
+
+@needs_sockio
+def test_answering_endpoints_are_pumped_before_the_senders_and_their_wait_is_lag():
+    """A responder (first=True) given a datagram is pumped before any of the busy senders queued
+    ahead of it, every turn; how long it waited from the datagram's arrival counts as loop lag."""
+    order: list = []
+
+    class Answering(Echo):
+        def pump(self, now, send, clock=None, horizon=None):
+            super().pump(now, send, clock, horizon)
+            order.append(("answer", len(self.got)))
+
+    answering = Answering()
+    clock = lp.Clock()
+    loop, rx, tx = _loop(Echo(), clock)  # a port whose datagrams the answering endpoint gets
+    port = loop.ports[0]
+    port.mux = OneMux(answering)
+    for _ in range(4):
+        loop.add_endpoint(Busy(order), port)
+    loop.add_endpoint(answering, port, first=True)
+    tx.sendto(b"ack me", rx.getsockname())
+    loop.run(lambda: order.count("busy") >= 8)
+    answered = order.index(("answer", 1))
+    assert answered < order.index("busy"), order  # the datagram was read and answered before any burst
+    assert loop.timer_lag.n >= 1
     loop.close()

@@ -255,3 +255,26 @@ def test_ev_timer_loss_waits_for_the_horizon():
     rec.horizon = None  # a driver whose `now` is the horizon (virtual time)
     rec.on_timer(12_000 * US)
     assert old.psn not in rec.sent.flight and cc.of("lost")
+
+
+def test_the_responders_service_time_is_taken_out_of_the_rtt_sample():
+    rec, cc = make()
+    send(rec, 0, 0)
+    served = ack(0, echo=(0, 0))
+    served.service_ns = 400 * US  # the responder held the packet 400 us before the ACK left
+    rec.on_ack(served, 500 * US)
+    assert rec.profile.evs[0].rtt.latest_ns == 100 * US
+    assert cc.of("acked") == [("acked", 0, MTU, 100 * US, False)]
+
+
+def test_a_packet_sent_long_before_the_echoed_one_gives_no_rtt_sample():
+    """An ACK that covers two bursts 5 ms apart: the echoed packet of the second has its exact
+    sample; the first burst's packet arrived up to 5 ms before the ACK was due, so its
+    `ACK arrival - sent` would count those 5 ms as delay: it gives no sample."""
+    rec, cc = make()
+    send(rec, 0, 0)
+    send(rec, 1, 5000 * US)
+    rec.on_ack(ack(1, echo=(1, 1)), 5100 * US)
+    assert rec.profile.evs[1].rtt.latest_ns == 100 * US
+    assert rec.profile.evs[0].rtt.samples == 0
+    assert sorted(cc.of("acked")) == [("acked", 0, MTU, None, False), ("acked", 1, MTU, 100 * US, False)]

@@ -506,3 +506,21 @@ def test_baseline_go_back_n_on_one_ev_delivers_exactly(loss, reorder, duplicate,
     assert requester.profile.evs[0].state is EvState.GOOD  # the baseline never avoids its path
     if loss > 0.05 and size > 20_000:
         assert requester.retransmits > 0
+
+
+def test_a_responder_slow_to_answer_does_not_lengthen_the_rtt():
+    """The ACK says how long the responder held the echoed packet (here: the delayed-ACK timer,
+    2 ms, far beyond the 10 us each way), and the requester takes that out of its samples: the
+    EVs' RTTs are the network's 20 us, not the responder's 2 ms. Without it a slow endpoint
+    (on a loaded machine: the emulator's own lag) reads as a queue, and the window collapses."""
+    config = QpConfig(mtu=1024, ack_every=1000, ack_delay_ns=2_000_000)
+    requester, responder, mr, buffer = pair(64 * 1024, config)
+    data = os.urandom(len(buffer))
+    requester.post_write(data, mr.va, mr.rkey)
+    assert MemoryNetwork(0).run([requester, responder], lambda: requester.done)
+    assert buffer == data and requester.error is None
+    sampled = [s.rtt for s in requester.profile.evs.values() if s.rtt.samples]
+    assert sampled, "no EV got an RTT sample"
+    # each sample is 20 us plus at most the microsecond the service time is rounded down to
+    assert all(20_000 <= r.min_rtt_ns and r.latest_ns <= 22_000 for r in sampled), [r.latest_ns for r in sampled]
+    assert requester.cc.decreases == 0

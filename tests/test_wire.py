@@ -34,6 +34,7 @@ ack_packets = st.builds(
     fmt.AckPacket, dest_qp=u24, psn=u24, syndrome=st.sampled_from(list(fmt.Syndrome)), msn=u24,
     sack_base=u24, echo_psn=u24, echo_ev=st.integers(0, 0xFFFF), ecn_echo=st.booleans(),
     sack_bitmap=st.integers(0, 8).flatmap(lambda n: st.binary(min_size=4 * n, max_size=4 * n)),
+    service_ns=st.integers(0, fmt.SERVICE_MAX).map(lambda us: us * fmt.SERVICE_UNIT_NS),
 )
 probe_packets = st.builds(fmt.ProbePacket, dest_qp=u24, probe_id=u32, ev=st.integers(0, 0xFFFF),
                           send_time_ns=st.integers(0, 2**64 - 1))
@@ -208,3 +209,13 @@ def test_tshark_decodes_every_packet_type(tmp_path):
     assert out.count("RETH - RDMA Extended Transport Header") == 6
     assert out.count("AETH - ACK Extended Transport Header") == 9
     assert out.count("Routing Header for IPv6 (Segment Routing)") == 10
+
+
+def test_ack_service_time_is_microseconds_and_saturates():
+    """The ACK's service time goes on the wire in whole microseconds, never past 16 bits."""
+    ends = fmt.Endpoints(SRC, DST, 0xC000)
+    template = encoder.FrameTemplate(ends, encoder.Encap.udp(), 0)
+    for held, read in ((1_999, 1_000), (0, 0), (-5, 0), (10**12, fmt.SERVICE_MAX * fmt.SERVICE_UNIT_NS)):
+        frame = template.encode(fmt.AckPacket(7, 9, service_ns=held))
+        ack = decoder.decode_frame(frame)
+        assert ack.packet.service_ns == read

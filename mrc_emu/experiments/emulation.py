@@ -2,8 +2,9 @@
 
 Why it exists: on a 2-core machine the emulator can be slower than the network it emulates,
 and then what it measures is its own speed. A run must say so rather than publish scheduling
-noise as a network figure. Every worker measures itself (io/loop.py): how late it served due
-wakeups (loop lag), how long datagrams waited in its sockets, the CPU it got and how long it
+noise as a network figure. Every worker measures itself (io/loop.py): how late it answered what
+was due (loop lag: from a datagram's arrival in the kernel, or a timer's due time, to the pump
+that dealt with it), how long datagrams waited in its sockets, the CPU it got and how long it
 waited for one; the kernel counts what it dropped for the emulator (a full receive socket,
 Udp6RcvbufErrors; a full backlog, softnet_stat). From these a run gets a verdict:
 

@@ -225,7 +225,7 @@ class _Worker:
                          peer=socket.inet_pton(socket.AF_INET6, msg.peer), pd=msg.key)
         self.responders[msg.key], self.regions[msg.key] = responder, mr
         port.mux.add(msg.qpn, responder)
-        self.loop.add_endpoint(responder, port)
+        self.loop.add_endpoint(responder, port, first=True)
         self.parent.send(Accepted(msg.key, mr.to_dict()))
 
     def prepare(self, msg: Prepare) -> None:

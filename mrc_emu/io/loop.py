@@ -132,11 +132,12 @@ class _Routed:
 class _Task:
     """An endpoint as the loop schedules it: its send function and its pending wakeup."""
 
-    __slots__ = ("endpoint", "send", "wake_at", "queued", "owed_since")
+    __slots__ = ("endpoint", "send", "first", "wake_at", "queued", "owed_since")
 
-    def __init__(self, endpoint: Any, send: Callable[[bytes, Any], bool]) -> None:
+    def __init__(self, endpoint: Any, send: Callable[[bytes, Any], bool], first: bool) -> None:
         self.endpoint = endpoint
         self.send = send
+        self.first = first  # an answering endpoint: pumped before the others each turn
         self.wake_at: int | None = None
         self.queued = False
         # the oldest datagram (or due timer) this endpoint has been given and not yet answered
@@ -154,7 +155,7 @@ class LoopStats:
     turns: int = 0
     datagrams: int = 0
     frames_sent: int = 0
-    timer_lag: LagMeter | None = None  # how late due wakeups were served
+    timer_lag: LagMeter | None = None  # how late what was due (a datagram's arrival, a timer) was answered
     socket_lag: LagMeter | None = None  # how long datagrams waited in a socket
 
     def to_dict(self) -> dict:
@@ -185,6 +186,7 @@ class EventLoop:
         self._controls: dict[int, Callable[[], None]] = {}
         self._heap: list[tuple[int, int, _Task]] = []
         self._ready: deque[_Task] = deque()
+        self._answer: deque[_Task] = deque()  # ready answering endpoints (responders): served first
         self._behind: set[Port] = set()  # readable ports not read to the end
         self.timer_lag = LagMeter()
         self.socket_lag = LagMeter()
@@ -221,11 +223,17 @@ class EventLoop:
         port.read_through = self.clock.now()
         self._epoll.register(port.fd, select.EPOLLIN)
 
-    def add_endpoint(self, endpoint: Any, port: Port) -> None:
-        """Drive `endpoint` (a QP of the port's host), sending through the port; pumped at once."""
+    def add_endpoint(self, endpoint: Any, port: Port, first: bool = False) -> None:
+        """Drive `endpoint` (a QP of the port's host), sending through the port; pumped at once.
+
+        `first`: an endpoint that only answers (a responder: its pump sends ACKs, a few short
+        frames): every turn pumps all such endpoints that are due before any other. A requester's
+        pump sends a burst of data (about a millisecond of sendto here); were ACKs queued behind
+        the bursts of 64 requesters, they would wait for tens of milliseconds, and every
+        requester's clock with them."""
         task = self._tasks.get(id(endpoint))
         if task is None:
-            task = self._tasks[id(endpoint)] = _Task(endpoint, port.send)
+            task = self._tasks[id(endpoint)] = _Task(endpoint, port.send, first)
         self._queue(task)
 
     def add_control(self, fd: int, on_readable: Callable[[], None]) -> None:
@@ -245,7 +253,7 @@ class EventLoop:
     def _queue(self, task: _Task) -> None:
         if not task.queued:
             task.queued = True
-            self._ready.append(task)
+            (self._answer if task.first else self._ready).append(task)
 
     def _horizon(self, mine: int) -> int:
         if self.horizon is None:
@@ -258,7 +266,7 @@ class EventLoop:
         clock = self.clock
         next_tick = clock.now() + tick_ns
         timeout = 0.0
-        ready, heap, behind = self._ready, self._heap, self._behind
+        ready, answer, heap, behind = self._ready, self._answer, self._heap, self._behind
         by_fd, controls, wake = self._by_fd, self._controls, self.wake
         rotate = 0
         idle = LagMeter()  # what arrives while not measuring is not counted
@@ -301,8 +309,6 @@ class EventLoop:
                 if task.wake_at != due:
                     continue  # superseded by a later schedule
                 task.wake_at = None
-                if self.measuring:
-                    self.timer_lag.record(int((now - due) * clock.dilation))
                 wake(task.endpoint, due)
             # the horizon: read through `polled`, except sockets left behind, and not past what an
             # endpoint was given and has not answered yet
@@ -310,18 +316,17 @@ class EventLoop:
             for port in behind:
                 if port.read_through < mine:
                     mine = port.read_through
-            for task in ready:
-                if task.owed_since is not None and task.owed_since < mine:
-                    mine = task.owed_since
+            for queue in (answer, ready):
+                for task in queue:
+                    if task.owed_since is not None and task.owed_since < mine:
+                        mine = task.owed_since
             horizon = self._horizon(mine)
+            lag = self.timer_lag if self.measuring else idle
+            for _ in range(len(answer)):  # every answering endpoint due now, once
+                self._serve(answer.popleft(), horizon, lag)
             turn_ends = time.monotonic_ns() + TURN_NS
             for _ in range(len(ready)):  # each endpoint due now at most once per turn
-                task = ready.popleft()
-                task.queued = False
-                task.owed_since = None
-                now = clock.now()
-                task.endpoint.pump(now, task.send, clock.now, min(now, horizon))
-                self._arm(task, now)
+                self._serve(ready.popleft(), horizon, lag)
                 if time.monotonic_ns() >= turn_ends:
                     break
             now = clock.now()
@@ -329,7 +334,7 @@ class EventLoop:
                 tick(now)
                 next_tick = now + tick_ns
             self.stats.turns += 1
-            if ready or behind or budget <= 0:
+            if ready or answer or behind or budget <= 0:
                 timeout = 0.0
                 continue
             wake_at = heap[0][0] if heap else now + IDLE_WAKE_NS
@@ -339,6 +344,16 @@ class EventLoop:
             self.horizon.publish(self.index, FOREVER)  # a worker that stopped holds nobody back
         self.measure(False)
         return self.stats
+
+    def _serve(self, task: _Task, horizon: int, lag: LagMeter) -> None:
+        """Pump one endpoint; the loop's lag is how late it answered what it was owed."""
+        task.queued = False
+        now = self.clock.now()
+        if task.owed_since is not None:
+            lag.record(int((now - task.owed_since) * self.clock.dilation))
+            task.owed_since = None
+        task.endpoint.pump(now, task.send, self.clock.now, min(now, horizon))
+        self._arm(task, now)
 
     def _arm(self, task: _Task, now: int) -> None:
         wake = task.endpoint.next_wakeup()

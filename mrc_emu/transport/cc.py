@@ -33,6 +33,7 @@ class CongestionControl(ABC):
 
     name: ClassVar[str]
     cwnd: float
+    decreases: int = 0  # how many times the window was cut (a profile that cuts counts them)
 
     @abstractmethod
     def on_sent(self, now: int, ev: int, nbytes: int) -> None: ...

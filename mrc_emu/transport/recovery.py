@@ -25,6 +25,7 @@ SAME_EV = "a later packet on the same EV arrived"  # loss rule 1: a path keeps o
 EV_TIMER = "not acknowledged while later packets were"  # loss rule 2: the EV's timer ran out
 ACK_TIMEOUT = "ACK timeout"
 SEQUENCE_NAK = "PSN sequence NAK"  # go-back-N: the responder saw a gap
+MIN_RTT_SAMPLE_NS = 1_000  # an RTT sample less the responder's service time is at least this
 LOSS_CHECK_NS = 100_000  # how often the pump re-runs the loss rules when no ACK comes
 
 
@@ -81,11 +82,14 @@ class Recovery:
             return
         sent = self.sent
         evs = self.profile.evs
-        # an RTT sample from the echoed packet, if it was sent once on that EV (Karn)
-        rtt = sampled = None
+        # an RTT sample from the echoed packet, if it was sent once on that EV (Karn), without
+        # the time the responder held it (its service time: the endpoint's, not the network's)
+        rtt = sampled = echo_sent = None
+        heard = now - ack.service_ns
         echo = sent.pkts.get(psn_abs(ack.echo_psn, una))
         if echo is not None and echo.tx == 1 and echo.ev == ack.echo_ev:
-            rtt = now - echo.sent_ns
+            rtt = max(MIN_RTT_SAMPLE_NS, heard - echo.sent_ns)
+            echo_sent = echo.sent_ns
             sampled = echo.ev
             self.profile.on_rtt(echo.ev, rtt, ack.ecn_echo)
         ecn_ev = ack.echo_ev if ack.ecn_echo and ack.echo_ev in evs else None
@@ -102,7 +106,7 @@ class Recovery:
         self.bytes_acked += acked
         if acked == 0:
             self.duplicates_acked += 1
-        self._credit(seen, now, sampled, rtt, ecn_ev, newest_samples=True)
+        self._credit(seen, now, sampled, rtt, ecn_ev, echo_sent, heard)
         self.policy.detect_losses(self, now, seen)
 
     def _newly_sacked(self, ack: AckPacket, una: int) -> list[int]:
@@ -138,17 +142,22 @@ class Recovery:
             self.bytes_acked += self.sent.deliver(range(self.una, cum + 1), seen)
             self.una = cum + 1
             self.policy.on_progress()
-            self._credit(seen, now, None, None, None, newest_samples=False)
+            self._credit(seen, now, None, None, None)
 
     def _credit(self, seen: dict[int, list[int]], now: int, sampled: int | None, rtt: int | None,
-                ecn_ev: int | None, newest_samples: bool) -> None:
+                ecn_ev: int | None, echo_sent: int | None = None, heard: int = 0) -> None:
         """Tell the EV profile and the CC what each EV delivered.
 
-        Every EV that delivered gets an RTT sample from its newest packet in this ACK (Karn: not
-        from a retransmission). One echo per ACK alone left EVs without any sample: the ACK
-        every 32nd packet echoes the same one or two EVs of an 8-EV schedule. The newest packet
-        of an EV arrived at most a few packets before the ACK was sent, so the coalescing adds
-        little; the echoed EV has its exact sample already."""
+        The echoed EV has its exact sample (`rtt`): the ACK's arrival less the responder's service
+        time of the echoed packet (`heard`) less its send time, so an endpoint slow to read or
+        answer (on this machine: the emulator's own lag) is not taken for a queue in the fabric.
+        One echo per ACK alone left EVs without any sample (the ACK every 32nd packet echoes the
+        same one or two EVs of an 8-EV schedule), so every other EV that delivered gets a sample
+        from its newest packet in this ACK (Karn: not from a retransmission), `heard` less its
+        send time. That is exact only if it arrived when the echoed one did; it arrived up to
+        (echo sent - its sent) earlier, so it is taken only from a packet sent at most one echoed
+        RTT before the echoed packet: at most twice the truth. A QP whose bursts are far apart
+        (a slow QP among many) thus samples the EVs at the end of each burst, not the old ones."""
         profile, cc = self.profile, self.cc
         evs = profile.evs
         for ev, (count, latest_sent, latest_tx, nbytes) in seen.items():
@@ -158,8 +167,8 @@ class Recovery:
             sample = None
             if ev == sampled:
                 sample = rtt
-            elif newest_samples and latest_tx == 1:
-                sample = now - latest_sent
+            elif echo_sent is not None and latest_tx == 1 and echo_sent - latest_sent <= rtt:
+                sample = max(MIN_RTT_SAMPLE_NS, heard - latest_sent)
                 profile.on_rtt(ev, sample, None)
             cc.on_acked(now, ev, nbytes, sample, evs[ev].rtt.srtt_ns, ev == ecn_ev)
         for ev in {sampled, ecn_ev} - seen.keys() - {None}:  # an echo (sample, ECN mark) whose EV delivered nothing new

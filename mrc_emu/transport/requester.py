@@ -315,7 +315,7 @@ class Requester:
                 "duplicates_acked": rec.duplicates_acked, "naks": self.naks, "timeouts": rec.timeouts,
                 "send_failures": self.send_failures, "probes_sent": self.prober.probes_sent,
                 "probes_returned": self.prober.probes_returned, "probes_paced": self.prober.probes_paced,
-                "cwnd": int(self.cc.cwnd), "stalled": self.stalled, "timers_deferred": rec.deferred,
+                "cwnd": int(self.cc.cwnd), "cc_decreases": self.cc.decreases, "stalled": self.stalled, "timers_deferred": rec.deferred,
                 "psns_sent": rec.next_psn - self.start_psn, "psns_acked": rec.una - self.start_psn}
 
     def ev_bytes_in_flight(self, ev: int) -> int:

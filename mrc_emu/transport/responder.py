@@ -77,6 +77,7 @@ class _RQp:
     nak_psn: int = 0
     echo_psn: int = 0
     echo_ev: int = 0
+    echo_at: int = 0  # when the echoed packet arrived: the ACK says how long it was held since
     ecn: bool = False
 
     def __post_init__(self) -> None:
@@ -134,7 +135,7 @@ class Responder:
             return
         psn = psn_abs(packet.psn, qp.epsn)
         offset = psn - qp.epsn
-        qp.echo_psn, qp.echo_ev, qp.ecn = packet.psn, ev_of_sport(sport), packet.ecn_ce
+        qp.echo_psn, qp.echo_ev, qp.echo_at, qp.ecn = packet.psn, ev_of_sport(sport), now, packet.ecn_ce
         if offset < 0 or (offset < qp.window and qp.received >> (qp.window - 1 - offset) & 1):
             self.stats["duplicates"] += 1
             qp.ack_due = True
@@ -184,7 +185,7 @@ class Responder:
     def _nak(self, qp: _RQp, syndrome: Syndrome, psn: int) -> None:
         qp.nak, qp.nak_psn, qp.ack_due = syndrome, psn, True
 
-    def _ack_for(self, qp: _RQp) -> AckPacket:
+    def _ack_for(self, qp: _RQp, now: int) -> AckPacket:
         bitmap = b""
         if qp.received:
             lowest = (qp.received & -qp.received).bit_length() - 1
@@ -195,7 +196,8 @@ class Responder:
         else:
             syndrome, psn = Syndrome.ACK, qp.epsn - 1
         return AckPacket(qp.peer_qpn, psn & (PSN_MOD - 1), syndrome, (qp.epsn - qp.start_psn) & (PSN_MOD - 1),
-                         qp.epsn & (PSN_MOD - 1), qp.echo_psn, qp.echo_ev & 0xFFFF, qp.ecn, bitmap, qp.pkey)
+                         qp.epsn & (PSN_MOD - 1), qp.echo_psn, qp.echo_ev & 0xFFFF, qp.ecn, bitmap, qp.pkey,
+                         now - qp.echo_at)
 
     def pump(self, now: int, send: Send, clock: Callable[[], int] | None = None, horizon: int | None = None) -> None:
         self._last_now = now
@@ -203,7 +205,7 @@ class Responder:
             if not qp.ack_due and not (qp.unacked_since >= 0 and now >= qp.unacked_since + qp.config.ack_delay_ns):
                 continue
             path = qp.paths_back.get(qp.echo_ev) or next(iter(qp.paths_back.values()))
-            ack = self._ack_for(qp)
+            ack = self._ack_for(qp, now)
             if send(path.template.encode(ack), path):
                 self.stats["naks_sent" if qp.nak is not None else "acks_sent"] += 1
             else:  # it never left this host (no route out): the requester's timers cover it

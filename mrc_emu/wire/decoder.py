@@ -98,10 +98,10 @@ def _decode_roce(payload: bytes | memoryview, src: bytes, dst: bytes, sport: int
         if ext_len != end - offset:
             return DropReason.BAD_EXTENSION
         if ext_type == fmt.MrcxType.SACK and ext_len >= fmt.SACK_FIXED_LEN and ext_len % 4 == 0:
-            base, echo, echo_ev, _ = SACK_HDR.unpack_from(body, offset + fmt.MRCX_HEADER_LEN)
+            base, echo, echo_ev, service = SACK_HDR.unpack_from(body, offset + fmt.MRCX_HEADER_LEN)
             bitmap = bytes(body[offset + fmt.SACK_FIXED_LEN:])
             return AckPacket(dest_qp, psn, syndrome, msn, base & fmt.PSN_MASK, echo & fmt.PSN_MASK, echo_ev,
-                             bool(ext_flags & 1), bitmap, pkey)
+                             bool(ext_flags & 1), bitmap, pkey, service * fmt.SERVICE_UNIT_NS)
         if ext_type == fmt.MrcxType.PROBE and ext_len == fmt.PROBE_LEN:
             probe_id, ev, _, send_time = PROBE_HDR.unpack_from(body, offset + fmt.MRCX_HEADER_LEN)
             return ProbePacket(dest_qp, probe_id, ev, send_time, pkey)

@@ -276,7 +276,8 @@ def encode_roce(packet: RocePacket) -> bytes:
             _bth(fmt.Opcode.ACKNOWLEDGE, 0, packet.pkey, packet.dest_qp, False, packet.psn)
             + AETH_HDR.pack((packet.syndrome << 24) | (packet.msn & 0xFFFFFF))
             + MRCX_HDR.pack(fmt.MrcxType.SACK, int(packet.ecn_echo), fmt.SACK_FIXED_LEN + len(bitmap))
-            + SACK_HDR.pack(packet.sack_base & fmt.PSN_MASK, packet.echo_psn & fmt.PSN_MASK, packet.echo_ev, 0)
+            + SACK_HDR.pack(packet.sack_base & fmt.PSN_MASK, packet.echo_psn & fmt.PSN_MASK, packet.echo_ev,
+                           min(fmt.SERVICE_MAX, max(0, packet.service_ns) // fmt.SERVICE_UNIT_NS))
             + bitmap
         )
     if isinstance(packet, ProbePacket):

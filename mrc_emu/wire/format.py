@@ -21,7 +21,9 @@ IPV6_LEN = 40
 UDP_LEN = 8
 SRH_FIXED_LEN = 8
 MRCX_HEADER_LEN = 4
-SACK_FIXED_LEN = 16  # MRCX header, base PSN, echo PSN, echo EV + reserved; then the bitmap
+SACK_FIXED_LEN = 16  # MRCX header, base PSN, echo PSN, echo EV + service time; then the bitmap
+SERVICE_UNIT_NS = 1000  # the ACK's service time is in microseconds ...
+SERVICE_MAX = 0xFFFF  # ... and saturates at 65.535 ms
 PROBE_LEN = 20
 PSN_MASK = 0xFFFFFF
 QPN_MASK = 0xFFFFFF
@@ -114,6 +116,9 @@ class AckPacket:
     psn: every PSN up to and including this one has arrived (the RoCE meaning).
     sack_bitmap: bit i set <=> PSN sack_base + i has arrived (bytes, MSB first).
     echo_psn / echo_ev: the data packet that triggered this ACK, for per-EV RTT.
+    service_ns: how long the responder held that packet before this ACK left (from its arrival
+    to the ACK's send; microseconds on the wire): the requester takes it out of the RTT sample,
+    so a responder that is slow to answer does not read as a queue in the network.
     """
 
     dest_qp: int
@@ -126,6 +131,7 @@ class AckPacket:
     ecn_echo: bool = False
     sack_bitmap: bytes = b""
     pkey: int = DEFAULT_PKEY
+    service_ns: int = 0
 
     @property
     def is_nak(self) -> bool:
