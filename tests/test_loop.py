@@ -224,3 +224,22 @@ def test_answering_endpoints_are_pumped_before_the_senders_and_their_wait_is_lag
     assert answered < order.index("busy"), order  # the datagram was read and answered before any burst
     assert loop.timer_lag.n >= 1
     loop.close()
+
+
+@needs_sockio
+def test_a_datagram_stamped_before_what_was_taken_as_read_is_counted_late():
+    """The kernel may queue a datagram to a socket after the worker looked at it empty (it sat in
+    a per-CPU backlog): its stamp is then older than the port's read_through, and the horizon
+    had passed it. That is counted, for the run's verdict, rather than taken silently."""
+    echo = Echo()
+    clock = lp.Clock()
+    loop, rx, tx = _loop(echo, clock)
+    _until_the_kernel_stamps(rx, tx)
+    port = loop.ports[0]
+    port.read_through = clock.now() + 50_000_000  # as if the socket had been seen empty 50 ms from now
+    tx.sendto(b"held in a backlog", rx.getsockname())
+    loop.run(lambda: bool(echo.got))
+    assert port.late == 1 and port.late_max_ns >= 40_000_000
+    loop.measure(False)
+    assert loop.stats.late_datagrams == 1
+    loop.close()

@@ -91,8 +91,11 @@ def assess(finals: list, results: list, kernel_before: dict[str, int], kernel_af
     busy, waited = [], []
     packets = 0
     wall = 0
+    late = late_max = 0
     for final in finals:
         loop = final.loop
+        late += loop.get("late_datagrams", 0)
+        late_max = max(late_max, loop.get("late_max_ns", 0))
         timer.merge(LagMeter.from_dict(loop["timer_lag"]))
         sock.merge(LagMeter.from_dict(loop["socket_lag"]))
         span = max(1, loop["wall_ns"])
@@ -107,12 +110,17 @@ def assess(finals: list, results: list, kernel_before: dict[str, int], kernel_af
                 drops[key] += counters.get(key, 0)
     drops["softnet_dropped"] = kernel_after["dropped"] - kernel_before["dropped"]
     drops["softnet_time_squeeze"] = kernel_after["time_squeeze"] - kernel_before["time_squeeze"]
+    drops["late_datagrams"] = late
     deferred = sum(r.requester["stats"].get("timers_deferred", 0) for r in results)
     lag, wait = _quantiles(timer, dilation), _quantiles(sock, dilation)
     reasons = []
     if drops["Udp6RcvbufErrors"] or drops["Udp6InErrors"]:
         reasons.append(f"the kernel dropped {drops['Udp6RcvbufErrors'] + drops['Udp6InErrors']:,} datagrams at "
                        "receive sockets the workers did not read in time: those losses are the emulator's")
+    if late:
+        reasons.append(f"the kernel handed {late:,} datagrams to the workers up to {late_max / 1e6 / dilation:.1f} ms after "
+                       "the horizon had passed their arrival (held in a per-CPU backlog): timer decisions in that "
+                       "time may have been the emulator's")
     if drops["softnet_dropped"]:
         reasons.append(f"the kernel's backlog dropped {drops['softnet_dropped']:,} packets (softnet_stat): "
                        "forwarding could not keep up on this machine")

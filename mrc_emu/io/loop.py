@@ -69,6 +69,10 @@ class Port:
         self.send = self.link.send
         self.datagrams = 0
         self.read_through = 0  # every datagram that arrived before this (clock) time has been read
+        # datagrams stamped before `read_through` when read: the kernel held them (a per-CPU
+        # backlog) past the moment the socket was taken as read; the horizon had run ahead of them
+        self.late = 0
+        self.late_max_ns = 0
 
     @property
     def frames_sent(self) -> int:
@@ -96,6 +100,10 @@ class Port:
                     at = clock.from_realtime(real_ns) if real_ns else seen
                     if at > seen:
                         at = seen
+                    if at < self.read_through:
+                        self.late += 1
+                        if self.read_through - at > self.late_max_ns:
+                            self.late_max_ns = self.read_through - at
                     lag.record(int((seen - at) * clock.dilation))
                     endpoint = route(payload)
                     if endpoint is not None:
@@ -155,11 +163,14 @@ class LoopStats:
     turns: int = 0
     datagrams: int = 0
     frames_sent: int = 0
+    late_datagrams: int = 0  # read after the horizon had passed their arrival (Port.late)
+    late_max_ns: int = 0
     timer_lag: LagMeter | None = None  # how late what was due (a datagram's arrival, a timer) was answered
     socket_lag: LagMeter | None = None  # how long datagrams waited in a socket
 
     def to_dict(self) -> dict:
         return {"wall_ns": self.wall_ns, "cpu_ns": self.cpu_ns, "runqueue_wait_ns": self.runqueue_wait_ns,
+                "late_datagrams": self.late_datagrams, "late_max_ns": self.late_max_ns,
                 "turns": self.turns, "datagrams": self.datagrams, "frames_sent": self.frames_sent,
                 "timer_lag": self.timer_lag.to_dict() if self.timer_lag else None,
                 "socket_lag": self.socket_lag.to_dict() if self.socket_lag else None}
@@ -191,7 +202,7 @@ class EventLoop:
         self.timer_lag = LagMeter()
         self.socket_lag = LagMeter()
         self.stats = LoopStats(timer_lag=self.timer_lag, socket_lag=self.socket_lag)
-        self._measured_from: tuple[int, int, int, int, int] | None = None  # wall, cpu, wait, datagrams, frames
+        self._measured_from: tuple[int, ...] | None = None  # wall, cpu, wait, datagrams, frames, late
         self.measuring = False
 
     def measure(self, on: bool) -> None:
@@ -200,16 +211,21 @@ class EventLoop:
         if on and not self.measuring:
             self.measuring = True
             run, wait = schedstat()
-            self._measured_from = (time.monotonic_ns(), run, wait, self._datagrams(), self._frames())
+            self._measured_from = (time.monotonic_ns(), run, wait, self._datagrams(), self._frames(),
+                                   sum(p.late for p in self.ports))
+            for port in self.ports:
+                port.late_max_ns = 0
             self.timer_lag.reset()
             self.socket_lag.reset()
         elif not on and self.measuring:
             self.measuring = False
-            wall0, run0, wait0, d0, f0 = self._measured_from
+            wall0, run0, wait0, d0, f0, late0 = self._measured_from
             run, wait = schedstat()
             self.stats.wall_ns = time.monotonic_ns() - wall0
             self.stats.cpu_ns, self.stats.runqueue_wait_ns = run - run0, wait - wait0
             self.stats.datagrams, self.stats.frames_sent = self._datagrams() - d0, self._frames() - f0
+            self.stats.late_datagrams = sum(p.late for p in self.ports) - late0
+            self.stats.late_max_ns = int(max((p.late_max_ns for p in self.ports), default=0) * self.clock.dilation)
 
     def _datagrams(self) -> int:
         return sum(p.datagrams for p in self.ports)
