@@ -243,3 +243,20 @@ def test_a_datagram_stamped_before_what_was_taken_as_read_is_counted_late():
     loop.measure(False)
     assert loop.stats.late_datagrams == 1
     loop.close()
+
+
+@needs_sockio
+def test_a_late_datagram_holds_the_published_horizon_back_by_twice_its_lateness():
+    echo = Echo()
+    clock = lp.Clock()
+    horizon = lp.Horizon(1)
+    loop, rx, tx = _loop(echo, clock, horizon)
+    _until_the_kernel_stamps(rx, tx)
+    port = loop.ports[0]
+    port.read_through = clock.now() + 20_000_000  # the kernel will hand over a datagram 20 ms "late"
+    tx.sendto(b"held in a backlog", rx.getsockname())
+    loop.run(lambda: bool(echo.got) and bool(echo.pumps))  # read before the first pump, in one turn
+    assert loop.stats.slack_max_ns >= 2 * 19_000_000
+    now, seen = echo.pumps[-1]
+    assert seen <= now - 2 * 19_000_000  # the horizon the endpoint was given is that far behind
+    loop.close()

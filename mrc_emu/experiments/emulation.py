@@ -91,11 +91,12 @@ def assess(finals: list, results: list, kernel_before: dict[str, int], kernel_af
     busy, waited = [], []
     packets = 0
     wall = 0
-    late = late_max = 0
+    late = late_max = slack_max = 0
     for final in finals:
         loop = final.loop
         late += loop.get("late_datagrams", 0)
         late_max = max(late_max, loop.get("late_max_ns", 0))
+        slack_max = max(slack_max, loop.get("slack_max_ns", 0))
         timer.merge(LagMeter.from_dict(loop["timer_lag"]))
         sock.merge(LagMeter.from_dict(loop["socket_lag"]))
         span = max(1, loop["wall_ns"])
@@ -119,8 +120,9 @@ def assess(finals: list, results: list, kernel_before: dict[str, int], kernel_af
                        "receive sockets the workers did not read in time: those losses are the emulator's")
     if late:
         reasons.append(f"the kernel handed {late:,} datagrams to the workers up to {late_max / 1e6 / dilation:.1f} ms after "
-                       "the horizon had passed their arrival (held in a per-CPU backlog): timer decisions in that "
-                       "time may have been the emulator's")
+                       "the horizon had passed their arrival (held in a per-CPU backlog; the horizon was then held "
+                       f"back by up to {slack_max / 1e6 / dilation:.1f} ms): timer decisions around them may have "
+                       "been the emulator's")
     if drops["softnet_dropped"]:
         reasons.append(f"the kernel's backlog dropped {drops['softnet_dropped']:,} packets (softnet_stat): "
                        "forwarding could not keep up on this machine")

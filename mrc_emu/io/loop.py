@@ -47,6 +47,7 @@ RECV_BUDGET = 32  # datagrams per socket per turn, so a busy responder acknowled
 RECV_PER_TURN = 256  # datagrams per turn over all sockets, then the due endpoints get their turn
 TURN_NS = 1_000_000  # pump due endpoints (each sends at most its burst, 32) for this long, then receive again
 IDLE_WAKE_NS = 500_000  # an idle worker still wakes this often to publish its horizon
+SLACK_HALF_LIFE_NS = 1_000_000_000  # the horizon's kernel slack halves after this long without a late datagram
 
 
 class Port:
@@ -73,6 +74,7 @@ class Port:
         # backlog) past the moment the socket was taken as read; the horizon had run ahead of them
         self.late = 0
         self.late_max_ns = 0
+        self.late_gap_ns = 0  # the largest lateness since the loop last looked (take_late_gap)
 
     @property
     def frames_sent(self) -> int:
@@ -102,8 +104,11 @@ class Port:
                         at = seen
                     if at < self.read_through:
                         self.late += 1
-                        if self.read_through - at > self.late_max_ns:
-                            self.late_max_ns = self.read_through - at
+                        gap = self.read_through - at
+                        if gap > self.late_max_ns:
+                            self.late_max_ns = gap
+                        if gap > self.late_gap_ns:
+                            self.late_gap_ns = gap
                     lag.record(int((seen - at) * clock.dilation))
                     endpoint = route(payload)
                     if endpoint is not None:
@@ -165,12 +170,13 @@ class LoopStats:
     frames_sent: int = 0
     late_datagrams: int = 0  # read after the horizon had passed their arrival (Port.late)
     late_max_ns: int = 0
+    slack_max_ns: int = 0  # the most the horizon was held back for them
     timer_lag: LagMeter | None = None  # how late what was due (a datagram's arrival, a timer) was answered
     socket_lag: LagMeter | None = None  # how long datagrams waited in a socket
 
     def to_dict(self) -> dict:
         return {"wall_ns": self.wall_ns, "cpu_ns": self.cpu_ns, "runqueue_wait_ns": self.runqueue_wait_ns,
-                "late_datagrams": self.late_datagrams, "late_max_ns": self.late_max_ns,
+                "late_datagrams": self.late_datagrams, "late_max_ns": self.late_max_ns, "slack_max_ns": self.slack_max_ns,
                 "turns": self.turns, "datagrams": self.datagrams, "frames_sent": self.frames_sent,
                 "timer_lag": self.timer_lag.to_dict() if self.timer_lag else None,
                 "socket_lag": self.socket_lag.to_dict() if self.socket_lag else None}
@@ -204,6 +210,8 @@ class EventLoop:
         self.stats = LoopStats(timer_lag=self.timer_lag, socket_lag=self.socket_lag)
         self._measured_from: tuple[int, ...] | None = None  # wall, cpu, wait, datagrams, frames, late
         self.measuring = False
+        self.slack_ns = 0  # how far behind what it has read the horizon is published (_horizon)
+        self._slack_since = 0
 
     def measure(self, on: bool) -> None:
         """Measure the loop from now (on) until now (off): the run itself, not its set-up (making
@@ -271,11 +279,23 @@ class EventLoop:
             task.queued = True
             (self._answer if task.first else self._ready).append(task)
 
-    def _horizon(self, mine: int) -> int:
+    def _horizon(self, mine: int, now: int) -> int:
+        """Publish how far this worker has read and answered, less the kernel slack: a datagram
+        the kernel once held back by g (Port.late) says the next may be held as long, so the
+        horizon stays 2 g behind, halving each SLACK_HALF_LIFE_NS without another."""
         if self.horizon is None:
             return mine
-        self.horizon.publish(self.index, mine)
+        if self.slack_ns and now - self._slack_since >= SLACK_HALF_LIFE_NS:
+            self.slack_ns //= 2
+            self._slack_since = now
+        self.horizon.publish(self.index, mine - self.slack_ns)
         return self.horizon.min()
+
+    def _late(self, gap: int, now: int) -> None:
+        if 2 * gap > self.slack_ns:
+            self.slack_ns = 2 * gap
+            self.stats.slack_max_ns = max(self.stats.slack_max_ns, int(self.slack_ns * self.clock.dilation))
+        self._slack_since = now
 
     def run(self, stop: Callable[[], bool], tick: Callable[[int], None] | None = None,
             tick_ns: int = 1_000_000) -> LoopStats:
@@ -315,6 +335,9 @@ class EventLoop:
                     allowed = min(RECV_BUDGET, budget)
                     got = port.receive(clock, allowed, socket_lag, wake)
                     budget -= got
+                    if port.late_gap_ns:
+                        self._late(port.late_gap_ns, polled)
+                        port.late_gap_ns = 0
                     if got >= allowed:  # stopped by its budget, not by an empty socket: more may wait
                         behind.add(port)
                     else:
@@ -336,7 +359,7 @@ class EventLoop:
                 for task in queue:
                     if task.owed_since is not None and task.owed_since < mine:
                         mine = task.owed_since
-            horizon = self._horizon(mine)
+            horizon = self._horizon(mine, polled)
             lag = self.timer_lag if self.measuring else idle
             for _ in range(len(answer)):  # every answering endpoint due now, once
                 self._serve(answer.popleft(), horizon, lag)
