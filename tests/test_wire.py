@@ -34,7 +34,7 @@ ack_packets = st.builds(
     fmt.AckPacket, dest_qp=u24, psn=u24, syndrome=st.sampled_from(list(fmt.Syndrome)), msn=u24,
     sack_base=u24, echo_psn=u24, echo_ev=st.integers(0, 0xFFFF), ecn_echo=st.booleans(),
     sack_bitmap=st.integers(0, 8).flatmap(lambda n: st.binary(min_size=4 * n, max_size=4 * n)),
-    service_ns=st.integers(0, fmt.SERVICE_MAX).map(lambda us: us * fmt.SERVICE_UNIT_NS),
+    service_ns=st.integers(0, 0xFFFF).map(fmt.decode_service),
 )
 probe_packets = st.builds(fmt.ProbePacket, dest_qp=u24, probe_id=u32, ev=st.integers(0, 0xFFFF),
                           send_time_ns=st.integers(0, 2**64 - 1))
@@ -211,11 +211,20 @@ def test_tshark_decodes_every_packet_type(tmp_path):
     assert out.count("Routing Header for IPv6 (Segment Routing)") == 10
 
 
-def test_ack_service_time_is_microseconds_and_saturates():
-    """The ACK's service time goes on the wire in whole microseconds, never past 16 bits."""
+@given(st.integers(0, 2**42))
+def test_ack_service_time_is_a_16_bit_float_within_a_thousandth(held):
+    """The ACK's service time: exact below 2 us, rounded down by less than 1/1024 above, and
+    what the wire carries decodes to what the field says."""
+    code = fmt.encode_service(held)
+    assert 0 <= code <= 0xFFFF
+    read = fmt.decode_service(code)
+    assert read <= held and held - read <= held / 1024
+    if held < 2048:
+        assert read == held
     ends = fmt.Endpoints(SRC, DST, 0xC000)
-    template = encoder.FrameTemplate(ends, encoder.Encap.udp(), 0)
-    for held, read in ((1_999, 1_000), (0, 0), (-5, 0), (10**12, fmt.SERVICE_MAX * fmt.SERVICE_UNIT_NS)):
-        frame = template.encode(fmt.AckPacket(7, 9, service_ns=held))
-        ack = decoder.decode_frame(frame)
-        assert ack.packet.service_ns == read
+    frame = encoder.FrameTemplate(ends, encoder.Encap.udp(), 0).encode(fmt.AckPacket(7, 9, service_ns=held))
+    assert decoder.decode_frame(frame).packet.service_ns == read
+
+
+def test_ack_service_time_rounds_negative_to_zero_and_saturates():
+    assert fmt.encode_service(-5) == 0 and fmt.decode_service(fmt.encode_service(10**15)) == fmt.decode_service(0xFFFF)

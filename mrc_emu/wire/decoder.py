@@ -101,7 +101,7 @@ def _decode_roce(payload: bytes | memoryview, src: bytes, dst: bytes, sport: int
             base, echo, echo_ev, service = SACK_HDR.unpack_from(body, offset + fmt.MRCX_HEADER_LEN)
             bitmap = bytes(body[offset + fmt.SACK_FIXED_LEN:])
             return AckPacket(dest_qp, psn, syndrome, msn, base & fmt.PSN_MASK, echo & fmt.PSN_MASK, echo_ev,
-                             bool(ext_flags & 1), bitmap, pkey, service * fmt.SERVICE_UNIT_NS)
+                             bool(ext_flags & 1), bitmap, pkey, fmt.decode_service(service))
         if ext_type == fmt.MrcxType.PROBE and ext_len == fmt.PROBE_LEN:
             probe_id, ev, _, send_time = PROBE_HDR.unpack_from(body, offset + fmt.MRCX_HEADER_LEN)
             return ProbePacket(dest_qp, probe_id, ev, send_time, pkey)

@@ -277,7 +277,7 @@ def encode_roce(packet: RocePacket) -> bytes:
             + AETH_HDR.pack((packet.syndrome << 24) | (packet.msn & 0xFFFFFF))
             + MRCX_HDR.pack(fmt.MrcxType.SACK, int(packet.ecn_echo), fmt.SACK_FIXED_LEN + len(bitmap))
             + SACK_HDR.pack(packet.sack_base & fmt.PSN_MASK, packet.echo_psn & fmt.PSN_MASK, packet.echo_ev,
-                           min(fmt.SERVICE_MAX, max(0, packet.service_ns) // fmt.SERVICE_UNIT_NS))
+                           fmt.encode_service(packet.service_ns))
             + bitmap
         )
     if isinstance(packet, ProbePacket):

@@ -22,8 +22,22 @@ UDP_LEN = 8
 SRH_FIXED_LEN = 8
 MRCX_HEADER_LEN = 4
 SACK_FIXED_LEN = 16  # MRCX header, base PSN, echo PSN, echo EV + service time; then the bitmap
-SERVICE_UNIT_NS = 1000  # the ACK's service time is in microseconds ...
-SERVICE_MAX = 0xFFFF  # ... and saturates at 65.535 ms
+SERVICE_MANTISSA_BITS = 11  # the ACK's service time: a 16-bit float of nanoseconds (5-bit exponent)
+
+
+def encode_service(ns: int) -> int:
+    """A service time in ns as the ACK's 16-bit field: exponent e (5 bits) and mantissa m (11
+    bits) meaning m << e ns, rounded down: exact below 2.048 us, within 1/1024 above, up to
+    about 73 minutes (a responder that lagged 300 ms still says so, to 0.3 ms)."""
+    ns = max(0, int(ns))
+    e = max(0, ns.bit_length() - SERVICE_MANTISSA_BITS)
+    if e > 31:
+        return 0xFFFF
+    return (e << SERVICE_MANTISSA_BITS) | (ns >> e)
+
+
+def decode_service(code: int) -> int:
+    return (code & ((1 << SERVICE_MANTISSA_BITS) - 1)) << (code >> SERVICE_MANTISSA_BITS)
 PROBE_LEN = 20
 PSN_MASK = 0xFFFFFF
 QPN_MASK = 0xFFFFFF
@@ -117,7 +131,7 @@ class AckPacket:
     sack_bitmap: bit i set <=> PSN sack_base + i has arrived (bytes, MSB first).
     echo_psn / echo_ev: the data packet that triggered this ACK, for per-EV RTT.
     service_ns: how long the responder held that packet before this ACK left (from its arrival
-    to the ACK's send; microseconds on the wire): the requester takes it out of the RTT sample,
+    to the ACK's send; a 16-bit float of ns on the wire, `encode_service`): the requester takes it out of the RTT sample,
     so a responder that is slow to answer does not read as a queue in the network.
     """
 

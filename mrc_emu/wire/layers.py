@@ -69,7 +69,7 @@ class MRCXSack(Packet):
         BitField("resv_echo", 0, 8),
         BitField("echo_psn", 0, 24),
         ShortField("echo_ev", 0),
-        ShortField("service_us", 0),  # the responder's service time of the echoed packet
+        ShortField("service", 0),  # the responder's service time of the echoed packet (format.encode_service)
         StrLenField("bitmap", b"", length_from=lambda pkt: pkt.underlayer.length - fmt.SACK_FIXED_LEN
                     if pkt.underlayer is not None and pkt.underlayer.length else 0),
     ]
@@ -117,7 +117,7 @@ def roce_layers(packet: fmt.RocePacket) -> Packet:
             / AETH(syndrome=packet.syndrome, msn=packet.msn)
             / MRCX(ext_type=fmt.MrcxType.SACK, flags=int(packet.ecn_echo))
             / MRCXSack(sack_base=packet.sack_base, echo_psn=packet.echo_psn, echo_ev=packet.echo_ev,
-                       service_us=min(fmt.SERVICE_MAX, max(0, packet.service_ns) // fmt.SERVICE_UNIT_NS),
+                       service=fmt.encode_service(packet.service_ns),
                        bitmap=packet.sack_bitmap)
         )
     if isinstance(packet, fmt.ProbePacket):
