@@ -238,3 +238,24 @@ def test_huge_comes_up_and_goes_down(fabric_name):
     # the kernel tears the namespaces down after `down` returns (seconds, for a thousand): let it
     # finish, so that the tests after this one do not run beside it
     wait_for(lambda: limits.entries_now() <= held_before + 64, timeout=60, what="the kernel to release huge's neighbours")
+
+
+def _permanent_neighbours(fabric, node: str) -> set[tuple[str, str, str]]:
+    out = subprocess.run(["ip", "netns", "exec", fabric.netns(node).name, "ip", "-6", "-j", "neigh", "show",
+                          "nud", "permanent"], capture_output=True, text=True, check=True, timeout=10)
+    return {(n["dev"], n["dst"], n["lladdr"]) for n in json.loads(out.stdout or "[]")}
+
+
+def test_every_link_neighbour_is_written_down_and_survives_a_link_flap(default_fabric):
+    """Each end of each link knows its peer's MAC before any traffic (permanent entries, never
+    resolved on the data path), and a link brought back up gets its entries again."""
+    fabric, topo = default_fabric, default_fabric.topology
+    for link in topo.links_of("p0l0"):
+        peer, intf, _ = topo.peer(link, "p0l0")
+        mac = ":".join(f"{b:02x}" for b in ad.link_mac(link, peer))
+        assert (intf, ad.link_address(link, peer), mac) in _permanent_neighbours(fabric, "p0l0"), intf
+    link = next(lk for lk in topo.links_of("p0l0") if "p0s1" in (lk.a, lk.b))
+    _, intf, _ = topo.peer(link, "p0l0")
+    links.set_state(fabric, "p0l0", "p0s1", False)
+    links.set_state(fabric, "p0l0", "p0s1", True)
+    assert any(dev == intf for dev, _, _ in _permanent_neighbours(fabric, "p0l0"))

@@ -70,9 +70,6 @@ def test_collectives_with_switch_reboot(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=False, reason="known bug since the worker runtime (issue 11 note): in about 1 run in 5 the "
-                   "single-EV competing flow of the congestion fault sees no ACK for ~600 ms although its responder "
-                   "placed every packet, and spends its retry budget")
 def test_every_fault_kind_in_one_scenario(tmp_path):
     path = tmp_path / "all.yaml"
     path.write_text("""

@@ -16,6 +16,7 @@ It only creates interfaces (down); config.py brings them up and addresses them.
 from __future__ import annotations
 
 from ..topology import Link, Topology
+from ..topology.addressing import link_mac
 from .config import SID_ANCHOR, SID_ANCHOR_PEER
 from .netlink import Batch
 
@@ -35,5 +36,5 @@ def batch(topo: Topology, fds: dict[str, int]) -> Batch:
         out.veth(SID_ANCHOR, fd, SID_ANCHOR_PEER, fd, 1500, ANCHOR_INDEX, ANCHOR_INDEX + 1)
     for link in topo.links:
         out.veth(link.a_intf, fds[link.a], link.b_intf, fds[link.b], topo.mtu,
-                 index_of(link, link.a), index_of(link, link.b))
+                 index_of(link, link.a), index_of(link, link.b), link_mac(link, link.a), link_mac(link, link.b))
     return out

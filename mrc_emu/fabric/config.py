@@ -4,7 +4,11 @@ Why it exists: the configuration of a node is a pure function of the topology (`
 applied in one netlink batch inside the node's namespace (`apply`). Re-applying is safe
 (every request is create-or-replace), which is how a link brought back up gets its
 addresses and routes again. Every node routes only to its direct neighbours: every hop of
-every EV is a segment, so no node needs to know more than one hop.
+every EV is a segment, so no node needs to know more than one hop. Those neighbours are written
+down too (permanent entries: every veth end has a MAC the topology fixes), as a fabric's ND/ARP
+tables are populated before traffic: resolved on the data path, a next hop behind a lossy link
+once held a QP's ACKs for the one second of an NS retransmission, and the transport took it
+for a dead path.
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ class NodePlan:
     intfs: list[str] = field(default_factory=list)
     addresses: list[tuple[str, str, int]] = field(default_factory=list)  # (intf, address, prefixlen)
     routes: list[Route] = field(default_factory=list)
+    neighbours: list[tuple[str, str, bytes]] = field(default_factory=list)  # (intf, peer address, peer MAC)
 
 
 def plan(topo: Topology, name: str) -> NodePlan:
@@ -77,6 +82,7 @@ def plan(topo: Topology, name: str) -> NodePlan:
             result.routes.append(Route(ad.host_address(topo, peer) + "/128", intf, gateway=peer_addr))
         result.intfs.append(intf)
         result.addresses.append((intf, ad.link_address(link, name), 64))
+        result.neighbours.append((intf, peer_addr, ad.link_mac(link, peer)))
         result.routes.append(Route(ad.usid_prefix(topo.node(peer).node_id), intf, gateway=peer_addr))
         result.routes.append(
             Route(
@@ -102,6 +108,9 @@ def batch(node_plan: NodePlan, indexes: dict[str, int], skip: frozenset[str] = f
     for intf, address, prefixlen in node_plan.addresses:
         if intf not in skip:
             out.addr(indexes[intf], address, prefixlen)
+    for intf, address, mac in node_plan.neighbours:
+        if intf not in skip:
+            out.neighbour(indexes[intf], address, mac)
     add_routes(out, node_plan.routes, indexes, skip)
     return out
 

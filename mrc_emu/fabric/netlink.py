@@ -32,6 +32,10 @@ RTM_NEWLINK = 16
 RTM_GETLINK = 18
 RTM_NEWADDR = 20
 RTM_NEWROUTE = 24
+RTM_NEWNEIGH = 28
+NUD_PERMANENT = 0x80
+NDA_DST, NDA_LLADDR = 1, 2
+IFLA_ADDRESS = 1
 AF_INET6 = 10
 RT_TABLE_MAIN = 254
 RTPROT_STATIC = 4
@@ -156,17 +160,24 @@ class Batch:
         self._add(RTM_NEWLINK, 0, body, what or f"link {index} {'up' if up else 'down'}")
 
     def veth(self, ifname: str, netns_fd: int, peer_ifname: str, peer_netns_fd: int, mtu: int,
-             index: int = 0, peer_index: int = 0) -> None:
+             index: int = 0, peer_index: int = 0, mac: bytes | None = None, peer_mac: bytes | None = None) -> None:
         """A veth pair, each end created straight in the namespace its fd names, with its index
-        (0: the kernel picks one). Created down: a veth created up is refused here (ENOTCONN on 6.18)."""
-        def end(name: str, fd: int) -> bytes:
+        (0: the kernel picks one) and MAC (None: random). Created down: a veth created up is
+        refused here (ENOTCONN on 6.18)."""
+        def end(name: str, fd: int, address: bytes | None) -> bytes:
             return (_nla(IFLA_IFNAME, name.encode() + b"\0") + _nla(IFLA_NET_NS_FD, struct.pack("=i", fd))
-                    + _nla(IFLA_MTU, struct.pack("=I", mtu)))
+                    + _nla(IFLA_MTU, struct.pack("=I", mtu)) + (_nla(IFLA_ADDRESS, address) if address else b""))
 
-        peer = struct.pack("=BxHiII", 0, 0, peer_index, 0, 0) + end(peer_ifname, peer_netns_fd)
+        peer = struct.pack("=BxHiII", 0, 0, peer_index, 0, 0) + end(peer_ifname, peer_netns_fd, peer_mac)
         info = _nla(IFLA_INFO_KIND, b"veth\0") + _nla(IFLA_INFO_DATA, _nla(VETH_INFO_PEER, peer))
-        body = struct.pack("=BxHiII", 0, 0, index, 0, 0) + end(ifname, netns_fd) + _nla(IFLA_LINKINFO, info)
+        body = struct.pack("=BxHiII", 0, 0, index, 0, 0) + end(ifname, netns_fd, mac) + _nla(IFLA_LINKINFO, info)
         self._add(RTM_NEWLINK, NLM_F_CREATE | NLM_F_EXCL, body, f"veth {ifname}/{peer_ifname}")
+
+    def neighbour(self, index: int, address: str, mac: bytes) -> None:
+        """A permanent IPv6 neighbour entry (create or replace): never resolved, never aged out."""
+        body = struct.pack("=BxxxiHBB", AF_INET6, index, NUD_PERMANENT, 0, 0)
+        body += _nla(NDA_DST, _v6(address)) + _nla(NDA_LLADDR, mac)
+        self._add(RTM_NEWNEIGH, NLM_F_CREATE | NLM_F_REPLACE, body, f"neighbour {address}")
 
     def addr(self, index: int, address: str, prefixlen: int) -> None:
         body = struct.pack("=BBBBI", AF_INET6, prefixlen, IFA_F_NODAD | IFA_F_PERMANENT, 0, index)

@@ -80,6 +80,13 @@ def link_address(link: Link, node: str) -> str:
     return _addr(0xFC00, 0xF, link.link_id, 0, 0, 0, 0, 1 if node == link.a else 2)
 
 
+def link_mac(link: Link, node: str) -> bytes:
+    """The MAC address of `node`'s end of `link`: locally administered, unique in the fabric
+    (02:6d:72 "mr", the link id in 16 bits, then 1 or 2 for the end), so every neighbour entry
+    can be written down in advance (fabric/config.py) instead of resolved on the data path."""
+    return bytes((0x02, 0x6D, 0x72, (link.link_id >> 8) & 0xFF, link.link_id & 0xFF, 1 if node == link.a else 2))
+
+
 def usid_carrier(node_ids: list[int], final_function: int | None = None) -> str:
     """A NEXT-C-SID carrier: the block then each uSID in path order, then a local function."""
     usids = list(node_ids) + ([final_function] if final_function is not None else [])
