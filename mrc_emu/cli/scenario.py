@@ -21,10 +21,12 @@ class _ScenarioCommand(click.Command):
 
     def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         from ..experiments.faults import FAULT_KINDS
+        from ..experiments.scenario import SCENARIO_DIR
         from ..experiments.transports import Transport
 
         formatter.write_paragraph()
-        formatter.write_text(f"Fault kinds: {', '.join(FAULT_KINDS)}. "
+        formatter.write_text(f"Shipped scenarios: {', '.join(sorted(p.stem for p in SCENARIO_DIR.glob('*.yaml')))}. "
+                             f"Fault kinds: {', '.join(FAULT_KINDS)}. "
                              f"Transports: {', '.join(t.value for t in Transport)}.")
         super().format_epilog(ctx, formatter)
 
@@ -99,7 +101,7 @@ def _finish(results: dict, as_json: bool) -> None:
 @JSON_OPTION
 @friendly
 def run_(scenario_file: str, out: str | None, pcap: bool, as_json: bool) -> None:
-    """Run a scenario (a YAML file or a shipped name: demo, link-down, lossy-link, collectives).
+    """Run a scenario (a YAML file or the name of a shipped one, listed below).
 
     Builds its own fabric, runs each transport with the fault schedule, tears down, and writes
     results.json, plots (PNG) and report.md to --out. Exit 1 if a transfer is not verified.
