@@ -18,15 +18,16 @@ Needs root. Brings up the default fabric (name 'bencht'), then:
 3. planes: the fabric again with every link shaped by TBF to R; aggregate goodput of one
    QP against planes x R. Target >= 0.9.
 Prints one JSON object. Traffic stays inside the fabric's namespaces.
+Usage: bench_transport.py [--rounds N] [--only goodput|recovery|planes ...] (--help).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import select
 import socket
 import statistics
-import sys
 import time
 from dataclasses import dataclass
 
@@ -45,7 +46,7 @@ from mrc_emu.wire.format import DataPacket
 MiB = 1024 * 1024
 SIZE = 64 * MiB
 MTU = 4096
-ROUNDS = int(sys.argv[1]) if len(sys.argv) > 1 else 3
+ROUNDS = 3  # rounds of each part (--rounds)
 PLANE_RATE = 400e6  # R, bits/s per link
 PHYSICAL_FRAMES = 200_000  # the C loop is several times faster: as long a measurement as the others'
 SEND_BATCH = 16  # frames per sendmmsg, and datagrams per recvmmsg of the physical reference's reader
@@ -200,16 +201,33 @@ def planes() -> dict:
             "ratio_to_planes_x_rate": statistics.median(x["ratio"] for x in runs), "target": 0.9}
 
 
-def main() -> None:
-    topo = builtin()
-    name = "bencht"
-    build.up(topo, name)
-    try:
-        with Fabric.open(name) as fabric:
-            out = {"goodput": goodput(fabric), "recovery": recovery(fabric)}
-    finally:
-        build.down(name)
-    out["plane_aggregation"] = planes()
+PARTS = ("goodput", "recovery", "planes")
+
+
+def main(argv: list[str] | None = None) -> None:
+    global ROUNDS
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=ROUNDS, help="rounds of each part (default %(default)s)")
+    parser.add_argument("--only", choices=PARTS, action="append", help="run only this part (repeatable; default all)")
+    args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
+    ROUNDS = args.rounds
+    parts = args.only or PARTS
+    out = {}
+    if "goodput" in parts or "recovery" in parts:
+        name = "bencht"
+        build.up(builtin(), name)
+        try:
+            with Fabric.open(name) as fabric:
+                if "goodput" in parts:
+                    out["goodput"] = goodput(fabric)
+                if "recovery" in parts:
+                    out["recovery"] = recovery(fabric)
+        finally:
+            build.down(name)
+    if "planes" in parts:
+        out["plane_aggregation"] = planes()
     print(json.dumps(out, indent=2))
 
 

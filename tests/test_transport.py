@@ -18,6 +18,7 @@ from mrc_emu.io.sockets import SocketLink
 from mrc_emu.topology import builtin
 from mrc_emu.topology.evs import EvFormat
 from mrc_emu.transport import requester as requester_module
+from mrc_emu.transport import responder as responder_module
 from mrc_emu.transport import sent as sent_module
 from mrc_emu.transport.config import QpConfig, psn_abs
 from mrc_emu.transport.ev import EvState
@@ -187,12 +188,14 @@ def test_socket_driver_pumps_at_least_every_32_datagrams():
 
 
 def test_transfers_without_the_c_extensions(monkeypatch):
-    """Where the C loop and packet record were not built, the Python ones run the same transfer."""
+    """Where the C loop, packet record and placement were not built, the Python ones run the same transfer."""
     monkeypatch.setattr(requester_module, "_spray", None)
     monkeypatch.setattr(sent_module, "Pkt", sent_module.PyPkt)
-    finished, requester, _, data, buffer, _ = transfer(200_000, {2: {"loss": 0.2}, 6: {"dead": True}}, seed=3)
+    monkeypatch.setattr(responder_module, "_CQp", None)
+    finished, requester, responder, data, buffer, _ = transfer(200_000, {2: {"loss": 0.2}, 6: {"dead": True}}, seed=3)
     assert finished and requester.error is None and buffer == data
     assert requester._spray is None and requester.recovery.sent.Pkt is sent_module.PyPkt
+    assert responder._place is None
 
 
 def test_every_ev_dead_fails_with_clear_error_after_retry_budget():

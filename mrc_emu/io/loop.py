@@ -90,7 +90,9 @@ class Port:
         route = self.mux.route
         n = 0
         if self.stamped:
-            fd = self.fd
+            fd, record, dilation = self.fd, lag.record, clock.dilation
+            # undilated, the clock is CLOCK_REALTIME less a constant: one addition per datagram
+            real_to_clock = clock.from_realtime(0) if dilation == 1.0 else None
             while n < budget:
                 started = clock.now()
                 batch = _sockio.recv_batch(fd, min(RECV_BATCH, budget - n))
@@ -98,10 +100,16 @@ class Port:
                     self.read_through = started  # empty when looked at: everything before is read
                     return n
                 seen = clock.now()
+                # consecutive datagrams for one endpoint wake it once, at the earliest of their arrivals
+                # (what waking it for each would leave behind: it is queued once, owed since the earliest)
+                owing, owed_since = None, 0
                 for payload, src, sport, real_ns, _tclass in batch:
-                    at = clock.from_realtime(real_ns) if real_ns else seen
-                    if at > seen:
+                    if not real_ns:
                         at = seen
+                    else:
+                        at = real_ns + real_to_clock if real_to_clock is not None else clock.from_realtime(real_ns)
+                        if at > seen:
+                            at = seen
                     if at < self.read_through:
                         self.late += 1
                         gap = self.read_through - at
@@ -109,12 +117,19 @@ class Port:
                             self.late_max_ns = gap
                         if gap > self.late_gap_ns:
                             self.late_gap_ns = gap
-                    lag.record(int((seen - at) * clock.dilation))
+                    record(int((seen - at) * dilation))
                     endpoint = route(payload)
                     if endpoint is not None:
                         endpoint.on_datagram(payload, src, sport, at)
-                        woke(endpoint, at)
-                    self.read_through = at  # a socket is a queue: all that came before is read
+                        if endpoint is not owing:
+                            if owing is not None:
+                                woke(owing, owed_since)
+                            owing, owed_since = endpoint, at
+                        elif at < owed_since:
+                            owed_since = at
+                if owing is not None:
+                    woke(owing, owed_since)
+                self.read_through = at  # a socket is a queue: all that came before is read
                 n += len(batch)
                 self.datagrams += len(batch)
             return n

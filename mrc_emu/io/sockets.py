@@ -5,7 +5,9 @@ Why it exists: inside a fabric namespace the transport's frames must become real
 socket, routed by the frame's outer destination (the path's first hop), and hands the
 datagrams a UDP socket on [address]:4791 receives to an endpoint; the kernel has checked
 each one's UDP checksum. The worker's event loop (loop.py) drives many such links at once.
-The sockets are created by the caller inside the host's namespace (fabric.ops).
+The sockets are created by the caller inside the host's namespace (fabric.ops). Where the C
+extension is built, `send` is its Sender (_sockio.c): the same sendto and the same meaning of
+each failure, without the interpreter's call and address parsing per frame.
 """
 
 from __future__ import annotations
@@ -15,6 +17,11 @@ import socket
 from collections.abc import Callable
 
 from ..transport.paths import Endpoint, Path
+
+try:  # sendto per frame from C (optional; see _sockio.c)
+    from . import _sockio
+except ImportError:  # pragma: no cover - the extension was not built
+    _sockio = None
 
 RECV_BUFFER = 16 * 1024 * 1024
 
@@ -26,27 +33,42 @@ class SocketLink:
     only uses them. The kernel checks each arriving UDP checksum and counts failures.
     """
 
-    def __init__(self, send_sock: socket.socket, recv_sock: socket.socket) -> None:
+    def __init__(self, send_sock: socket.socket, recv_sock: socket.socket, c_send: bool = True) -> None:
+        """`c_send`: send through the C Sender when it is built (False: the Python `send`)."""
         self.send_sock = send_sock
         self.recv_sock = recv_sock
         recv_sock.setblocking(False)
-        self.send_errors = 0
+        self._send_errors = 0
         self.errors: dict[str, int] = {}  # failed sends by errno name
-        self.frames_sent = 0
+        self._frames_sent = 0
         self._packed: dict[str, bytes] = {}
         self._addresses: dict[str, tuple[str, int]] = {}  # first hop -> what sendto takes, built once
         self._sendto = send_sock.sendto
+        self._sender = _sockio.Sender(send_sock.fileno(), self.errors) if c_send and _sockio is not None else None
+        if self._sender is not None:
+            self.send = self._sender  # the same contract as the method below
+
+    @property
+    def frames_sent(self) -> int:
+        return self._frames_sent + (self._sender.frames_sent if self._sender is not None else 0)
+
+    @property
+    def send_errors(self) -> int:
+        return self._send_errors + (self._sender.send_errors if self._sender is not None else 0)
 
     def send(self, frame: bytes | bytearray, path: Path) -> bool:
+        """Send one whole frame to the path's first hop. False: it cannot leave this host (the
+        host's own port of that plane is down); True: sent, or lost at the host as in a full NIC
+        queue. Other errors raise."""
         address = self._addresses.get(path.first_hop)
         if address is None:
             address = self._addresses[path.first_hop] = (path.first_hop, 0)
         try:
             self._sendto(frame, address)
-            self.frames_sent += 1
+            self._frames_sent += 1
             return True
         except OSError as e:
-            self.send_errors += 1
+            self._send_errors += 1
             name = errno.errorcode.get(e.errno, str(e.errno))
             self.errors[name] = self.errors.get(name, 0) + 1
             if e.errno in (errno.ENETUNREACH, errno.EHOSTUNREACH, errno.ENETDOWN, errno.EINVAL):

@@ -16,11 +16,16 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..topology.evs import ev_of_sport
+from ..topology.evs import UDP_SPORT_BASE, ev_of_sport
 from ..wire.decoder import decode_udp
-from ..wire.format import AckPacket, DataPacket, DropReason, Syndrome
+from ..wire.format import ROCE_UDP_PORT, AckPacket, DataPacket, DropReason, Syndrome
 from .config import PSN_MOD, QpConfig, RandomBits, RecoveryMode, psn_abs
 from .paths import Path, Send
+
+try:  # the C placement of the common data packet (optional; see _place.c)
+    from . import _place
+except ImportError:  # pragma: no cover - the extension was not built
+    _place = None
 
 
 @dataclass
@@ -54,48 +59,68 @@ class ImmCompletion:
     time_ns: int
 
 
-@dataclass
-class _RQp:
-    qpn: int
-    peer_qpn: int
-    peer: bytes | None  # the requester's packed address (None: accept any)
-    epsn: int  # expected PSN (unbounded): everything below has arrived
-    start_psn: int
-    paths_back: dict[int, Path]
-    config: QpConfig  # this QP's attributes: window, P_Key, ACK pacing, recovery mode
-    pd: int = 0  # protection domain: the QP may write only regions registered in it
-    window: int = field(init=False)
-    pkey: int = field(init=False)
-    in_order_only: bool = field(init=False)  # go-back-N: only the expected PSN is accepted
-    received: int = 0  # bit (window-1-i) <=> PSN epsn+i arrived
-    pending_imm: dict[int, int] = field(default_factory=dict)
-    since_ack: int = 0
-    unacked_since: int = -1  # arrival time of the first packet not yet acknowledged
-    ack_due: bool = False
-    nak: int | None = None  # syndrome to send with the next ACK
-    nak_sent_at: int = -1  # go-back-N: the expected PSN a sequence NAK was sent for (one per gap)
-    nak_psn: int = 0
-    echo_psn: int = 0
-    echo_ev: int = 0
-    echo_at: int = 0  # when the echoed packet arrived: the ACK says how long it was held since
-    ecn: bool = False
+# A responder QP's state: the fields the C placement (_place.c) reads and writes, and those only Python uses
+_SHARED = ("peer", "epsn", "pd", "window", "pkey", "in_order_only", "received", "pending_imm", "since_ack",
+           "ack_every", "unacked_since", "ack_due", "echo_psn", "echo_ev", "echo_at", "ecn")
+_PYTHON_ONLY = ("qpn", "peer_qpn", "start_psn", "paths_back", "config", "nak", "nak_sent_at", "nak_psn")
 
-    def __post_init__(self) -> None:
-        self.window = self.config.window
-        self.pkey = self.config.pkey
-        self.in_order_only = self.config.recovery is RecoveryMode.GO_BACK_N
+
+class _QpFields:
+    """What a responder QP holds (one __init__ for both representations below).
+
+    peer: the requester's packed address (None: accept any); epsn: expected PSN (unbounded),
+    everything below has arrived; received: bit (window-1-i) <=> PSN epsn+i arrived; pd: the
+    protection domain the QP may write in; in_order_only: go-back-N, only the expected PSN is
+    accepted; unacked_since: arrival of the first packet not yet acknowledged (-1: none);
+    nak: the syndrome to send with the next ACK; nak_sent_at: go-back-N, the expected PSN a
+    sequence NAK was sent for (one per gap); echo_at: when the echoed packet arrived (the ACK
+    says how long it was held since)."""
+
+    __slots__ = ()
+
+    def __init__(self, qpn: int, peer_qpn: int, peer: bytes | None, start_psn: int, paths_back: dict[int, Path],
+                 config: QpConfig, pd: int = 0) -> None:
+        self.qpn, self.peer_qpn, self.peer, self.paths_back, self.config, self.pd = qpn, peer_qpn, peer, paths_back, config, pd
+        self.epsn = self.start_psn = start_psn
+        self.window, self.pkey, self.ack_every = config.window, config.pkey, config.ack_every
+        self.in_order_only = config.recovery is RecoveryMode.GO_BACK_N
+        self.received = 0
+        self.pending_imm: dict[int, int] = {}
+        self.since_ack, self.unacked_since, self.ack_due = 0, -1, False
+        self.nak: Syndrome | None = None
+        self.nak_sent_at, self.nak_psn = -1, 0
+        self.echo_psn, self.echo_ev, self.echo_at, self.ecn = 0, 0, 0, False
+
+
+class _PyQp(_QpFields):
+    """A responder QP in plain Python attributes (no C extension, or the C path turned off)."""
+
+    __slots__ = _SHARED + _PYTHON_ONLY
+
+
+_CQp = None
+if _place is not None:
+    class _CQp(_QpFields, _place.QpState):
+        """A responder QP whose shared state lives in C, where the placement reads it."""
+
+        __slots__ = _PYTHON_ONLY
 
 
 class Responder:
     """The receiving side: registered memory and the QPs that may write into it."""
 
-    def __init__(self, address: bytes, config: QpConfig | None = None, *, random_bits: RandomBits) -> None:
+    def __init__(self, address: bytes, config: QpConfig | None = None, *, random_bits: RandomBits,
+                 c_path: bool = True) -> None:
+        """`c_path`: place the common data packet in C (_place.c) when it is built; False: in Python."""
         self.address = address
         self.config = config or QpConfig()  # the attributes of QPs accepted without their own
         self.regions: dict[int, MemoryRegion] = {}
-        self.qps: dict[int, _RQp] = {}
+        self.qps: dict[int, _PyQp | _CQp] = {}
         self.completions: list[ImmCompletion] = []
         self.stats = {"packets_placed": 0, "bytes_placed": 0, "duplicates": 0, "acks_sent": 0, "naks_sent": 0}
+        self._qp_class = _CQp if c_path and _CQp is not None else _PyQp
+        self._place = (_place.Placer(self.qps, self.regions, self.stats, address, ROCE_UDP_PORT, UDP_SPORT_BASE).place
+                       if self._qp_class is _CQp else None)
         self.drops: Counter[str] = Counter()
         self._random_bits = random_bits
         self._last_now = 0
@@ -116,9 +141,11 @@ class Responder:
         attributes `config` (the requester's; default: the responder's)."""
         if not paths_back:
             raise ValueError("a responder QP needs at least one path back to the requester")
-        self.qps[qpn] = _RQp(qpn, peer_qpn, peer, start_psn, start_psn, paths_back, config or self.config, pd)
+        self.qps[qpn] = self._qp_class(qpn, peer_qpn, peer, start_psn, paths_back, config or self.config, pd)
 
     def on_datagram(self, payload: bytes | memoryview, src: bytes, sport: int, now: int) -> None:
+        if self._place is not None and self._place(payload, src, sport, now):
+            return  # the common case, checked and placed in C exactly as below
         packet = decode_udp(payload, src, self.address, sport)
         if isinstance(packet, DropReason):
             self.drops[packet.value] += 1
@@ -179,13 +206,13 @@ class Responder:
         qp.since_ack += 1
         if qp.unacked_since < 0:
             qp.unacked_since = now
-        if packet.ack_req or qp.since_ack >= qp.config.ack_every:
+        if packet.ack_req or qp.since_ack >= qp.ack_every:
             qp.ack_due = True
 
-    def _nak(self, qp: _RQp, syndrome: Syndrome, psn: int) -> None:
+    def _nak(self, qp: _PyQp | _CQp, syndrome: Syndrome, psn: int) -> None:
         qp.nak, qp.nak_psn, qp.ack_due = syndrome, psn, True
 
-    def _ack_for(self, qp: _RQp, now: int) -> AckPacket:
+    def _ack_for(self, qp: _PyQp | _CQp, now: int) -> AckPacket:
         bitmap = b""
         if qp.received:
             lowest = (qp.received & -qp.received).bit_length() - 1

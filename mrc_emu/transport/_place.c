@@ -1,0 +1,441 @@
+/*
+ * mrc_emu.transport._place: the responder's common case in C: check a full data packet and
+ * place it.
+ *
+ * Why it exists: nearly every datagram a responder receives is an RDMA WRITE_ONLY for a known
+ * QP, in its PSN window, new, with the right P_Key, R_Key, protection domain and bounds and a
+ * correct ICRC. CPython spent about 20 us on each (a packet record, the ICRC, a Python-int
+ * bitmap, a dozen checks); this does the same checks and the same placement in well under
+ * one. Anything else (duplicates, every refusal and NAK, out-of-window and out-of-sequence
+ * PSNs, WRITE_WITH_IMM, ACKs, garbage) it leaves untouched and says so: responder.py then
+ * handles the datagram in Python, which stays the reference (the tests run both and compare
+ * placement, ACKs and drops). Sans-IO like the rest of the transport: bytes in, memory and QP
+ * state out; no sockets, no clock.
+ *
+ * QpState: the state of one responder QP that both this code and responder.py read and write
+ *   (a base class; responder.py adds the fields only Python uses). `received` is the SACK
+ *   bitmap as responder.py sees it, a Python int whose bit (window-1-i) says PSN epsn+i
+ *   arrived; here it is kept as bit i of an array of words, so that advancing is a shift.
+ *
+ * Placer(qps, regions, stats, address, dport, sport_base): one responder's tables (QPN ->
+ *   QpState, R_Key -> MemoryRegion, the stats dict), its packed address and port (the ICRC
+ *   covers them) and the UDP source port of EV 0.
+ *   place(payload, src, sport, now) -> bool: True when the packet was checked and placed
+ *   (stats and QP state updated as responder.py would); False when it is not the common case,
+ *   with nothing changed.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#include <string.h>
+
+#include "../wire/crc32.h"
+
+#define MAX_WINDOW 8192 /* PSNs: the largest MPR (64 x 128) */
+#define WORDS (MAX_WINDOW / 64)
+#define OP_WRITE_ONLY 0x0A
+#define HEAD_LEN 28 /* BTH + RETH */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *peer, *pending_imm;
+    long long epsn, pd, since_ack, ack_every, unacked_since, echo_psn, echo_ev, echo_at;
+    int pkey, window;
+    char in_order_only, ack_due, ecn;
+    uint64_t bits[WORDS]; /* bit i: PSN epsn+i arrived */
+} QpState;
+
+static PyObject *qp_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    QpState *self = (QpState *)type->tp_alloc(type, 0);
+    if (self == NULL)
+        return NULL;
+    Py_INCREF(Py_None);
+    self->peer = Py_None;
+    self->pending_imm = PyDict_New();
+    if (self->pending_imm == NULL) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    self->unacked_since = -1;
+    return (PyObject *)self;
+}
+
+static int qp_traverse(QpState *self, visitproc visit, void *arg) {
+    Py_VISIT(self->peer);
+    Py_VISIT(self->pending_imm);
+    return 0;
+}
+
+static int qp_clear(QpState *self) {
+    Py_CLEAR(self->peer);
+    Py_CLEAR(self->pending_imm);
+    return 0;
+}
+
+static void qp_dealloc(QpState *self) {
+    PyObject_GC_UnTrack(self);
+    qp_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *qp_get_received(QpState *self, void *closure) {
+    int nbytes = self->window / 8;
+    unsigned char out[MAX_WINDOW / 8];
+    memset(out, 0, (size_t)nbytes);
+    for (int w = 0; w < self->window / 64; w++) {
+        uint64_t word = self->bits[w];
+        while (word) {
+            int i = w * 64 + __builtin_ctzll(word);
+            out[i >> 3] |= (unsigned char)(0x80 >> (i & 7));
+            word &= word - 1;
+        }
+    }
+    PyObject *raw = PyBytes_FromStringAndSize((const char *)out, nbytes);
+    if (raw == NULL)
+        return NULL;
+    PyObject *value = PyObject_CallMethod((PyObject *)&PyLong_Type, "from_bytes", "Os", raw, "big");
+    Py_DECREF(raw);
+    return value;
+}
+
+static int qp_set_received(QpState *self, PyObject *value, void *closure) {
+    if (value == NULL || !PyLong_Check(value)) {
+        PyErr_SetString(PyExc_TypeError, "received: an int");
+        return -1;
+    }
+    int nbytes = self->window / 8;
+    PyObject *raw = PyObject_CallMethod(value, "to_bytes", "is", nbytes, "big"); /* OverflowError if out of range */
+    if (raw == NULL)
+        return -1;
+    const unsigned char *in = (const unsigned char *)PyBytes_AS_STRING(raw);
+    memset(self->bits, 0, sizeof(self->bits));
+    for (int i = 0; i < self->window; i++)
+        if (in[i >> 3] & (0x80 >> (i & 7)))
+            self->bits[i >> 6] |= 1ULL << (i & 63);
+    Py_DECREF(raw);
+    return 0;
+}
+
+static PyObject *qp_get_window(QpState *self, void *closure) { return PyLong_FromLong(self->window); }
+
+static int qp_set_window(QpState *self, PyObject *value, void *closure) {
+    long window = value == NULL ? -1 : PyLong_AsLong(value);
+    if (window == -1 && PyErr_Occurred())
+        return -1;
+    if (window <= 0 || window > MAX_WINDOW || window % 64) {
+        PyErr_Format(PyExc_ValueError, "window %ld: a multiple of 64 up to %d", window, MAX_WINDOW);
+        return -1;
+    }
+    self->window = (int)window;
+    memset(self->bits, 0, sizeof(self->bits));
+    return 0;
+}
+
+static PyGetSetDef qp_getset[] = {
+    {"received", (getter)qp_get_received, (setter)qp_set_received, "bit (window-1-i): PSN epsn+i arrived", NULL},
+    {"window", (getter)qp_get_window, (setter)qp_set_window, "the SACK window in PSNs (setting it clears received)",
+     NULL},
+    {NULL},
+};
+
+static PyMemberDef qp_members[] = {
+    {"peer", T_OBJECT, offsetof(QpState, peer), 0, "the requester's packed address (None: any)"},
+    {"pending_imm", T_OBJECT_EX, offsetof(QpState, pending_imm), 0, "PSN -> immediate, placed but not complete"},
+    {"epsn", T_LONGLONG, offsetof(QpState, epsn), 0, "expected PSN (unbounded): everything below arrived"},
+    {"pd", T_LONGLONG, offsetof(QpState, pd), 0, "protection domain"},
+    {"since_ack", T_LONGLONG, offsetof(QpState, since_ack), 0, "packets placed since the last ACK"},
+    {"ack_every", T_LONGLONG, offsetof(QpState, ack_every), 0, "an ACK is due after this many"},
+    {"unacked_since", T_LONGLONG, offsetof(QpState, unacked_since), 0, "arrival of the first unacknowledged (-1)"},
+    {"echo_psn", T_LONGLONG, offsetof(QpState, echo_psn), 0, "the PSN the next ACK echoes"},
+    {"echo_ev", T_LONGLONG, offsetof(QpState, echo_ev), 0, "its EV"},
+    {"echo_at", T_LONGLONG, offsetof(QpState, echo_at), 0, "its arrival time"},
+    {"pkey", T_INT, offsetof(QpState, pkey), 0, "P_Key"},
+    {"in_order_only", T_BOOL, offsetof(QpState, in_order_only), 0, "go-back-N: only the expected PSN"},
+    {"ack_due", T_BOOL, offsetof(QpState, ack_due), 0, "an ACK is to be sent at the next pump"},
+    {"ecn", T_BOOL, offsetof(QpState, ecn), 0, "the echoed packet was CE-marked"},
+    {NULL},
+};
+
+static PyTypeObject QpStateType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "mrc_emu.transport._place.QpState",
+    .tp_doc = "A responder QP's state, shared by the C placement and responder.py.",
+    .tp_basicsize = sizeof(QpState),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_new = qp_new,
+    .tp_dealloc = (destructor)qp_dealloc,
+    .tp_traverse = (traverseproc)qp_traverse,
+    .tp_clear = (inquiry)qp_clear,
+    .tp_members = qp_members,
+    .tp_getset = qp_getset,
+};
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *qps, *regions, *stats;
+    unsigned char address[16];
+    int dport, sport_base;
+} Placer;
+
+static PyObject *s_pd, *s_va, *s_view, *s_packets_placed, *s_bytes_placed;
+
+static int placer_init(Placer *self, PyObject *args, PyObject *kwargs) {
+    PyObject *qps, *regions, *stats;
+    Py_buffer address;
+    if (!PyArg_ParseTuple(args, "O!O!O!y*ii", &PyDict_Type, &qps, &PyDict_Type, &regions, &PyDict_Type, &stats,
+                          &address, &self->dport, &self->sport_base))
+        return -1;
+    if (address.len != 16) {
+        PyBuffer_Release(&address);
+        PyErr_SetString(PyExc_ValueError, "address: 16 bytes (packed IPv6)");
+        return -1;
+    }
+    memcpy(self->address, address.buf, 16);
+    PyBuffer_Release(&address);
+    Py_INCREF(qps);
+    Py_INCREF(regions);
+    Py_INCREF(stats);
+    Py_XSETREF(self->qps, qps);
+    Py_XSETREF(self->regions, regions);
+    Py_XSETREF(self->stats, stats);
+    return 0;
+}
+
+static int placer_traverse(Placer *self, visitproc visit, void *arg) {
+    Py_VISIT(self->qps);
+    Py_VISIT(self->regions);
+    Py_VISIT(self->stats);
+    return 0;
+}
+
+static int placer_clear(Placer *self) {
+    Py_CLEAR(self->qps);
+    Py_CLEAR(self->regions);
+    Py_CLEAR(self->stats);
+    return 0;
+}
+
+static void placer_dealloc(Placer *self) {
+    PyObject_GC_UnTrack(self);
+    placer_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static uint32_t be32(const unsigned char *p) {
+    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
+}
+
+/* the RoCEv2 ICRC of a UDP payload p[0..n) between src and dst (see wire/headers.py icrc) */
+static uint32_t roce_icrc(const unsigned char *src, const unsigned char *dst, int sport, int dport,
+                          const unsigned char *p, size_t n) {
+    unsigned udp_len = (unsigned)n + 8;
+    unsigned char head[56];
+    memset(head, 0xFF, 8);
+    head[8] = 0x6F, head[9] = head[10] = head[11] = 0xFF;  /* version, traffic class, flow label masked */
+    head[12] = udp_len >> 8, head[13] = udp_len & 0xFF, head[14] = 17, head[15] = 0xFF;  /* hop limit masked */
+    memcpy(head + 16, src, 16);
+    memcpy(head + 32, dst, 16);
+    head[48] = sport >> 8, head[49] = sport & 0xFF, head[50] = dport >> 8, head[51] = dport & 0xFF;
+    head[52] = udp_len >> 8, head[53] = udp_len & 0xFF, head[54] = head[55] = 0xFF;  /* checksum masked */
+    uint32_t crc = crc32_update(0, head, sizeof(head));
+    unsigned char bth8[8];
+    memcpy(bth8, p, 8);
+    bth8[4] = 0xFF;  /* FECN, BECN, reserved */
+    crc = crc32_update(crc, bth8, 8);
+    return crc32_update(crc, p + 8, n - 4 - 8);
+}
+
+/* stats[key] += by */
+static int add_stat(PyObject *stats, PyObject *key, long long by) {
+    PyObject *old = PyDict_GetItemWithError(stats, key);
+    if (old == NULL && PyErr_Occurred())
+        return -1;
+    long long value = old == NULL ? 0 : PyLong_AsLongLong(old);
+    if (value == -1 && PyErr_Occurred())
+        return -1;
+    PyObject *updated = PyLong_FromLongLong(value + by);
+    if (updated == NULL)
+        return -1;
+    int r = PyDict_SetItem(stats, key, updated);
+    Py_DECREF(updated);
+    return r;
+}
+
+/* the region's pd, va and writable bytes; 0 if it is not one this code can write */
+static int region_of(PyObject *mr, long long *pd, long long *va, Py_buffer **view) {
+    PyObject *pd_obj = PyObject_GetAttr(mr, s_pd), *va_obj = NULL, *view_obj = NULL;
+    int ok = 0;
+    if (pd_obj == NULL || (va_obj = PyObject_GetAttr(mr, s_va)) == NULL ||
+        (view_obj = PyObject_GetAttr(mr, s_view)) == NULL)
+        goto done;
+    *pd = PyLong_AsLongLong(pd_obj);
+    *va = PyLong_AsLongLong(va_obj);
+    if (PyErr_Occurred() || !PyMemoryView_Check(view_obj))
+        goto done;
+    *view = PyMemoryView_GET_BUFFER(view_obj);  /* the region holds the view: it outlives this call */
+    ok = !(*view)->readonly && (*view)->itemsize == 1 && PyBuffer_IsContiguous(*view, 'C');
+done:
+    PyErr_Clear();  /* anything odd about the region: Python decides */
+    Py_XDECREF(pd_obj);
+    Py_XDECREF(va_obj);
+    Py_XDECREF(view_obj);
+    return ok;
+}
+
+static PyObject *placer_place(Placer *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "place(payload, src, sport, now)");
+        return NULL;
+    }
+    long sport = PyLong_AsLong(args[2]);
+    long long now = PyLong_AsLongLong(args[3]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (!PyBytes_Check(args[1]) || PyBytes_GET_SIZE(args[1]) != 16 || sport < 0 || sport > 0xFFFF)
+        Py_RETURN_FALSE;
+    const unsigned char *src = (const unsigned char *)PyBytes_AS_STRING(args[1]);
+    Py_buffer payload;
+    if (PyObject_GetBuffer(args[0], &payload, PyBUF_SIMPLE) < 0)
+        return NULL;
+    PyObject *result = Py_False;
+    const unsigned char *p = payload.buf;
+    size_t n = (size_t)payload.len;
+    if (n < HEAD_LEN + 4 || p[0] != OP_WRITE_ONLY || (p[1] & 0x0F))
+        goto done;
+    size_t pad = (p[1] >> 4) & 3, end = n - 4;
+    if (end < HEAD_LEN + pad || be32(p + 24) != end - pad - HEAD_LEN)
+        goto done;
+    uint32_t wire_icrc = (uint32_t)p[n - 4] | ((uint32_t)p[n - 3] << 8) | ((uint32_t)p[n - 2] << 16) |
+                         ((uint32_t)p[n - 1] << 24);
+    if (roce_icrc(src, self->address, (int)sport, self->dport, p, n) != wire_icrc)
+        goto done;
+    int pkey = (p[2] << 8) | p[3];
+    uint32_t qpn = be32(p + 4) & 0xFFFFFF, psn_word = be32(p + 8);
+    long long psn = psn_word & 0xFFFFFF;
+    uint64_t va = ((uint64_t)be32(p + 12) << 32) | be32(p + 16);
+    uint32_t rkey = be32(p + 20);
+    size_t length = end - pad - HEAD_LEN;
+    PyObject *key = PyLong_FromUnsignedLong(qpn);
+    if (key == NULL)
+        goto fail;
+    PyObject *found = PyDict_GetItemWithError(self->qps, key); /* borrowed */
+    Py_DECREF(key);
+    if (found == NULL) {
+        if (PyErr_Occurred())
+            goto fail;
+        goto done;
+    }
+    if (!PyObject_TypeCheck(found, &QpStateType))
+        goto done;
+    QpState *qp = (QpState *)found;
+    if (qp->peer != Py_None && (!PyBytes_Check(qp->peer) || PyBytes_GET_SIZE(qp->peer) != 16 ||
+                                memcmp(PyBytes_AS_STRING(qp->peer), src, 16) != 0))
+        goto done;
+    if (pkey != qp->pkey || qp->window <= 0 || !PyDict_Check(qp->pending_imm) || PyDict_GET_SIZE(qp->pending_imm))
+        goto done;
+    long long diff = (psn - qp->epsn) & 0xFFFFFF;  /* config.psn_abs */
+    if (diff >= (1 << 23))
+        diff -= 1 << 24;
+    if (diff < 0 || diff >= qp->window || (diff > 0 && qp->in_order_only) ||
+        (qp->bits[diff >> 6] >> (diff & 63) & 1))
+        goto done;
+    key = PyLong_FromUnsignedLong(rkey);
+    if (key == NULL)
+        goto fail;
+    PyObject *mr = PyDict_GetItemWithError(self->regions, key); /* borrowed */
+    Py_DECREF(key);
+    if (mr == NULL) {
+        if (PyErr_Occurred())
+            goto fail;
+        goto done;
+    }
+    long long mr_pd, mr_va;
+    Py_buffer *region;
+    if (!region_of(mr, &mr_pd, &mr_va, &region) || mr_pd != qp->pd || mr_va < 0 || va < (uint64_t)mr_va)
+        goto done;
+    uint64_t start = va - (uint64_t)mr_va;
+    if (start > (uint64_t)region->len || (uint64_t)region->len - start < length)
+        goto done;
+    /* the common case: place it, and account for it as responder.py does */
+    memcpy((char *)region->buf + start, p + HEAD_LEN, length);
+    if (add_stat(self->stats, s_packets_placed, 1) < 0 || add_stat(self->stats, s_bytes_placed, (long long)length) < 0)
+        goto fail;
+    qp->echo_psn = psn;
+    qp->echo_ev = sport - self->sport_base;
+    qp->echo_at = now;
+    qp->ecn = 0;
+    qp->bits[diff >> 6] |= 1ULL << (diff & 63);
+    int words = qp->window / 64, run = 0, w = 0;
+    for (; w < words && qp->bits[w] == ~0ULL; w++)
+        run += 64;
+    if (w < words)
+        run += __builtin_ctzll(~qp->bits[w]);
+    if (run) {  /* arrived in order from epsn on: shift them out */
+        int skip = run / 64, shift = run % 64;
+        for (int j = 0; j < words; j++) {
+            int from = j + skip;
+            uint64_t lo = from < words ? qp->bits[from] >> shift : 0;
+            uint64_t hi = (shift && from + 1 < words) ? qp->bits[from + 1] << (64 - shift) : 0;
+            qp->bits[j] = lo | hi;
+        }
+        qp->epsn += run;
+    }
+    qp->since_ack += 1;
+    if (qp->unacked_since < 0)
+        qp->unacked_since = now;
+    if ((psn_word >> 31) || qp->since_ack >= qp->ack_every)
+        qp->ack_due = 1;
+    result = Py_True;
+done:
+    PyBuffer_Release(&payload);
+    Py_INCREF(result);
+    return result;
+fail:
+    PyBuffer_Release(&payload);
+    return NULL;
+}
+
+static PyMethodDef placer_methods[] = {
+    {"place", (PyCFunction)(void (*)(void))placer_place, METH_FASTCALL,
+     "place(payload, src, sport, now) -> bool: placed (the common case), or left to Python untouched."},
+    {NULL},
+};
+
+static PyTypeObject PlacerType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "mrc_emu.transport._place.Placer",
+    .tp_doc = "A responder's tables, for placing the common data packet in C.",
+    .tp_basicsize = sizeof(Placer),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)placer_init,
+    .tp_dealloc = (destructor)placer_dealloc,
+    .tp_traverse = (traverseproc)placer_traverse,
+    .tp_clear = (inquiry)placer_clear,
+    .tp_methods = placer_methods,
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_place", NULL, -1, NULL};
+
+PyMODINIT_FUNC PyInit__place(void) {
+    if (PyType_Ready(&QpStateType) < 0 || PyType_Ready(&PlacerType) < 0)
+        return NULL;
+    s_pd = PyUnicode_InternFromString("pd");
+    s_va = PyUnicode_InternFromString("va");
+    s_view = PyUnicode_InternFromString("view");
+    s_packets_placed = PyUnicode_InternFromString("packets_placed");
+    s_bytes_placed = PyUnicode_InternFromString("bytes_placed");
+    if (s_pd == NULL || s_va == NULL || s_view == NULL || s_packets_placed == NULL || s_bytes_placed == NULL)
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    Py_INCREF(&QpStateType);
+    Py_INCREF(&PlacerType);
+    if (PyModule_AddObject(m, "QpState", (PyObject *)&QpStateType) < 0 ||
+        PyModule_AddObject(m, "Placer", (PyObject *)&PlacerType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
