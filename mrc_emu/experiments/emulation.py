@@ -94,9 +94,9 @@ def assess(finals: list, results: list, kernel_before: dict[str, int], kernel_af
     late = late_max = slack_max = 0
     for final in finals:
         loop = final.loop
-        late += loop.get("late_datagrams", 0)
-        late_max = max(late_max, loop.get("late_max_ns", 0))
-        slack_max = max(slack_max, loop.get("slack_max_ns", 0))
+        late += loop["late_datagrams"]
+        late_max = max(late_max, loop["late_max_ns"])
+        slack_max = max(slack_max, loop["slack_max_ns"])
         timer.merge(LagMeter.from_dict(loop["timer_lag"]))
         sock.merge(LagMeter.from_dict(loop["socket_lag"]))
         span = max(1, loop["wall_ns"])

@@ -73,8 +73,7 @@ class Port:
         # datagrams stamped before `read_through` when read: the kernel held them (a per-CPU
         # backlog) past the moment the socket was taken as read; the horizon had run ahead of them
         self.late = 0
-        self.late_max_ns = 0
-        self.late_gap_ns = 0  # the largest lateness since the loop last looked (take_late_gap)
+        self.late_gap_ns = 0  # the largest lateness since the loop last took it (EventLoop._late)
 
     @property
     def frames_sent(self) -> int:
@@ -112,11 +111,8 @@ class Port:
                             at = seen
                     if at < self.read_through:
                         self.late += 1
-                        gap = self.read_through - at
-                        if gap > self.late_max_ns:
-                            self.late_max_ns = gap
-                        if gap > self.late_gap_ns:
-                            self.late_gap_ns = gap
+                        if self.read_through - at > self.late_gap_ns:
+                            self.late_gap_ns = self.read_through - at
                     record(int((seen - at) * dilation))
                     endpoint = route(payload)
                     if endpoint is not None:
@@ -236,8 +232,7 @@ class EventLoop:
             run, wait = schedstat()
             self._measured_from = (time.monotonic_ns(), run, wait, self._datagrams(), self._frames(),
                                    sum(p.late for p in self.ports))
-            for port in self.ports:
-                port.late_max_ns = 0
+            self.stats.late_max_ns = 0
             self.timer_lag.reset()
             self.socket_lag.reset()
         elif not on and self.measuring:
@@ -248,7 +243,6 @@ class EventLoop:
             self.stats.cpu_ns, self.stats.runqueue_wait_ns = run - run0, wait - wait0
             self.stats.datagrams, self.stats.frames_sent = self._datagrams() - d0, self._frames() - f0
             self.stats.late_datagrams = sum(p.late for p in self.ports) - late0
-            self.stats.late_max_ns = int(max((p.late_max_ns for p in self.ports), default=0) * self.clock.dilation)
 
     def _datagrams(self) -> int:
         return sum(p.datagrams for p in self.ports)
@@ -307,6 +301,9 @@ class EventLoop:
         return self.horizon.min()
 
     def _late(self, gap: int, now: int) -> None:
+        """A port was handed a datagram `gap` late: widen the slack, and count the gap if measuring."""
+        if self.measuring:
+            self.stats.late_max_ns = max(self.stats.late_max_ns, int(gap * self.clock.dilation))
         if 2 * gap > self.slack_ns:
             self.slack_ns = 2 * gap
             self.stats.slack_max_ns = max(self.stats.slack_max_ns, int(self.slack_ns * self.clock.dilation))
