@@ -34,3 +34,10 @@ def test_late_datagrams_make_the_run_emulator_bound_and_say_by_how_much():
     assert report.kernel_drops["late_datagrams"] == 5
     (reason,) = [r for r in report.reasons if "per-CPU backlog" in r]
     assert "5 datagrams" in reason and "7.0 ms" in reason and "14.0 ms" in reason
+
+
+def test_datagrams_late_by_less_than_the_lag_limit_are_counted_but_keep_the_run_faithful():
+    finals = [_final(late=511, late_max_ns=40_000, slack_max_ns=80_000), _final()]
+    report = emulation.assess(finals, _results(), QUIET, QUIET, 1.0)
+    assert report.kernel_drops["late_datagrams"] == 511
+    assert report.verdict == "faithful" and report.reasons == []

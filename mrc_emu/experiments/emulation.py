@@ -9,7 +9,10 @@ waited for one; the kernel counts what it dropped for the emulator (a full recei
 Udp6RcvbufErrors; a full backlog, softnet_stat). From these a run gets a verdict:
 
 - `faithful`: nothing was dropped by the kernel, no worker was saturated, the loop lag stayed
-  below LAG_LIMIT_US (in the transport's time), and no worker waited long for a CPU;
+  below LAG_LIMIT_US (in the transport's time), no datagram reached a worker more than that
+  after the horizon had passed its arrival (late datagrams: counted always, a reason only
+  beyond the limit, as the horizon's slack covers them and no timer is that fine), and no
+  worker waited long for a CPU;
 - `emulator-bound`, with every reason that applies. The figures of such a run are the
   emulator's (its packet rate, its scheduling), not the fabric's; the CLI and the report flag
   them. Time dilation (`--time-dilation K`) is the cure where the machine is too slow.
@@ -118,7 +121,7 @@ def assess(finals: list, results: list, kernel_before: dict[str, int], kernel_af
     if drops["Udp6RcvbufErrors"] or drops["Udp6InErrors"]:
         reasons.append(f"the kernel dropped {drops['Udp6RcvbufErrors'] + drops['Udp6InErrors']:,} datagrams at "
                        "receive sockets the workers did not read in time: those losses are the emulator's")
-    if late:
+    if late and late_max / 1e3 / dilation > LAG_LIMIT_US:
         reasons.append(f"the kernel handed {late:,} datagrams to the workers up to {late_max / 1e6 / dilation:.1f} ms after "
                        "the horizon had passed their arrival (held in a per-CPU backlog; the horizon was then held "
                        f"back by up to {slack_max / 1e6 / dilation:.1f} ms): timer decisions around them may have "
