@@ -25,6 +25,7 @@ from mrc_emu.transport.ev import EvState
 from mrc_emu.transport.paths import qp_paths
 from mrc_emu.transport.requester import Requester
 from mrc_emu.transport.responder import Responder
+from mrc_emu.wire.decoder import open_frame
 from mrc_emu.wire.format import DataPacket
 
 TOPO = builtin()
@@ -527,3 +528,79 @@ def test_a_responder_slow_to_answer_does_not_lengthen_the_rtt():
     # each sample is 20 us plus at most the microsecond the service time is rounded down to
     assert all(20_000 <= r.min_rtt_ns and r.latest_ns <= 22_000 for r in sampled), [r.latest_ns for r in sampled]
     assert requester.cc.decreases == 0
+
+
+# ---- a requester that loses its CPU inside a send: its timers count from when the packet left ----
+# On a loaded machine a worker can be taken off the CPU for tens of milliseconds anywhere, also
+# between reading the clock for a packet and handing it to the kernel. A stamp read before the
+# send then says the packet left long before it did, and its ACK timeout (16.8 ms) fires on a
+# packet that was in flight for a fraction of that: an EV event that is the emulator's. Measured
+# with scratch runs that SIGSTOP a worker for 25 ms every ~150 ms beside a 16-QP ring: one run in
+# three or four cascaded into thousands of ACK timeouts. The send here moves a fake clock, as a
+# preempted sendto would.
+
+HELD_NS = 25_000_000  # the worker is off the CPU this long inside one send
+
+
+def _held_send(t: list[int], frames: list, hold_first: bool = True):
+    def send(frame, path) -> bool:
+        frames.append((bytes(frame), path))
+        if hold_first and len(frames) == 1:
+            t[0] += HELD_NS  # the scheduler takes the CPU away before the kernel has the frame
+        return True
+    return send
+
+
+@pytest.mark.parametrize("c_loop", [False])  # the C send loop's stamp moves with its batched send
+def test_a_send_held_up_by_the_scheduler_is_timed_from_when_it_left(c_loop):
+    config = QpConfig(mtu=1024)
+    requester, responder, mr, _ = pair(16 * 1024, config, c_loop=c_loop)
+    requester.post_write(os.urandom(16 * 1024), mr.va, mr.rkey)
+    t = [1_000_000]
+    frames: list = []
+    requester.pump(t[0], _held_send(t, frames), clock=lambda: t[0], horizon=t[0])
+    table = requester.recovery.sent
+    first = table.pkts[min(table.pkts)]
+    assert first.sent_ns >= 1_000_000 + HELD_NS  # stamped when the send returned, not before it
+    # 0.1 ms later nothing has come back yet, and nothing is due: the packet has been out 0.1 ms
+    t[0] += 100_000
+    requester.pump(t[0], _held_send(t, frames, hold_first=False), clock=lambda: t[0], horizon=t[0])
+    assert requester.recovery.timeouts == 0
+    assert requester.retransmits == 0
+    # its ACK, 50 us after it really left, gives a sample of about that, not of 25 ms
+    acks: list = []
+    for frame, _ in frames:
+        responder.on_datagram(*_datagram(frame), now=first.sent_ns + 50_000)
+    responder.pump(first.sent_ns + 50_000, lambda frame, path: acks.append(frame) or True)
+    assert acks
+    for frame in acks:
+        requester.on_datagram(*_datagram(frame), now=t[0])
+    srtt = [s.rtt.srtt_ns for s in requester.profile.evs.values() if s.rtt.srtt_ns]
+    assert srtt and max(srtt) < HELD_NS // 10
+
+
+@pytest.mark.parametrize("c_loop", [True, False])
+def test_an_ack_heard_before_its_packet_was_stamped_gives_no_rtt_sample(c_loop):
+    """Taken off the CPU just after the kernel took the frame, the requester stamps late: the
+    ACK (stamped by the kernel on arrival) seems to come back before the packet left. That is no
+    sample (clamping it to a microsecond would pull the EV's RTT and the CC's base RTT down)."""
+    config = QpConfig(mtu=1024)
+    requester, responder, mr, _ = pair(4 * 1024, config, c_loop=c_loop)
+    requester.post_write(os.urandom(4 * 1024), mr.va, mr.rkey)
+    t = [1_000_000]
+    frames: list = []
+    requester.pump(t[0], _held_send(t, frames), clock=lambda: t[0], horizon=t[0])
+    acks: list = []
+    for frame, _ in frames:
+        responder.on_datagram(*_datagram(frame), now=1_050_000)  # it left at 1 ms: answered at 1.05 ms
+    responder.pump(1_060_000, lambda frame, path: acks.append(frame) or True)
+    for frame in acks:
+        requester.on_datagram(*_datagram(frame), now=1_100_000)  # the kernel's arrival stamp
+    assert requester.recovery.bytes_acked == 4 * 1024
+    assert all(s.rtt.srtt_ns == 0 for s in requester.profile.evs.values())
+
+
+def _datagram(frame: bytes):
+    """What the destination's kernel hands up: payload, source address, source port."""
+    opened = open_frame(frame)
+    return bytes(opened.payload), opened.src, opened.sport

@@ -25,7 +25,10 @@ SAME_EV = "a later packet on the same EV arrived"  # loss rule 1: a path keeps o
 EV_TIMER = "not acknowledged while later packets were"  # loss rule 2: the EV's timer ran out
 ACK_TIMEOUT = "ACK timeout"
 SEQUENCE_NAK = "PSN sequence NAK"  # go-back-N: the responder saw a gap
-MIN_RTT_SAMPLE_NS = 1_000  # an RTT sample less the responder's service time is at least this
+# An RTT sample (less the responder's service time) shorter than this is no sample: the packet's
+# stamp was late (its worker lost the CPU after the kernel took it) or the service time's rounding
+# (1/1024) outweighs a short RTT. Taken as 1 us, it pulled the EV's RTT and the CC's base RTT down.
+MIN_RTT_SAMPLE_NS = 1_000
 LOSS_CHECK_NS = 100_000  # how often the pump re-runs the loss rules when no ACK comes
 
 
@@ -87,8 +90,8 @@ class Recovery:
         rtt = sampled = echo_sent = None
         heard = now - ack.service_ns
         echo = sent.pkts.get(psn_abs(ack.echo_psn, una))
-        if echo is not None and echo.tx == 1 and echo.ev == ack.echo_ev:
-            rtt = max(MIN_RTT_SAMPLE_NS, heard - echo.sent_ns)
+        if echo is not None and echo.tx == 1 and echo.ev == ack.echo_ev and heard - echo.sent_ns >= MIN_RTT_SAMPLE_NS:
+            rtt = heard - echo.sent_ns
             echo_sent = echo.sent_ns
             sampled = echo.ev
             self.profile.on_rtt(echo.ev, rtt, ack.ecn_echo)
@@ -167,8 +170,9 @@ class Recovery:
             sample = None
             if ev == sampled:
                 sample = rtt
-            elif echo_sent is not None and latest_tx == 1 and echo_sent - latest_sent <= rtt:
-                sample = max(MIN_RTT_SAMPLE_NS, heard - latest_sent)
+            elif (echo_sent is not None and latest_tx == 1 and echo_sent - latest_sent <= rtt
+                  and heard - latest_sent >= MIN_RTT_SAMPLE_NS):
+                sample = heard - latest_sent
                 profile.on_rtt(ev, sample, None)
             cc.on_acked(now, ev, nbytes, sample, evs[ev].rtt.srtt_ns, ev == ecn_ev)
         for ev in {sampled, ecn_ev} - seen.keys() - {None}:  # an echo (sample, ECN mark) whose EV delivered nothing new

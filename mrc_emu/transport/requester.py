@@ -259,12 +259,15 @@ class Requester:
                                             wr.local[offset:offset + length],
                                             None if wr.sums is None else wr.sums[offset // mtu], ack_req,
                                             wr.imm if last else None, pkey)
+            left = send(frame, path)
+            # stamped once the kernel has it: a worker taken off the CPU inside the send would
+            # otherwise age the packet by as long, and its ACK timeout would fire on the emulator's wait
             stamp = now if clock is None else clock()
             record(pkt, ev, stamp)
             evs[ev].packets_sent += 1
             cc_sent(stamp, ev, length)
             sent += 1
-            if not send(frame, path):
+            if not left:
                 self._send_failed(ev, stamp)
         rec.next_psn = next_psn
 
