@@ -103,9 +103,9 @@ def _spray_in_own_namespace(c_send: bool, c_loop: bool) -> dict:
                 requester = Requester(src, 0x11, 0x22, paths, None, QpConfig(mtu=1024), c_loop=c_loop,
                                       random_bits=random.Random(2).getrandbits)
                 requester.post_write(bytes(range(256)) * 800, 0x1000, 7)
-                ticks = itertools.count(5_000_000, 7_000)
+                clock = itertools.count(5_000_000, 7_000).__next__ if clocked else None
                 for i in range(6):
-                    requester.pump(1_000_000 + i, link.send, clock=(lambda: next(ticks)) if clocked else None)
+                    requester.pump(1_000_000 + i, link.send, clock=clock)
                 table = requester.recovery.sent
                 record = {"pkts": sorted((p.psn, p.ev, p.offset, p.tx, p.sent_ns) for p in table.pkts.values()),
                           "flight": list(table.flight), "by_ev": {ev: list(q) for ev, q in table.by_ev.items()},
