@@ -289,7 +289,7 @@ def _delivery_table(seed: int, ev_count: int, deliver_in_c: bool):
     rng = random.Random(seed)
     table = sent_module.SentPackets(range(ev_count))
     if not deliver_in_c:
-        table._deliver = None
+        table._deliver = table._front = None
     wrs = [SimpleNamespace(acked=rng.randrange(5) * 100) for _ in range(3)]
     for psn in range(1000, 1000 + 300):
         pkt = table.new(psn, wrs[min(2, (psn - 1000) // 120)], (psn - 1000) * 100, rng.choice([100, 100, 37]), False)
@@ -307,7 +307,9 @@ def _delivery_table(seed: int, ev_count: int, deliver_in_c: bool):
 def test_delivery_in_c_leaves_what_the_python_loop_leaves(seed, ev_count):
     """SentPackets.deliver in C (_spray.deliver) against the Python loop, on the same table: a
     cumulative range, then SACKed PSNs with holes, repeats, unknown PSNs, into a `seen` that
-    already holds entries; the same bytes, the same `seen` (in the same order), the same table."""
+    already holds entries; the same bytes, the same `seen` (in the same order), the same table;
+    then SentPackets.front in C against Python: the same packet first on each EV, the same
+    stale entries dropped."""
     results = []
     for in_c in (True, False):
         table, wrs, rng = _delivery_table(seed, ev_count, in_c)
@@ -317,7 +319,8 @@ def test_delivery_in_c_leaves_what_the_python_loop_leaves(seed, ev_count):
         sacked = rng.sample(range(1100, 1400), 120) + [1150, 1150, 5, 10**9]
         acked.append(table.deliver(sacked, seen))
         acked.append(table.deliver(range(1290, 1310), seen))
+        fronts = [getattr(table.front(ev), "psn", None) for ev in range(ev_count)]  # stale entries dropped
         results.append((acked, list(seen.items()), table.bytes_in_flight, table.ev_flight, [w.acked for w in wrs],
-                        sorted(table.pkts), list(table.flight)))
+                        sorted(table.pkts), list(table.flight), fronts, {ev: list(q) for ev, q in table.by_ev.items()}))
     assert results[0] == results[1]
-    assert results[0][0][0] > 0 and results[0][0][1] > 0
+    assert results[0][0][0] > 0 and results[0][0][1] > 0 and any(f is not None for f in results[0][7])

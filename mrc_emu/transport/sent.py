@@ -43,7 +43,7 @@ class SentPackets:
     entries, of packets delivered or resent elsewhere since, are skipped on the way); `retx` the
     PSNs declared lost, to resend. `bytes_in_flight` and `ev_flight` add up what is in flight.
     The C send loop (_spray.c) records its packets in `pkts`, `flight` and `by_ev` as `record` does,
-    and `deliver` runs in C (_spray.deliver) where the records are C ones.
+    and `deliver` and `front` run in C (_spray.deliver, _spray.front) where the records are C ones.
     """
 
     def __init__(self, evs: Iterable[int]) -> None:
@@ -57,6 +57,7 @@ class SentPackets:
         self.Pkt = Pkt  # the record type, fixed when the table is made (tests swap the module's)
         # delivery in C for a table of C records (None: the Python loop below)
         self._deliver = _spray.deliver if _spray is not None and self.Pkt is _spray.Pkt else None
+        self._front = _spray.front if self._deliver is not None else None
 
     def new(self, psn: int, wr, offset: int, length: int, last: bool) -> PyPkt:
         pkt = self.pkts[psn] = self.Pkt(psn, wr, offset, length, last)
@@ -111,6 +112,8 @@ class SentPackets:
 
     def front(self, ev: int) -> PyPkt | None:
         """The oldest packet still in flight on `ev` (stale entries are dropped on the way)."""
+        if self._front is not None:  # the same loop in C (_spray.c)
+            return self._front(self, ev)
         queue = self.by_ev[ev]
         while queue:
             psn, sent = queue[0]
