@@ -184,8 +184,9 @@ class Requester:
         """Send what is due: timeouts' consequences, EV probes, then data while the window allows.
 
         `clock`, when given, stamps each data packet with its own send time (a burst of 32 full
-        packets takes about 0.4 ms over sockets, which would otherwise skew RTT samples by as
-        much); without it every packet of the burst is stamped `now` (virtual time).
+        packets takes about 0.3 ms over sockets, which would otherwise skew RTT samples by as
+        much), or, for a batch the C loop hands to a batch sender at once, the batch's; without it
+        every packet of the burst is stamped `now` (virtual time).
         `horizon`, when given, is the time up to which the driver has seen everything that
         arrived anywhere in the emulation: loss timers are judged at min(now, horizon)."""
         self._last_now = now
