@@ -14,9 +14,12 @@ from setuptools import Extension, setup
 
 setup(ext_modules=[
     Extension("mrc_emu.wire._fastpath", ["mrc_emu/wire/_fastpath.c"], optional=True, libraries=["z"],
-              depends=["mrc_emu/wire/crc32.h"], extra_compile_args=["-O3"]),
-    Extension("mrc_emu.transport._spray", ["mrc_emu/transport/_spray.c"], optional=True, extra_compile_args=["-O2"]),
+              depends=["mrc_emu/wire/crc32.h", "mrc_emu/wire/patch.h"], extra_compile_args=["-O3"]),
+    Extension("mrc_emu.transport._spray", ["mrc_emu/transport/_spray.c"], optional=True, libraries=["z"],
+              depends=["mrc_emu/wire/crc32.h", "mrc_emu/wire/patch.h", "mrc_emu/transport/send_many.h"],
+              extra_compile_args=["-O3"]),
     Extension("mrc_emu.transport._place", ["mrc_emu/transport/_place.c"], optional=True, libraries=["z"],
               depends=["mrc_emu/wire/crc32.h"], extra_compile_args=["-O3"]),
-    Extension("mrc_emu.io._sockio", ["mrc_emu/io/_sockio.c"], optional=True, extra_compile_args=["-O2"]),
+    Extension("mrc_emu.io._sockio", ["mrc_emu/io/_sockio.c"], optional=True, depends=["mrc_emu/transport/send_many.h"],
+              extra_compile_args=["-O2"]),
 ])

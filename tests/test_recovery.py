@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from mrc_emu.transport import sent as sent_module
 from mrc_emu.transport.cc import CongestionControl
 from mrc_emu.transport.config import QpConfig, RecoveryMode
 from mrc_emu.transport.ev import EvProfile
@@ -278,3 +279,48 @@ def test_a_packet_sent_long_before_the_echoed_one_gives_no_rtt_sample():
     assert rec.profile.evs[1].rtt.latest_ns == 100 * US
     assert rec.profile.evs[0].rtt.samples == 0
     assert sorted(cc.of("acked")) == [("acked", 0, MTU, None, False), ("acked", 1, MTU, 100 * US, False)]
+
+
+def _delivery_table(seed: int, ev_count: int, deliver_in_c: bool):
+    """A sent-packet table of C records with a random history: several WRITEs, EVs, equal and
+    unequal send times, retransmissions, packets lost (out of flight) and delivered before."""
+    import random
+
+    rng = random.Random(seed)
+    table = sent_module.SentPackets(range(ev_count))
+    if not deliver_in_c:
+        table._deliver = table._front = None
+    wrs = [SimpleNamespace(acked=rng.randrange(5) * 100) for _ in range(3)]
+    for psn in range(1000, 1000 + 300):
+        pkt = table.new(psn, wrs[min(2, (psn - 1000) // 120)], (psn - 1000) * 100, rng.choice([100, 100, 37]), False)
+        for _ in range(rng.choice([1, 1, 1, 2, 3])):
+            table.record(pkt, rng.randrange(ev_count), rng.randrange(0, 40) * 1000)
+        if rng.random() < 0.2:
+            table.out_of_flight(pkt)  # declared lost, not resent yet
+    for psn in rng.sample(range(1000, 1300), 30):
+        table.deliver([psn], {})  # delivered before
+    return table, wrs, rng
+
+
+@pytest.mark.skipif(sent_module._spray is None, reason="the C extension mrc_emu.transport._spray is not built")
+@pytest.mark.parametrize("seed, ev_count", [(1, 8), (2, 3), (3, 100)])  # 100 EVs: more than the C side aggregates at once
+def test_delivery_in_c_leaves_what_the_python_loop_leaves(seed, ev_count):
+    """SentPackets.deliver in C (_spray.deliver) against the Python loop, on the same table: a
+    cumulative range, then SACKed PSNs with holes, repeats, unknown PSNs, into a `seen` that
+    already holds entries; the same bytes, the same `seen` (in the same order), the same table;
+    then SentPackets.front in C against Python: the same packet first on each EV, the same
+    stale entries dropped."""
+    results = []
+    for in_c in (True, False):
+        table, wrs, rng = _delivery_table(seed, ev_count, in_c)
+        assert (table._deliver is not None) == in_c
+        seen = {5 % ev_count: [2, 17_000, 1, 200], 1: [1, 999_000, 2, 100]}
+        acked = [table.deliver(range(990, 1100), seen)]
+        sacked = rng.sample(range(1100, 1400), 120) + [1150, 1150, 5, 10**9]
+        acked.append(table.deliver(sacked, seen))
+        acked.append(table.deliver(range(1290, 1310), seen))
+        fronts = [getattr(table.front(ev), "psn", None) for ev in range(ev_count)]  # stale entries dropped
+        results.append((acked, list(seen.items()), table.bytes_in_flight, table.ev_flight, [w.acked for w in wrs],
+                        sorted(table.pkts), list(table.flight), fronts, {ev: list(q) for ev, q in table.by_ev.items()}))
+    assert results[0] == results[1]
+    assert results[0][0][0] > 0 and results[0][0][1] > 0 and any(f is not None for f in results[0][7])

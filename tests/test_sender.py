@@ -70,3 +70,84 @@ def test_the_c_sender_answers_and_counts_as_the_python_send_does():
     bad_c, bad_py = with_c.pop("bad"), without_c.pop("bad")
     assert bad_c and bad_py  # a first hop that is no address is refused either way
     assert with_c == without_c
+
+
+def _spray_in_own_namespace(c_send: bool, c_loop: bool) -> dict:
+    """A requester's first pumps through a SocketLink in a namespace of its own: every EV's first
+    hop is ::1 but EV 2's, which has no route (its frames cannot leave, from the middle of a batch)."""
+    import dataclasses
+    import itertools
+    import random
+
+    from mrc_emu.topology import builtin
+    from mrc_emu.transport.config import QpConfig
+    from mrc_emu.transport.paths import qp_paths
+    from mrc_emu.transport.requester import Requester
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(read)
+            if ctypes.CDLL(None, use_errno=True).unshare(CLONE_NEWNET) != 0:
+                raise OSError(ctypes.get_errno(), "unshare")
+            subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+            raw = socket.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_RAW)
+            link = sockets.SocketLink(raw, socket.socket(socket.AF_INET6, socket.SOCK_DGRAM), c_send=c_send)
+            qp = qp_paths(builtin(), "h0", "h2")
+            paths = {ev: dataclasses.replace(p, first_hop="2001:db8::1" if ev == 2 else "::1")
+                     for ev, p in qp.forward.items()}
+            src = socket.inet_pton(socket.AF_INET6, qp.src_address)
+            out = {}
+            for clocked in (False, True):
+                requester = Requester(src, 0x11, 0x22, paths, None, QpConfig(mtu=1024), c_loop=c_loop,
+                                      random_bits=random.Random(2).getrandbits)
+                requester.post_write(bytes(range(256)) * 800, 0x1000, 7)
+                clock = itertools.count(5_000_000, 7_000).__next__ if clocked else None
+                for i in range(6):
+                    requester.pump(1_000_000 + i, link.send, clock=clock)
+                table = requester.recovery.sent
+                record = {"pkts": sorted((p.psn, p.ev, p.offset, p.tx, p.sent_ns) for p in table.pkts.values()),
+                          "flight": list(table.flight), "by_ev": {ev: list(q) for ev, q in table.by_ev.items()},
+                          "bytes_in_flight": table.bytes_in_flight, "ev_flight": table.ev_flight,
+                          "summary": requester.summary(), "events": [e.to_dict() for e in requester.ev_events],
+                          "evs": [s.to_dict() for s in requester.profile.evs.values()]}
+                out["clocked" if clocked else "virtual"] = record
+            out.update(frames_sent=link.frames_sent, send_errors=link.send_errors, errors=dict(link.errors),
+                       batched=c_loop and hasattr(link.send, "send_many"))
+        except BaseException as e:  # noqa: BLE001 - reported to the parent
+            out = {"failed": repr(e)}
+        os.write(write, json.dumps(out).encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as f:
+        out = json.loads(f.read())
+    os.waitpid(pid, 0)
+    return out
+
+
+def test_the_batched_c_send_loop_leaves_what_sending_frame_by_frame_leaves():
+    """sendmmsg from the C send loop (Sender.send_many) against the same loop through a Python
+    send and against the requester's own loop: the same packets recorded, in flight and failed,
+    when frames of one EV cannot leave from the middle of a batch."""
+    batched, through_python, python_loop = (_spray_in_own_namespace(True, True), _spray_in_own_namespace(False, True),
+                                            _spray_in_own_namespace(True, False))
+    for run in (batched, through_python, python_loop):
+        assert "failed" not in run, run
+    assert batched.pop("batched") and not through_python.pop("batched") and not python_loop.pop("batched")
+    virtual = batched["virtual"]
+    assert virtual["summary"]["send_failures"] > 0 and set(batched["errors"]) == {"ENETUNREACH"}
+    assert any(e["ev"] == 2 and "no route out of the host" in e["reason"] for e in virtual["events"])
+    assert 2 in {p[1] for p in virtual["pkts"]} and virtual["summary"]["packets_sent"] > 32
+    # without a clock every packet is stamped `now` alike; with one, frame by frame each gets its
+    # own reading, and a batch all the one reading taken just before it was handed over
+    for run in (through_python, python_loop):
+        assert run["virtual"] == virtual
+        assert run["clocked"]["flight"] == batched["clocked"]["flight"]
+        stamps = [p[4] for p in run["clocked"]["pkts"]]
+        assert len(set(stamps)) == len(stamps)
+    stamps = [p[4] for p in sorted(batched["clocked"]["pkts"])]
+    assert stamps == sorted(stamps) and len(set(stamps)) < len(stamps) / 4
+    for run in (batched, through_python, python_loop):
+        run.pop("clocked")
+    assert batched == through_python == python_loop

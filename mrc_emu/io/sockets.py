@@ -7,7 +7,8 @@ datagrams a UDP socket on [address]:4791 receives to an endpoint; the kernel has
 each one's UDP checksum. The worker's event loop (loop.py) drives many such links at once.
 The sockets are created by the caller inside the host's namespace (fabric.ops). Where the C
 extension is built, `send` is its Sender (_sockio.c): the same sendto and the same meaning of
-each failure, without the interpreter's call and address parsing per frame.
+each failure, without the interpreter's call and address parsing per frame; its `send_many`
+lets the requester's C send loop hand over a batch of frames in one sendmmsg.
 """
 
 from __future__ import annotations

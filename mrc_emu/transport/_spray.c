@@ -3,34 +3,59 @@
  *
  * Why it exists: most packets a requester sends are the first transmission of a full-MTU
  * WRITE_ONLY packet, and for each CPython spent about 2 us of bookkeeping around the
- * encoder and the send (a packet record, the flight tables, the spray schedule, counters).
- * This does the same bookkeeping on the same Python objects, so everything else (ACKs,
- * loss detection, retransmissions, odd-sized packets: requester.py and recovery.py) reads
- * them unchanged. It is optional: without it the requester's own loop sends every packet
- * (the unit tests run the transfers both ways and compare every frame).
+ * encoder and the send (a packet record, the flight tables, the spray schedule, counters),
+ * then a system call per frame. This does the same bookkeeping on the same Python objects, so
+ * everything else (ACKs, loss detection, retransmissions, odd-sized packets: requester.py and
+ * recovery.py) reads them unchanged; it encodes a batch of up to BATCH frames into its own
+ * buffers (wire/patch.h, the encoder's own code) and, where the driver's send function offers
+ * a batch sender (send_many.h: the socket driver's sendmmsg), hands the batch to the kernel in
+ * one call. It is optional: without it the requester's own loop sends every packet (the unit
+ * tests run the transfers both ways and compare every frame).
  *
  * Pkt(psn, wr, offset, length, last): one packet of a WRITE; ev, sent_ns and tx are set when
  *     it is sent. The same fields as recovery.py's pure-Python PyPkt.
  *
- * spray(table, writers, paths, mtu, wr, send, now, next_psn, window_end, budget, bif, cwnd,
+ * spray(table, heads, paths, mtu, wr, send, now, next_psn, window_end, budget, bif, cwnd,
  *       schedule, cursor, clock) -> (sent, next_psn, bif, cursor, failed_ev, counts)
  *   table    the requester's sent-packet table (sent.SentPackets): each packet sent is
  *            recorded in its `pkts`, `flight` and `by_ev` as SentPackets.record does; the
  *            caller adds `bif` and `counts` to its byte counters
- *   writers  {ev: the C encoder bound to that EV's buffer for full-MTU WRITE_ONLY packets}
+ *   heads    {ev: that EV's frame template head for full-MTU WRITE_ONLY packets (patch.h)}
  *   paths    {ev: Path}, handed to `send` with each frame; mtu: the packets' payload bytes
  *   wr       the WriteRequest at the head of the queue; its next_offset advances
- *   send     the link's send(frame, path) -> bool
+ *   send     the link's send(frame, path) -> bool; if it has `send_many`, that sends each batch
  *   schedule the spray schedule (a list of EVs) and the cursor into it; the loop stops at its end
  *            so that Python counts the cycle (EvProfile.advance)
- *   clock    None: every packet is stamped `now`; else called for each packet's send time
+ *   clock    None: every packet is stamped `now`; else called for each packet's send time:
+ *            through `send`, before each frame; through `send_many`, once per batch, just
+ *            before the batch is handed over (its frames leave within microseconds of it)
  *   It sends while budget, window (PSN and bytes) and schedule allow and the next packet is a
- *   full-MTU one with no immediate; it returns on the first send that fails (failed_ev, else
- *   None), leaving that packet in flight as the Python loop does. counts: {ev: packets}.
+ *   full-MTU one with no immediate; it returns on the first frame that cannot leave the host
+ *   (failed_ev, else None), leaving that packet in flight as the Python loop does; the frames
+ *   of its batch after it are neither sent nor recorded. counts: {ev: packets}.
+ *
+ * deliver(table, psns, seen) -> (acked, in_flight)
+ *   SentPackets.deliver for a table of Pkt records: every PSN of `psns` (a range or a list)
+ *   still in the table leaves it (and `flight`, and its EV's `ev_flight`), its WRITE's `acked`
+ *   grows, and `seen` (EV -> [packets, latest send time, that packet's transmissions, bytes])
+ *   takes it, exactly as the Python loop adds one packet after another (ties of send time keep
+ *   the earlier packet's); acked: the bytes; in_flight: those of them that were in flight, which
+ *   the caller takes off bytes_in_flight. Per ACK that loop was about a third of the Python time.
+ *
+ * front(table, ev) -> Pkt or None
+ *   SentPackets.front for a table of Pkt records: the oldest packet still in flight on `ev`,
+ *   the stale entries before it dropped from by_ev[ev] (the loss rules ask this of every EV
+ *   that delivered, on every ACK).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
+#include <stdint.h>
+#include <string.h>
+#include <zlib.h>
+
+#include "../wire/patch.h"
+#include "send_many.h"
 
 typedef struct {
     PyObject_HEAD
@@ -110,7 +135,7 @@ static PyTypeObject PktType = {
 };
 
 static PyObject *s_local, *s_remote_va, *s_rkey, *s_imm, *s_length, *s_next_offset, *s_append, *s_release,
-    *s_pkts, *s_flight, *s_by_ev;
+    *s_pkts, *s_flight, *s_by_ev, *s_send_many, *s_ev_flight, *s_acked, *s_popleft;
 
 static int get_ll(PyObject *obj, PyObject *name, long long *out) {
     PyObject *v = PyObject_GetAttr(obj, name);
@@ -134,77 +159,158 @@ static int count_one(PyObject *counts, PyObject *ev) {
     return r;
 }
 
-/* one packet: encode, record, send. Returns 1 sent, 0 the send failed (recorded all the same), -1 error */
-static int send_one(PyObject *pkts, PyObject *flight, PyObject *by_ev, PyObject *writer, PyObject *path,
-                    PyObject *send, PyObject *wr, PyObject *rkey, PyObject *ev, PyObject *now_obj,
-                    long long now, long long psn, long long offset, long long mtu, int last, int ack_req,
-                    long long va, const char *payload) {
+#define BATCH 16       /* frames per batch: as many as the kernel forwards in one sendmmsg without the slots falling out of cache */
+#define SLOT_BYTES 9216 /* the largest frame a fabric MTU of 9000 can carry */
+#define MAX_CACHED 64  /* EVs whose template and path one call keeps parsed */
+
+static uint8_t slots[BATCH][SLOT_BYTES];
+
+/* what a call knows of one EV: its template's head (parsed once), its path */
+typedef struct {
+    PyObject *ev; /* borrowed from the schedule */
+    long long value;
+    PatchHead head;
+    PyObject *path; /* borrowed from `paths` */
+} EvEntry;
+
+/* one packet of a batch, encoded in its slot */
+typedef struct {
+    EvEntry *entry;
+    long long psn, offset;
+    int last;
+} Planned;
+
+static EvEntry *ev_entry(EvEntry *cache, int *cached, EvEntry *scratch, PyObject *heads, PyObject *paths, PyObject *ev) {
+    for (int i = 0; i < *cached; i++)
+        if (cache[i].ev == ev)
+            return &cache[i];
+    EvEntry *e = *cached < MAX_CACHED ? &cache[*cached] : scratch;
+    PyObject *head = PyDict_GetItemWithError(heads, ev), *path = PyDict_GetItemWithError(paths, ev);
+    if (head == NULL || path == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_KeyError, "an EV of the schedule has no template head or path");
+        return NULL;
+    }
+    if (patch_head_parse(head, &e->head) < 0)
+        return NULL;
+    if (e->head.icrc_at + 4 > SLOT_BYTES) {
+        PyErr_SetString(PyExc_ValueError, "a frame larger than the send loop's slots");
+        return NULL;
+    }
+    e->value = PyLong_AsLongLong(ev);
+    if (e->value == -1 && PyErr_Occurred())
+        return NULL;
+    e->ev = ev;
+    e->path = path;
+    if (e != scratch)
+        *cached += 1;
+    return e;
+}
+
+/* the packet's record in the table, as SentPackets.record leaves it; 0, or -1 with an exception */
+static int record(PyObject *pkts, PyObject *flight, PyObject *by_ev, PyObject *wr, const Planned *p, long long mtu,
+                  PyObject *stamp_obj, long long stamp) {
     int result = -1;
-    PyObject *psn_word = NULL, *va_obj = NULL, *view = NULL, *frame = NULL, *psn_obj = NULL,
-             *entry = NULL, *queue = NULL, *appended = NULL, *sent = NULL;
-    Pkt *pkt = NULL;
-    long long ev_value = PyLong_AsLongLong(ev);
-    if (ev_value == -1 && PyErr_Occurred())
-        return -1;
-    psn_word = PyLong_FromLongLong(((long long)(ack_req != 0) << 31) | (psn & 0xFFFFFF));
-    va_obj = PyLong_FromLongLong(va);
-    view = PyMemoryView_FromMemory((char *)payload, (Py_ssize_t)mtu, PyBUF_READ);
-    if (psn_word == NULL || va_obj == NULL || view == NULL)
-        goto done;
-    PyObject *args[5] = {psn_word, va_obj, rkey, Py_None, view};
-    frame = PyObject_Vectorcall(writer, args, 5, NULL);
-    if (frame == NULL)
-        goto done;
-    pkt = pkt_make(psn, wr, offset, mtu, last);
-    psn_obj = PyLong_FromLongLong(psn);
+    Pkt *pkt = pkt_make(p->psn, wr, p->offset, mtu, p->last);
+    PyObject *psn_obj = PyLong_FromLongLong(p->psn), *entry = NULL, *appended = NULL;
     if (pkt == NULL || psn_obj == NULL)
         goto done;
-    pkt->ev = ev_value;
-    pkt->sent_ns = now;
+    pkt->ev = p->entry->value;
+    pkt->sent_ns = stamp;
     pkt->tx = 1;
     if (PyDict_SetItem(pkts, psn_obj, (PyObject *)pkt) < 0 || PyDict_SetItem(flight, psn_obj, Py_None) < 0)
         goto done;
-    queue = PyDict_GetItemWithError(by_ev, ev);  /* borrowed */
+    PyObject *queue = PyDict_GetItemWithError(by_ev, p->entry->ev); /* borrowed */
     if (queue == NULL) {
         if (!PyErr_Occurred())
             PyErr_SetString(PyExc_KeyError, "an EV of the schedule has no queue");
         goto done;
     }
-    entry = PyTuple_Pack(2, psn_obj, now_obj);
+    entry = PyTuple_Pack(2, psn_obj, stamp_obj);
     if (entry == NULL)
         goto done;
     appended = PyObject_CallMethodOneArg(queue, s_append, entry);
-    if (appended == NULL)
-        goto done;
-    PyObject *send_args[2] = {frame, path};
-    sent = PyObject_Vectorcall(send, send_args, 2, NULL);
-    if (sent == NULL)
-        goto done;
-    result = PyObject_IsTrue(sent);
+    if (appended != NULL)
+        result = 0;
 done:
-    Py_XDECREF(psn_word);
-    Py_XDECREF(va_obj);
-    if (view != NULL) {
-        /* The view points into the WRITE's buffer without owning it, and the frame holds a copy:
-           should the encoder have kept the view, release it, so that it can never be read later */
-        if (Py_REFCNT(view) > 1) {
-            PyObject *released = PyObject_CallMethodNoArgs(view, s_release);
-            if (released == NULL)
-                PyErr_Clear();
-            Py_XDECREF(released);
-        }
-        Py_DECREF(view);
-    }
-    Py_XDECREF(frame);
     Py_XDECREF((PyObject *)pkt);
     Py_XDECREF(psn_obj);
     Py_XDECREF(entry);
     Py_XDECREF(appended);
-    Py_XDECREF(sent);
     return result;
 }
 
-static PyObject *spray_on(PyObject *pkts, PyObject *flight, PyObject *by_ev, PyObject *writers, PyObject *paths,
+/* the send time: `now`, or the clock's (a new reference in *stamp_obj) */
+static int read_clock(PyObject *clock, PyObject *now_obj, long long now, PyObject **stamp_obj, long long *stamp) {
+    if (clock == Py_None) {
+        Py_INCREF(now_obj);
+        *stamp_obj = now_obj;
+        *stamp = now;
+        return 0;
+    }
+    *stamp_obj = PyObject_CallNoArgs(clock);
+    if (*stamp_obj == NULL)
+        return -1;
+    *stamp = PyLong_AsLongLong(*stamp_obj);
+    if (*stamp == -1 && PyErr_Occurred()) {
+        Py_CLEAR(*stamp_obj);
+        return -1;
+    }
+    return 0;
+}
+
+/* frame by frame through the Python `send`, each stamped and recorded before its send as the
+   Python loop does. Returns the frames handled (status as SendMany's) */
+static Py_ssize_t send_each(PyObject *send, PyObject *pkts, PyObject *flight, PyObject *by_ev, PyObject *wr,
+                            const Planned *plan, const struct iovec *iov, Py_ssize_t k, long long mtu,
+                            PyObject *clock, PyObject *now_obj, long long now, int *status) {
+    *status = 0;
+    for (Py_ssize_t j = 0; j < k; j++) {
+        PyObject *stamp_obj;
+        long long stamp;
+        if (read_clock(clock, now_obj, now, &stamp_obj, &stamp) < 0) {
+            *status = -1;
+            return j;
+        }
+        int r = record(pkts, flight, by_ev, wr, &plan[j], mtu, stamp_obj, stamp);
+        Py_DECREF(stamp_obj);
+        if (r < 0) {
+            *status = -1;
+            return j;
+        }
+        PyObject *view = PyMemoryView_FromMemory((char *)iov[j].iov_base, (Py_ssize_t)iov[j].iov_len, PyBUF_READ);
+        if (view == NULL) {
+            *status = -1;
+            return j;
+        }
+        PyObject *args[2] = {view, plan[j].entry->path};
+        PyObject *sent = PyObject_Vectorcall(send, args, 2, NULL);
+        /* the view is of a slot that the next batch overwrites: should `send` have kept it, release it */
+        if (Py_REFCNT(view) > 1) {
+            PyObject *type, *value, *traceback;
+            PyErr_Fetch(&type, &value, &traceback);
+            PyObject *released = PyObject_CallMethodNoArgs(view, s_release);
+            if (released == NULL)
+                PyErr_Clear();
+            Py_XDECREF(released);
+            PyErr_Restore(type, value, traceback);
+        }
+        Py_DECREF(view);
+        int ok = sent == NULL ? -1 : PyObject_IsTrue(sent);
+        Py_XDECREF(sent);
+        if (ok < 0) {
+            *status = -1;
+            return j;
+        }
+        if (ok == 0) {
+            *status = 1;
+            return j;
+        }
+    }
+    return k;
+}
+
+static PyObject *spray_on(PyObject *pkts, PyObject *flight, PyObject *by_ev, PyObject *heads, PyObject *paths,
                           long long mtu, PyObject *wr, PyObject *send, PyObject *now_obj, PyObject *next_psn_obj,
                           PyObject *window_end_obj, PyObject *budget_obj, PyObject *bif_obj, PyObject *cwnd_obj,
                           PyObject *schedule, PyObject *cursor_obj, PyObject *clock) {
@@ -227,13 +333,34 @@ static PyObject *spray_on(PyObject *pkts, PyObject *flight, PyObject *by_ev, PyO
     if (get_ll(wr, s_length, &wr_length) < 0 || get_ll(wr, s_next_offset, &next_offset) < 0 ||
         get_ll(wr, s_remote_va, &remote_va) < 0)
         return NULL;
-    PyObject *local = PyObject_GetAttr(wr, s_local), *rkey = PyObject_GetAttr(wr, s_rkey),
+    /* the driver's batch sender, if its send function offers one (transport/send_many.h) */
+    SendMany send_many = NULL;
+    PyObject *capsule = PyObject_GetAttr(send, s_send_many);
+    if (capsule == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+            return NULL;
+        PyErr_Clear();
+    } else {
+        send_many = (SendMany)PyCapsule_GetPointer(capsule, SEND_MANY_CAPSULE);
+        Py_DECREF(capsule); /* the pointer is to a function of a module that stays loaded */
+        if (send_many == NULL)
+            return NULL;
+    }
+    PyObject *local = PyObject_GetAttr(wr, s_local), *rkey_obj = PyObject_GetAttr(wr, s_rkey),
              *imm = PyObject_GetAttr(wr, s_imm), *counts = PyDict_New(), *failed = Py_None, *out = NULL;
     Py_buffer buffer = {0};
     int have_buffer = 0;
     long long sent = 0;
     Py_INCREF(failed);
-    if (local == NULL || rkey == NULL || imm == NULL || counts == NULL)
+    EvEntry cache[MAX_CACHED], scratch;
+    int cached = 0;
+    Planned plan[BATCH];
+    struct iovec iov[BATCH];
+    PyObject *batch_paths[BATCH];
+    if (local == NULL || rkey_obj == NULL || imm == NULL || counts == NULL)
+        goto done;
+    unsigned long long rkey = PyLong_AsUnsignedLongLongMask(rkey_obj);
+    if (PyErr_Occurred())
         goto done;
     if (PyObject_GetBuffer(local, &buffer, PyBUF_SIMPLE) < 0)
         goto done;
@@ -242,58 +369,103 @@ static PyObject *spray_on(PyObject *pkts, PyObject *flight, PyObject *by_ev, PyO
         PyErr_SetString(PyExc_ValueError, "the WRITE's length and its buffer disagree");
         goto done;
     }
-    while (sent < budget && (double)bif < cwnd && next_psn < window_end && cursor < PyList_GET_SIZE(schedule)) {
-        if (next_offset < 0 || wr_length - next_offset < mtu)
-            break;  /* a short packet: the Python loop sends it */
-        int last = next_offset + mtu >= wr_length;
-        if (last && imm != Py_None)
-            break;  /* it carries the immediate */
-        PyObject *ev = PyList_GET_ITEM(schedule, cursor);  /* borrowed */
-        PyObject *writer = PyDict_GetItemWithError(writers, ev), *path = PyDict_GetItemWithError(paths, ev);
-        if (writer == NULL || path == NULL) {
-            if (!PyErr_Occurred())
-                PyErr_SetString(PyExc_KeyError, "an EV of the schedule has no writer or path");
-            goto done;
-        }
-        int ack_req = last || (double)(bif + 4 * mtu) > cwnd;  /* a full window waits for no delayed ACK */
-        PyObject *stamp_obj = now_obj;
-        long long stamp = now;
-        if (clock != Py_None) {
-            stamp_obj = PyObject_CallNoArgs(clock);
-            if (stamp_obj == NULL)
+    Py_ssize_t schedule_len = PyList_GET_SIZE(schedule);
+    for (;;) {
+        /* the batch: the packets the loop would send one by one, each encoded in its slot */
+        Py_ssize_t k = 0;
+        long long p_psn = next_psn, p_offset = next_offset, p_bif = bif, p_sent = sent;
+        Py_ssize_t p_cursor = cursor;
+        while (k < BATCH && p_sent < budget && (double)p_bif < cwnd && p_psn < window_end && p_cursor < schedule_len) {
+            if (p_offset < 0 || wr_length - p_offset < mtu)
+                break;  /* a short packet: the Python loop sends it */
+            int last = p_offset + mtu >= wr_length;
+            if (last && imm != Py_None)
+                break;  /* it carries the immediate */
+            EvEntry *e = ev_entry(cache, &cached, &scratch, heads, paths, PyList_GET_ITEM(schedule, p_cursor));
+            if (e == NULL)
                 goto done;
-            stamp = PyLong_AsLongLong(stamp_obj);
-            if (stamp == -1 && PyErr_Occurred()) {
-                Py_DECREF(stamp_obj);
+            if (e->head.payload_end - e->head.payload_at != mtu) {
+                PyErr_SetString(PyExc_ValueError, "a template head not of the MTU's length");
                 goto done;
             }
-        } else {
-            Py_INCREF(stamp_obj);
+            if (e == &scratch && k > 0)
+                break;  /* the scratch entry serves one packet per batch (only with more EVs than MAX_CACHED) */
+            int ack_req = last || (double)(p_bif + 4 * mtu) > cwnd;  /* a full window waits for no delayed ACK */
+            uint8_t *f = slots[k];
+            const PatchHead *h = &e->head;
+            memcpy(f, PyByteArray_AS_STRING(h->frame), (size_t)h->payload_at);
+            memset(f + h->payload_end, 0, (size_t)(h->icrc_at - h->payload_end));
+            patch_frame(f, h, (uint32_t)(((unsigned long long)(ack_req != 0) << 31) | (p_psn & 0xFFFFFF)),
+                        (uint64_t)(remote_va + p_offset), (uint32_t)rkey, -1, (const uint8_t *)buffer.buf + p_offset);
+            iov[k].iov_base = f;
+            iov[k].iov_len = (size_t)(h->icrc_at + 4);
+            batch_paths[k] = e->path;
+            plan[k].entry = e;
+            plan[k].psn = p_psn;
+            plan[k].offset = p_offset;
+            plan[k].last = last;
+            k++;
+            p_psn++;
+            p_offset += mtu;
+            p_bif += mtu;
+            p_sent++;
+            p_cursor++;
+            if (e == &scratch)
+                break;
         }
-        int r = send_one(pkts, flight, by_ev, writer, path, send, wr, rkey, ev, stamp_obj, stamp, next_psn,
-                         next_offset, mtu, last, ack_req, remote_va + next_offset,
-                         (const char *)buffer.buf + next_offset);
-        Py_DECREF(stamp_obj);
-        if (r < 0)
+        if (k == 0)
+            break;
+        int status;
+        Py_ssize_t handled, recorded;
+        if (send_many != NULL) {
+            /* one system call for the batch: every packet of it is stamped with the moment it
+               was handed to the kernel, and recorded once the kernel's answer is known */
+            PyObject *stamp_obj;
+            long long stamp;
+            if (read_clock(clock, now_obj, now, &stamp_obj, &stamp) < 0)
+                goto done;
+            handled = send_many(send, iov, batch_paths, k, &status);
+            recorded = handled + (status == 1);  /* a refused frame stays in flight, as the Python loop leaves it */
+            PyObject *type, *value, *traceback;
+            PyErr_Fetch(&type, &value, &traceback);
+            int r = 0;
+            for (Py_ssize_t j = 0; j < recorded && r == 0; j++)
+                r = record(pkts, flight, by_ev, wr, &plan[j], mtu, stamp_obj, stamp);
+            Py_DECREF(stamp_obj);
+            if (type != NULL) {
+                PyErr_Clear();
+                PyErr_Restore(type, value, traceback);
+            }
+            if (r < 0 && status != -1)
+                status = -1;
+        } else {
+            handled = send_each(send, pkts, flight, by_ev, wr, plan, iov, k, mtu, clock, now_obj, now, &status);
+            recorded = handled + (status == 1);
+        }
+        /* recorded and on their way (or lost at the host's own port): counted either way */
+        Py_ssize_t counted = status == -1 ? handled : recorded;
+        for (Py_ssize_t j = 0; j < counted; j++)
+            if (count_one(counts, plan[j].entry->ev) < 0) {
+                status = -1;
+                break;
+            }
+        next_psn += counted;
+        next_offset += counted * mtu;
+        bif += counted * mtu;
+        sent += counted;
+        cursor += counted;
+        if (status == -1)
             goto done;
-        /* recorded and on its way (or lost at the host's own port): count it either way */
-        next_psn += 1;
-        next_offset += mtu;
-        bif += mtu;
-        sent += 1;
-        cursor += 1;
-        if (count_one(counts, ev) < 0)
-            goto done;
-        if (r == 0) {
+        if (status == 1) {
             Py_DECREF(failed);
-            failed = ev;
+            failed = plan[handled].entry->ev;
             Py_INCREF(failed);
             break;
         }
     }
     out = Py_BuildValue("(LLLnOO)", sent, next_psn, bif, cursor, failed, counts);
 done:
-    if (local != NULL && rkey != NULL && imm != NULL) {
+    if (local != NULL && rkey_obj != NULL && imm != NULL) {
         /* the WRITE's progress is written back even when an error ends the loop (with that
            error put aside meanwhile, as the C API wants no call with an exception set) */
         PyObject *type, *value, *traceback;
@@ -310,23 +482,272 @@ done:
     if (have_buffer)
         PyBuffer_Release(&buffer);
     Py_XDECREF(local);
-    Py_XDECREF(rkey);
+    Py_XDECREF(rkey_obj);
     Py_XDECREF(imm);
     Py_XDECREF(counts);
     Py_XDECREF(failed);
     return out;
 }
 
+/* ---- delivery: SentPackets.deliver in C ---------------------------------------------- */
+
+#define MAX_SEEN 64 /* EVs aggregated before they are merged into `seen` */
+
+typedef struct {
+    long long ev, count, latest, tx, nbytes, in_flight;
+    PyObject *ev_obj;
+} EvSeen;
+
+/* seen[ev] (a list [packets, latest send time, its transmissions, bytes]) and ev_flight[ev]
+   take what the aggregate holds, as if each packet had been added in turn */
+static int merge_seen(EvSeen *agg, int n, PyObject *seen, PyObject *ev_flight) {
+    int result = 0;
+    for (int i = 0; i < n; i++) {
+        EvSeen *a = &agg[i];
+        if (result == 0) {
+            PyObject *entry = PyDict_GetItemWithError(seen, a->ev_obj); /* borrowed */
+            if (entry == NULL && PyErr_Occurred()) {
+                result = -1;
+            } else if (entry == NULL) {
+                PyObject *fresh = Py_BuildValue("[LLLL]", a->count, a->latest, a->tx, a->nbytes);
+                if (fresh == NULL || PyDict_SetItem(seen, a->ev_obj, fresh) < 0)
+                    result = -1;
+                Py_XDECREF(fresh);
+            } else if (!PyList_Check(entry) || PyList_GET_SIZE(entry) != 4) {
+                PyErr_SetString(PyExc_TypeError, "a seen entry is a list of four");
+                result = -1;
+            } else {
+                long long count = PyLong_AsLongLong(PyList_GET_ITEM(entry, 0)),
+                          latest = PyLong_AsLongLong(PyList_GET_ITEM(entry, 1)),
+                          nbytes = PyLong_AsLongLong(PyList_GET_ITEM(entry, 3));
+                /* a list of four (checked above): PyList_SetItem cannot fail, and takes each new value */
+                PyObject *c = PyErr_Occurred() ? NULL : PyLong_FromLongLong(count + a->count),
+                         *b = c == NULL ? NULL : PyLong_FromLongLong(nbytes + a->nbytes);
+                PyObject *sent = NULL, *tx = NULL;
+                if (b != NULL && a->latest > latest) {  /* a later send; ties keep the earlier packet's */
+                    sent = PyLong_FromLongLong(a->latest);
+                    tx = sent == NULL ? NULL : PyLong_FromLongLong(a->tx);
+                }
+                if (b == NULL || (a->latest > latest && tx == NULL)) {
+                    Py_XDECREF(c);
+                    Py_XDECREF(b);
+                    Py_XDECREF(sent);
+                    result = -1;
+                } else {
+                    PyList_SetItem(entry, 0, c);
+                    PyList_SetItem(entry, 3, b);
+                    if (tx != NULL) {
+                        PyList_SetItem(entry, 1, sent);
+                        PyList_SetItem(entry, 2, tx);
+                    }
+                }
+            }
+            if (result == 0 && a->in_flight) {
+                PyObject *old = PyDict_GetItemWithError(ev_flight, a->ev_obj); /* borrowed */
+                long long v = old == NULL ? 0 : PyLong_AsLongLong(old);
+                PyObject *updated = PyErr_Occurred() ? NULL : PyLong_FromLongLong(v - a->in_flight);
+                if (updated == NULL || PyDict_SetItem(ev_flight, a->ev_obj, updated) < 0)
+                    result = -1;
+                Py_XDECREF(updated);
+            }
+        }
+        Py_CLEAR(a->ev_obj);
+    }
+    return result;
+}
+
+/* wr.acked += add */
+static int add_acked(PyObject *wr, long long add) {
+    long long acked;
+    if (get_ll(wr, s_acked, &acked) < 0)
+        return -1;
+    PyObject *v = PyLong_FromLongLong(acked + add);
+    int r = v == NULL ? -1 : PyObject_SetAttr(wr, s_acked, v);
+    Py_XDECREF(v);
+    return r;
+}
+
+/* deliver(table, psns, seen) -> (acked, in_flight): SentPackets.deliver's loop, the caller
+   subtracting in_flight from bytes_in_flight. Every packet in the table must be a Pkt. */
+static PyObject *deliver(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3 || !PyDict_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "deliver(table, psns, seen): seen is a dict");
+        return NULL;
+    }
+    PyObject *table = args[0], *seen = args[2];
+    PyObject *pkts = PyObject_GetAttr(table, s_pkts), *flight = NULL, *ev_flight = NULL, *it = NULL, *out = NULL,
+             *wr = NULL;
+    EvSeen agg[MAX_SEEN];
+    int nagg = 0;
+    long long acked = 0, in_flight = 0, wr_add = 0;
+    if (pkts == NULL || (flight = PyObject_GetAttr(table, s_flight)) == NULL ||
+        (ev_flight = PyObject_GetAttr(table, s_ev_flight)) == NULL || (it = PyObject_GetIter(args[1])) == NULL)
+        goto done;
+    if (!PyDict_Check(pkts) || !PyDict_Check(flight) || !PyDict_Check(ev_flight)) {
+        PyErr_SetString(PyExc_TypeError, "the table's pkts, flight and ev_flight must be dicts");
+        goto done;
+    }
+    PyObject *psn;
+    while ((psn = PyIter_Next(it)) != NULL) {
+        PyObject *found = PyDict_GetItemWithError(pkts, psn); /* borrowed */
+        if (found == NULL) {
+            Py_DECREF(psn);
+            if (PyErr_Occurred())
+                goto done;
+            continue;  /* unknown: delivered before, or never sent */
+        }
+        if (!PyObject_TypeCheck(found, &PktType)) {
+            Py_DECREF(psn);
+            PyErr_SetString(PyExc_TypeError, "the C delivery takes only _spray.Pkt records");
+            goto done;
+        }
+        Pkt *pkt = (Pkt *)found;
+        Py_INCREF(pkt);
+        int failed = PyDict_DelItem(pkts, psn) < 0;
+        int in = failed ? -1 : PyDict_Contains(flight, psn);
+        if (in == 1 && PyDict_DelItem(flight, psn) < 0)
+            in = -1;
+        Py_DECREF(psn);
+        if (in < 0) {
+            Py_DECREF(pkt);
+            goto done;
+        }
+        long long length = pkt->length;
+        acked += length;
+        if (pkt->wr != wr) {  /* wr.acked grows once per run of packets of one WRITE */
+            if (wr != NULL && add_acked(wr, wr_add) < 0) {
+                Py_DECREF(pkt);
+                goto done;
+            }
+            Py_XSETREF(wr, Py_NewRef(pkt->wr));
+            wr_add = 0;
+        }
+        wr_add += length;
+        EvSeen *a = NULL;
+        for (int i = 0; i < nagg; i++)
+            if (agg[i].ev == pkt->ev) {
+                a = &agg[i];
+                break;
+            }
+        if (a == NULL) {
+            if (nagg == MAX_SEEN) {
+                int r = merge_seen(agg, nagg, seen, ev_flight);
+                nagg = 0;
+                if (r < 0) {
+                    Py_DECREF(pkt);
+                    goto done;
+                }
+            }
+            a = &agg[nagg];
+            a->ev_obj = PyLong_FromLongLong(pkt->ev);
+            if (a->ev_obj == NULL) {
+                Py_DECREF(pkt);
+                goto done;
+            }
+            nagg++;
+            a->ev = pkt->ev;
+            a->count = a->nbytes = a->in_flight = 0;
+            a->latest = pkt->sent_ns;
+            a->tx = pkt->tx;
+        } else if (pkt->sent_ns > a->latest) {
+            a->latest = pkt->sent_ns;
+            a->tx = pkt->tx;
+        }
+        a->count += 1;
+        a->nbytes += length;
+        if (in == 1) {
+            a->in_flight += length;
+            in_flight += length;
+        }
+        Py_DECREF(pkt);
+    }
+    if (PyErr_Occurred())
+        goto done;
+    if (wr != NULL && add_acked(wr, wr_add) < 0)
+        goto done;
+    Py_CLEAR(wr);
+    int r = merge_seen(agg, nagg, seen, ev_flight);
+    nagg = 0;
+    if (r == 0)
+        out = Py_BuildValue("(LL)", acked, in_flight);
+done:
+    for (int i = 0; i < nagg; i++)
+        Py_CLEAR(agg[i].ev_obj);
+    Py_XDECREF(wr);
+    Py_XDECREF(it);
+    Py_XDECREF(pkts);
+    Py_XDECREF(flight);
+    Py_XDECREF(ev_flight);
+    return out;
+}
+
+/* front(table, ev) -> Pkt or None: SentPackets.front, the stale entries of by_ev[ev] dropped on the way */
+static PyObject *front(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "front(table, ev)");
+        return NULL;
+    }
+    PyObject *pkts = PyObject_GetAttr(args[0], s_pkts), *flight = NULL, *by_ev = NULL, *queue = NULL, *out = NULL;
+    long long ev = PyLong_AsLongLong(args[1]);
+    if (pkts == NULL || (ev == -1 && PyErr_Occurred()) || (flight = PyObject_GetAttr(args[0], s_flight)) == NULL ||
+        (by_ev = PyObject_GetAttr(args[0], s_by_ev)) == NULL || (queue = PyObject_GetItem(by_ev, args[1])) == NULL)
+        goto done;
+    if (!PyDict_Check(pkts) || !PyDict_Check(flight)) {
+        PyErr_SetString(PyExc_TypeError, "the table's pkts and flight must be dicts");
+        goto done;
+    }
+    for (;;) {
+        if (PyObject_Size(queue) <= 0) {
+            if (!PyErr_Occurred())
+                out = Py_NewRef(Py_None);
+            goto done;
+        }
+        PyObject *entry = PySequence_GetItem(queue, 0);
+        if (entry == NULL)
+            goto done;
+        if (!PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) != 2) {
+            Py_DECREF(entry);
+            PyErr_SetString(PyExc_TypeError, "a by_ev entry is a (PSN, send time) pair");
+            goto done;
+        }
+        PyObject *psn = PyTuple_GET_ITEM(entry, 0);
+        long long sent = PyLong_AsLongLong(PyTuple_GET_ITEM(entry, 1));
+        PyObject *pkt = PyErr_Occurred() ? NULL : PyDict_GetItemWithError(pkts, psn); /* borrowed */
+        int in = PyErr_Occurred() ? -1 : (pkt == NULL ? 0 : PyDict_Contains(flight, psn));
+        Py_DECREF(entry);
+        if (in < 0)
+            goto done;
+        if (in == 1 && !PyObject_TypeCheck(pkt, &PktType)) {
+            PyErr_SetString(PyExc_TypeError, "the C front takes only _spray.Pkt records");
+            goto done;
+        }
+        if (in == 1 && ((Pkt *)pkt)->ev == ev && ((Pkt *)pkt)->sent_ns == sent) {
+            out = Py_NewRef(pkt);
+            goto done;
+        }
+        PyObject *dropped = PyObject_CallMethodNoArgs(queue, s_popleft);
+        if (dropped == NULL)
+            goto done;
+        Py_DECREF(dropped);
+    }
+done:
+    Py_XDECREF(pkts);
+    Py_XDECREF(flight);
+    Py_XDECREF(by_ev);
+    Py_XDECREF(queue);
+    return out;
+}
+
 static PyObject *spray(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 15) {
-        PyErr_SetString(PyExc_TypeError, "spray(table, writers, paths, mtu, wr, send, now, next_psn, window_end, "
+        PyErr_SetString(PyExc_TypeError, "spray(table, heads, paths, mtu, wr, send, now, next_psn, window_end, "
                                          "budget, bif, cwnd, schedule, cursor, clock)");
         return NULL;
     }
-    PyObject *table = args[0], *writers = args[1], *paths = args[2], *wr = args[4], *send = args[5],
+    PyObject *table = args[0], *heads = args[1], *paths = args[2], *wr = args[4], *send = args[5],
              *now_obj = args[6], *schedule = args[12], *clock = args[14];
-    if (!PyDict_Check(writers) || !PyDict_Check(paths) || !PyList_Check(schedule)) {
-        PyErr_SetString(PyExc_TypeError, "writers and paths must be dicts, the schedule a list");
+    if (!PyDict_Check(heads) || !PyDict_Check(paths) || !PyList_Check(schedule)) {
+        PyErr_SetString(PyExc_TypeError, "heads and paths must be dicts, the schedule a list");
         return NULL;
     }
     long long mtu = PyLong_AsLongLong(args[3]);
@@ -343,7 +764,7 @@ static PyObject *spray(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
         Py_XDECREF(flight);
         return NULL;
     }
-    PyObject *out = spray_on(pkts, flight, by_ev, writers, paths, mtu, wr, send, now_obj, args[7], args[8], args[9],
+    PyObject *out = spray_on(pkts, flight, by_ev, heads, paths, mtu, wr, send, now_obj, args[7], args[8], args[9],
                              args[10], args[11], schedule, args[13], clock);
     Py_DECREF(pkts);
     Py_DECREF(flight);
@@ -354,6 +775,10 @@ static PyObject *spray(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
 static PyMethodDef methods[] = {
     {"spray", (PyCFunction)(void (*)(void))spray, METH_FASTCALL,
      "Send first transmissions of full-MTU packets of one WRITE (see the module comment)."},
+    {"deliver", (PyCFunction)(void (*)(void))deliver, METH_FASTCALL,
+     "SentPackets.deliver's loop over PSNs (see the module comment)."},
+    {"front", (PyCFunction)(void (*)(void))front, METH_FASTCALL,
+     "SentPackets.front: the oldest packet in flight on an EV (see the module comment)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -373,8 +798,12 @@ PyMODINIT_FUNC PyInit__spray(void) {
     s_pkts = PyUnicode_InternFromString("pkts");
     s_flight = PyUnicode_InternFromString("flight");
     s_by_ev = PyUnicode_InternFromString("by_ev");
+    s_send_many = PyUnicode_InternFromString("send_many");
+    s_ev_flight = PyUnicode_InternFromString("ev_flight");
+    s_acked = PyUnicode_InternFromString("acked");
+    s_popleft = PyUnicode_InternFromString("popleft");
     if (!s_local || !s_remote_va || !s_rkey || !s_imm || !s_length || !s_next_offset || !s_append || !s_release ||
-        !s_pkts || !s_flight || !s_by_ev)
+        !s_pkts || !s_flight || !s_by_ev || !s_send_many || !s_ev_flight || !s_acked || !s_popleft)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)

@@ -101,8 +101,11 @@ class Requester:
         # per EV: the C encoder bound to that EV's buffer for full-MTU WRITE_ONLY packets
         self._writers = {ev: p.template.writer(dest_qp, self.config.mtu, self.config.pkey)
                          for ev, p in paths.items()} if self._native else {}
+        # per EV: the same template's description, which the C send loop encodes from itself
+        self._heads = {ev: p.template.head(dest_qp, self.config.mtu, self.config.pkey)
+                       for ev, p in paths.items()} if self._native else {}
         # the C send loop records into the sent-packet table (None: the Python loop sends every packet)
-        self._spray = _spray.spray if c_loop and _spray is not None and self._writers else None
+        self._spray = _spray.spray if c_loop and _spray is not None and self._heads else None
         self._last_now = 0
 
     # ---- API -----------------------------------------------------------------------------
@@ -181,8 +184,9 @@ class Requester:
         """Send what is due: timeouts' consequences, EV probes, then data while the window allows.
 
         `clock`, when given, stamps each data packet with its own send time (a burst of 32 full
-        packets takes about 0.4 ms over sockets, which would otherwise skew RTT samples by as
-        much); without it every packet of the burst is stamped `now` (virtual time).
+        packets takes about 0.3 ms over sockets, which would otherwise skew RTT samples by as
+        much), or, for a batch the C loop hands to a batch sender at once, the batch's; without it
+        every packet of the burst is stamped `now` (virtual time).
         `horizon`, when given, is the time up to which the driver has seen everything that
         arrived anywhere in the emulation: loss timers are judged at min(now, horizon)."""
         self._last_now = now
@@ -204,7 +208,7 @@ class Requester:
         window_end = rec.una + cfg.window
         pick, paths, pkts, flight, retx = self.profile.pick, self.paths, table.pkts, table.flight, table.retx
         record, new_pkt, cc_sent = table.record, table.new, self.cc.on_sent
-        evs, queue, writers, spray = self.profile.evs, self.queue, self._writers, self._spray
+        evs, queue, writers, heads, spray = self.profile.evs, self.queue, self._writers, self._heads, self._spray
         sent = 0
         next_psn = rec.next_psn
         while sent < burst and table.bytes_in_flight < cwnd:
@@ -219,7 +223,7 @@ class Requester:
                 if spray is not None:  # a run of full-MTU first transmissions, in C
                     schedule, cursor = self.profile.schedule_at()
                     n, next_psn, table.bytes_in_flight, cursor, failed, counts = spray(
-                        table, writers, paths, mtu, wr, send, now, next_psn, window_end, burst - sent,
+                        table, heads, paths, mtu, wr, send, now, next_psn, window_end, burst - sent,
                         table.bytes_in_flight, cwnd, schedule, cursor, clock)
                     self.profile.advance(cursor)
                     for ev, count in counts.items():

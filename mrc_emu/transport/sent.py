@@ -42,7 +42,8 @@ class SentPackets:
     latest send; `by_ev` per EV (PSN, send time) in send order, which loss rule 1 walks (stale
     entries, of packets delivered or resent elsewhere since, are skipped on the way); `retx` the
     PSNs declared lost, to resend. `bytes_in_flight` and `ev_flight` add up what is in flight.
-    The C send loop (_spray.c) records its packets in `pkts`, `flight` and `by_ev` as `record` does.
+    The C send loop (_spray.c) records its packets in `pkts`, `flight` and `by_ev` as `record` does,
+    and `deliver` and `front` run in C (_spray.deliver, _spray.front) where the records are C ones.
     """
 
     def __init__(self, evs: Iterable[int]) -> None:
@@ -54,6 +55,9 @@ class SentPackets:
         self.bytes_in_flight = 0
         self.retx: deque[int] = deque()
         self.Pkt = Pkt  # the record type, fixed when the table is made (tests swap the module's)
+        # delivery in C for a table of C records (None: the Python loop below)
+        self._deliver = _spray.deliver if _spray is not None and self.Pkt is _spray.Pkt else None
+        self._front = _spray.front if self._deliver is not None else None
 
     def new(self, psn: int, wr, offset: int, length: int, last: bool) -> PyPkt:
         pkt = self.pkts[psn] = self.Pkt(psn, wr, offset, length, last)
@@ -77,6 +81,10 @@ class SentPackets:
     def deliver(self, psns: Iterable[int], seen: dict[int, list[int]]) -> int:
         """Mark PSNs delivered (unknown ones are skipped); returns the bytes. Per EV `seen` gets
         [packets, latest send time, that packet's transmissions, bytes]."""
+        if self._deliver is not None:  # the same loop in C (_spray.c)
+            acked, in_flight = self._deliver(self, psns, seen)
+            self.bytes_in_flight -= in_flight
+            return acked
         pkts, flight, ev_flight = self.pkts, self.flight, self.ev_flight
         acked = in_flight = 0
         for psn in psns:
@@ -104,6 +112,8 @@ class SentPackets:
 
     def front(self, ev: int) -> PyPkt | None:
         """The oldest packet still in flight on `ev` (stale entries are dropped on the way)."""
+        if self._front is not None:  # the same loop in C (_spray.c)
+            return self._front(self, ev)
         queue = self.by_ev[ev]
         while queue:
             psn, sent = queue[0]

@@ -207,6 +207,12 @@ class FrameTemplate:
         ICRC.pack_into(frame, e.icrc_at, crc)
         return frame
 
+    def head(self, dest_qp: int, length: int, pkey: int = fmt.DEFAULT_PKEY) -> tuple:
+        """The description of this template's WRITE_ONLY packets of one length and QP that the C
+        fast paths encode from (wire/patch.h): its frame buffer and where each field goes."""
+        e = self._cache.get((True, length, pkey, dest_qp)) or self._prepared(WRITE_ONLY, length, pkey, dest_qp)
+        return e.head
+
     def writer(self, dest_qp: int, length: int, pkey: int = fmt.DEFAULT_PKEY):
         """A function for many WRITE_ONLY packets of one length and QP: w(psn_word, va, rkey, None,
         payload) -> frame, psn_word being AckReq << 31 | PSN. With the C extension it is the C call
