@@ -551,7 +551,7 @@ def _held_send(t: list[int], frames: list, hold_first: bool = True):
     return send
 
 
-@pytest.mark.parametrize("c_loop", [False])  # the C send loop's stamp moves with its batched send
+@pytest.mark.parametrize("c_loop", [True, False])
 def test_a_send_held_up_by_the_scheduler_is_timed_from_when_it_left(c_loop):
     config = QpConfig(mtu=1024)
     requester, responder, mr, _ = pair(16 * 1024, config, c_loop=c_loop)

@@ -27,8 +27,10 @@
  *   schedule the spray schedule (a list of EVs) and the cursor into it; the loop stops at its end
  *            so that Python counts the cycle (EvProfile.advance)
  *   clock    None: every packet is stamped `now`; else called for each packet's send time:
- *            through `send`, before each frame; through `send_many`, once per batch, just
- *            before the batch is handed over (its frames leave within microseconds of it)
+ *            through `send`, after each frame's send returned; through `send_many`, once per
+ *            batch, when the kernel returned from it. Never before: a worker taken off the CPU
+ *            inside the send would otherwise age its packets, and their ACK timeouts would
+ *            fire on the emulator's own wait
  *   It sends while budget, window (PSN and bytes) and schedule allow and the next packet is a
  *   full-MTU one with no immediate; it returns on the first frame that cannot leave the host
  *   (failed_ev, else None), leaving that packet in flight as the Python loop does; the frames
@@ -259,25 +261,15 @@ static int read_clock(PyObject *clock, PyObject *now_obj, long long now, PyObjec
     return 0;
 }
 
-/* frame by frame through the Python `send`, each stamped and recorded before its send as the
-   Python loop does. Returns the frames handled (status as SendMany's) */
+/* frame by frame through the Python `send`, each stamped and recorded once `send` has returned,
+   as the Python loop does (a refused frame too: it stays in flight). A stamp read before the send
+   would age the packet by however long the worker was off the CPU inside it. Returns the frames
+   handled (status as SendMany's) */
 static Py_ssize_t send_each(PyObject *send, PyObject *pkts, PyObject *flight, PyObject *by_ev, PyObject *wr,
                             const Planned *plan, const struct iovec *iov, Py_ssize_t k, long long mtu,
                             PyObject *clock, PyObject *now_obj, long long now, int *status) {
     *status = 0;
     for (Py_ssize_t j = 0; j < k; j++) {
-        PyObject *stamp_obj;
-        long long stamp;
-        if (read_clock(clock, now_obj, now, &stamp_obj, &stamp) < 0) {
-            *status = -1;
-            return j;
-        }
-        int r = record(pkts, flight, by_ev, wr, &plan[j], mtu, stamp_obj, stamp);
-        Py_DECREF(stamp_obj);
-        if (r < 0) {
-            *status = -1;
-            return j;
-        }
         PyObject *view = PyMemoryView_FromMemory((char *)iov[j].iov_base, (Py_ssize_t)iov[j].iov_len, PyBUF_READ);
         if (view == NULL) {
             *status = -1;
@@ -299,6 +291,18 @@ static Py_ssize_t send_each(PyObject *send, PyObject *pkts, PyObject *flight, Py
         int ok = sent == NULL ? -1 : PyObject_IsTrue(sent);
         Py_XDECREF(sent);
         if (ok < 0) {
+            *status = -1;
+            return j;
+        }
+        PyObject *stamp_obj;
+        long long stamp;
+        if (read_clock(clock, now_obj, now, &stamp_obj, &stamp) < 0) {
+            *status = -1;
+            return j;
+        }
+        int r = record(pkts, flight, by_ev, wr, &plan[j], mtu, stamp_obj, stamp);
+        Py_DECREF(stamp_obj);
+        if (r < 0) {
             *status = -1;
             return j;
         }
@@ -418,16 +422,21 @@ static PyObject *spray_on(PyObject *pkts, PyObject *flight, PyObject *by_ev, PyO
         int status;
         Py_ssize_t handled, recorded;
         if (send_many != NULL) {
-            /* one system call for the batch: every packet of it is stamped with the moment it
-               was handed to the kernel, and recorded once the kernel's answer is known */
-            PyObject *stamp_obj;
-            long long stamp;
-            if (read_clock(clock, now_obj, now, &stamp_obj, &stamp) < 0)
-                goto done;
+            /* one system call for the batch: every packet of it is stamped with the moment the
+               kernel returned from it (a stamp read before would age the batch by however long
+               the worker was off the CPU inside the call), and recorded once its answer is known */
             handled = send_many(send, iov, batch_paths, k, &status);
             recorded = handled + (status == 1);  /* a refused frame stays in flight, as the Python loop leaves it */
             PyObject *type, *value, *traceback;
             PyErr_Fetch(&type, &value, &traceback);
+            PyObject *stamp_obj;
+            long long stamp;
+            if (read_clock(clock, now_obj, now, &stamp_obj, &stamp) < 0) {
+                Py_XDECREF(type);
+                Py_XDECREF(value);
+                Py_XDECREF(traceback);
+                goto done;
+            }
             int r = 0;
             for (Py_ssize_t j = 0; j < recorded && r == 0; j++)
                 r = record(pkts, flight, by_ev, wr, &plan[j], mtu, stamp_obj, stamp);
