@@ -260,3 +260,41 @@ def test_a_late_datagram_holds_the_published_horizon_back_by_twice_its_lateness(
     now, seen = echo.pumps[-1]
     assert seen <= now - 2 * 19_000_000  # the horizon the endpoint was given is that far behind
     loop.close()
+
+
+def test_a_late_answer_holds_every_decision_back_until_every_worker_has_read_past_it():
+    """A responder that answers 30 ms late (its worker was off the CPU) sends an ACK that its
+    recipient reads with a kernel stamp 30 ms later than the network alone would have given it:
+    a requester that has read its sockets through some time knows nothing of it. So until every
+    worker has read past the moment the answer left, Horizon.min() is held back by the lag."""
+    echo = Echo()
+    clock = lp.Clock()
+    horizon = lp.Horizon(2)
+    rx, tx = _pair()
+    loop = lp.EventLoop(clock, horizon, 0)
+    port = lp.Port("h0", tx, rx, OneMux(echo))
+    loop.add_port(port)
+    loop.add_endpoint(echo, port, first=True)  # an answering endpoint
+    loop.measure(True)
+    other = clock.now() - 1_000_000
+    horizon.publish(1, other)  # the other worker has read through 1 ms ago, and not since
+    loop.wake(echo, since=clock.now() - 30_000_000)  # a datagram it was handed 30 ms ago
+    seen: list[tuple[int, int]] = []
+    released: dict[str, int] = {}
+
+    def stop() -> bool:
+        seen.append((loop.stats.turns, horizon.min()))
+        if loop.stats.turns == 4:
+            released["at"] = clock.now()
+            horizon.publish(1, clock.now() + 10**12)  # the other worker reads past everything
+        return loop.stats.turns >= 8
+
+    loop.run(stop)
+    assert echo.pumps  # it answered, 30 ms late
+    assert loop.stats.answer_lag_max_ns >= 30_000_000
+    held = [m for turns, m in seen if 2 <= turns <= 4]  # published from the turn after the answer
+    assert held and all(m <= other - 29_000_000 for m in held)  # every decision held back by the lag
+    assert seen[-1][1] >= released["at"] - 1_000_000  # once everyone read past it, no longer
+    loop.close()
+    rx.close()
+    tx.close()

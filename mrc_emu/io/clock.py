@@ -54,18 +54,31 @@ class Clock:
 
 
 class Horizon:
-    """Shared memory, one slot per worker: the clock time up to which that worker has read every
-    datagram that arrived at its sockets. Made before the workers are forked."""
+    """Shared memory, two slots per worker, made before the workers are forked: the clock time up
+    to which that worker has read every datagram that arrived at its sockets and answered it
+    (its horizon), and how late it answered lately (its answer lag, EventLoop._answered).
+
+    `min()` is what timers are judged at: the slowest worker's horizon, less the largest answer
+    lag. An answer sent L late (a responder whose worker was off the CPU) reaches its recipient
+    with a kernel stamp L later than it would have had; until it is read, the recipient's own
+    horizon (by kernel stamps) says nothing about it, so every decision is held back by L."""
 
     def __init__(self, workers: int) -> None:
         self.workers = workers
-        self._map = mmap.mmap(-1, 8 * max(1, workers))
+        self._map = mmap.mmap(-1, 16 * max(1, workers))
 
-    def publish(self, index: int, t: int) -> None:
-        _INT64.pack_into(self._map, 8 * index, t)
+    def publish(self, index: int, t: int, lag: int = 0) -> None:
+        # the lag first: a reader that sees the new horizon sees the lag that goes with it
+        _INT64.pack_into(self._map, 16 * index + 8, lag)
+        _INT64.pack_into(self._map, 16 * index, t)
+
+    def slowest(self) -> int:
+        """The slowest worker's horizon alone."""
+        return min(_INT64.unpack_from(self._map, 16 * i)[0] for i in range(self.workers))
 
     def min(self) -> int:
-        return min(_INT64.unpack_from(self._map, 8 * i)[0] for i in range(self.workers))
+        lag = max(_INT64.unpack_from(self._map, 16 * i + 8)[0] for i in range(self.workers))
+        return self.slowest() - lag
 
     def close(self) -> None:
         self._map.close()

@@ -16,6 +16,11 @@ that receiving is never starved. And the loop knows when it is itself the bottle
   min(now, every worker's horizon): a loss timer never fires on a packet whose ACK is still
   in a socket that a starved worker has not read yet. (Conservative synchronisation, as in
   parallel discrete-event simulation: nothing is decided beyond what every part has seen.)
+  Two things hold it further back: a datagram the kernel handed over late (held in a per-CPU
+  backlog past the moment its socket was taken as read: the worker's own horizon, by twice the
+  lateness), and an answer that left late (an ACK of a responder whose worker was off the CPU:
+  its recipient reads it with a kernel stamp that much later than the network alone would give,
+  so every worker's decisions, by the lag, until all have read past the moment it left).
 
 It never enters a namespace and never builds a socket: the runtime gives it sockets made in
 each host's namespace. It never decides anything about the transport itself.
@@ -182,12 +187,14 @@ class LoopStats:
     late_datagrams: int = 0  # read after the horizon had passed their arrival (Port.late)
     late_max_ns: int = 0
     slack_max_ns: int = 0  # the most the horizon was held back for them
+    answer_lag_max_ns: int = 0  # the latest an answer left, by which every worker's decisions were held back
     timer_lag: LagMeter | None = None  # how late what was due (a datagram's arrival, a timer) was answered
     socket_lag: LagMeter | None = None  # how long datagrams waited in a socket
 
     def to_dict(self) -> dict:
         return {"wall_ns": self.wall_ns, "cpu_ns": self.cpu_ns, "runqueue_wait_ns": self.runqueue_wait_ns,
                 "late_datagrams": self.late_datagrams, "late_max_ns": self.late_max_ns, "slack_max_ns": self.slack_max_ns,
+                "answer_lag_max_ns": self.answer_lag_max_ns,
                 "turns": self.turns, "datagrams": self.datagrams, "frames_sent": self.frames_sent,
                 "timer_lag": self.timer_lag.to_dict() if self.timer_lag else None,
                 "socket_lag": self.socket_lag.to_dict() if self.socket_lag else None}
@@ -223,6 +230,9 @@ class EventLoop:
         self.measuring = False
         self.slack_ns = 0  # how far behind what it has read the horizon is published (_horizon)
         self._slack_since = 0
+        # answers that left late, as (lag, sent by) with lags decreasing: the first is the answer lag
+        # published, until every worker has read past the time it was sent (_answered)
+        self._late_answers: deque[tuple[int, int]] = deque()
 
     def measure(self, on: bool) -> None:
         """Measure the loop from now (on) until now (off): the run itself, not its set-up (making
@@ -233,6 +243,7 @@ class EventLoop:
             self._measured_from = (time.monotonic_ns(), run, wait, self._datagrams(), self._frames(),
                                    sum(p.late for p in self.ports))
             self.stats.late_max_ns = 0
+            self.stats.answer_lag_max_ns = 0
             self.timer_lag.reset()
             self.socket_lag.reset()
         elif not on and self.measuring:
@@ -297,8 +308,27 @@ class EventLoop:
         if self.slack_ns and now - self._slack_since >= SLACK_HALF_LIFE_NS:
             self.slack_ns //= 2
             self._slack_since = now
-        self.horizon.publish(self.index, mine - self.slack_ns)
+        late = self._late_answers
+        if late:
+            read = self.horizon.slowest()
+            while late and late[0][1] <= read:
+                late.popleft()  # every worker has read past it: whatever that answer was, it was read
+        self.horizon.publish(self.index, mine - self.slack_ns, late[0][0] if late else 0)
         return self.horizon.min()
+
+    def _answered(self, lag: int, sent_by: int) -> None:
+        """An answer (an ACK, a NAK, a returned probe) left `lag` late, by `sent_by`.
+
+        Its recipient will read it with a kernel stamp `lag` later than the network alone would
+        have given it, so until every worker has read past `sent_by`, what any of them has read
+        through (by kernel stamps) says nothing about it: Horizon.min() is held back by `lag`.
+        A sliding maximum: an earlier answer that was less late is covered by this one."""
+        late = self._late_answers
+        while late and late[-1][0] <= lag:
+            late.pop()
+        late.append((lag, sent_by))
+        if self.measuring:
+            self.stats.answer_lag_max_ns = max(self.stats.answer_lag_max_ns, int(lag * self.clock.dilation))
 
     def _late(self, gap: int, now: int) -> None:
         """A port was handed a datagram `gap` late: widen the slack, and count the gap if measuring."""
@@ -400,10 +430,13 @@ class EventLoop:
         """Pump one endpoint; the loop's lag is how late it answered what it was owed."""
         task.queued = False
         now = self.clock.now()
-        if task.owed_since is not None:
-            lag.record(int((now - task.owed_since) * self.clock.dilation))
+        owed_since = task.owed_since
+        if owed_since is not None:
+            lag.record(int((now - owed_since) * self.clock.dilation))
             task.owed_since = None
         task.endpoint.pump(now, task.send, self.clock.now, min(now, horizon))
+        if task.first and owed_since is not None and self.horizon is not None:
+            self._answered(now - owed_since, self.clock.now())
         self._arm(task, now)
 
     def _arm(self, task: _Task, now: int) -> None:
