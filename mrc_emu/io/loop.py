@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import heapq
 import select
-import socket
 import time
 from collections import deque
 from collections.abc import Callable
@@ -38,124 +37,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from .clock import FOREVER, Clock, Horizon, LagMeter, schedstat
-from .sockets import SocketLink
+from .port import Port, _sockio  # noqa: F401  (_sockio: whether the C receive is built, for tests)
 
 __all__ = ["Clock", "EventLoop", "Horizon", "LagMeter", "LoopStats", "Port", "schedstat"]
 
-try:  # batched receive with the kernel's arrival stamps (optional; see _sockio.c)
-    from . import _sockio
-except ImportError:  # pragma: no cover - the extension was not built
-    _sockio = None
-
-RECV_BATCH = 8  # datagrams per recvmmsg: larger batches measured slower here
 RECV_BUDGET = 32  # datagrams per socket per turn, so a busy responder acknowledges every 32 packets
 RECV_PER_TURN = 256  # datagrams per turn over all sockets, then the due endpoints get their turn
 TURN_NS = 1_000_000  # pump due endpoints (each sends at most its burst, 32) for this long, then receive again
 IDLE_WAKE_NS = 500_000  # an idle worker still wakes this often to publish its horizon
 SLACK_HALF_LIFE_NS = 1_000_000_000  # the horizon's kernel slack halves after this long without a late datagram
-
-
-class Port:
-    """One host's sockets in a worker: a raw IPv6 socket that sends whole frames and a UDP socket
-    on [address]:4791 that receives. `mux` routes a datagram to the endpoint (QP) it names:
-    `mux.route(payload)` gives the endpoint or None."""
-
-    def __init__(self, host: str, send_sock: socket.socket, recv_sock: socket.socket, mux: Any) -> None:
-        self.host = host
-        self.mux = mux
-        self.fd = recv_sock.fileno()
-        self.stamped = False
-        if _sockio is not None:
-            try:
-                _sockio.enable_stamps(self.fd)
-                self.stamped = True
-            except OSError:
-                pass
-        self.link = SocketLink(send_sock, recv_sock)  # sending, what a failed send means, plain receiving
-        self.send = self.link.send
-        self.datagrams = 0
-        self.read_through = 0  # every datagram that arrived before this (clock) time has been read
-        # datagrams stamped before `read_through` when read: the kernel held them (a per-CPU
-        # backlog) past the moment the socket was taken as read; the horizon had run ahead of them
-        self.late = 0
-        self.late_gap_ns = 0  # the largest lateness since the loop last took it (EventLoop._late)
-
-    @property
-    def frames_sent(self) -> int:
-        return self.link.frames_sent
-
-    @property
-    def errors(self) -> dict[str, int]:
-        return self.link.errors
-
-    def receive(self, clock: Clock, budget: int, lag: LagMeter, woke: Callable[[Any, int], None]) -> int:
-        """Hand up to `budget` waiting datagrams to the endpoints they name, each at its arrival
-        time; `woke(endpoint, arrival)` for each. Moves `read_through` as far as it knows. How many."""
-        route = self.mux.route
-        n = 0
-        if self.stamped:
-            fd, record, dilation = self.fd, lag.record, clock.dilation
-            # undilated, the clock is CLOCK_REALTIME less a constant: one addition per datagram
-            real_to_clock = clock.from_realtime(0) if dilation == 1.0 else None
-            while n < budget:
-                started = clock.now()
-                batch = _sockio.recv_batch(fd, min(RECV_BATCH, budget - n))
-                if not batch:
-                    self.read_through = started  # empty when looked at: everything before is read
-                    return n
-                seen = clock.now()
-                # consecutive datagrams for one endpoint wake it once, at the earliest of their arrivals
-                # (what waking it for each would leave behind: it is queued once, owed since the earliest)
-                owing, owed_since = None, 0
-                for payload, src, sport, real_ns, _tclass in batch:
-                    if not real_ns:
-                        at = seen
-                    else:
-                        at = real_ns + real_to_clock if real_to_clock is not None else clock.from_realtime(real_ns)
-                        if at > seen:
-                            at = seen
-                    if at < self.read_through:
-                        self.late += 1
-                        if self.read_through - at > self.late_gap_ns:
-                            self.late_gap_ns = self.read_through - at
-                    record(int((seen - at) * dilation))
-                    endpoint = route(payload)
-                    if endpoint is not None:
-                        endpoint.on_datagram(payload, src, sport, at)
-                        if endpoint is not owing:
-                            if owing is not None:
-                                woke(owing, owed_since)
-                            owing, owed_since = endpoint, at
-                        elif at < owed_since:
-                            owed_since = at
-                if owing is not None:
-                    woke(owing, owed_since)
-                self.read_through = at  # a socket is a queue: all that came before is read
-                n += len(batch)
-                self.datagrams += len(batch)
-            return n
-        # without the C extension: the link's own receive, one datagram per call, stamped when read
-        started = clock.now()
-        n = self.link.receive(_Routed(route, woke), clock.now, budget)
-        if n < budget:
-            self.read_through = started  # emptied: everything that came before the first look is read
-        self.datagrams += n
-        return n
-
-
-class _Routed:
-    """A port's QPs as one endpoint: SocketLink.receive hands each datagram to the QP it names."""
-
-    __slots__ = ("route", "woke")
-
-    def __init__(self, route: Callable[[Any], Any], woke: Callable[[Any, int], None]) -> None:
-        self.route, self.woke = route, woke
-
-    def on_datagram(self, payload: bytes | memoryview, src: bytes, sport: int, now: int) -> None:
-        endpoint = self.route(payload)
-        if endpoint is not None:
-            endpoint.on_datagram(payload, src, sport, now)
-            self.woke(endpoint, now)
 
 
 class _Task:
