@@ -46,6 +46,11 @@ RECV_PER_TURN = 256  # datagrams per turn over all sockets, then the due endpoin
 TURN_NS = 1_000_000  # pump due endpoints (each sends at most its burst, 32) for this long, then receive again
 IDLE_WAKE_NS = 500_000  # an idle worker still wakes this often to publish its horizon
 SLACK_HALF_LIFE_NS = 1_000_000_000  # the horizon's kernel slack halves after this long without a late datagram
+# An answer later than this holds every decision back by its lag (_answered). Below it, none: all
+# packets an ACK covers wait for it alike, so only the ACK timeout (16.8 ms) could mistake an
+# answer's lag for the network's, and not one this much smaller; holding the loss rules back by
+# a busy responder's usual few hundred microseconds would slow the response to real failures.
+ANSWER_LAG_FLOOR_NS = 1_000_000
 
 
 class _Task:
@@ -325,7 +330,7 @@ class EventLoop:
             lag.record(int((now - owed_since) * self.clock.dilation))
             task.owed_since = None
         task.endpoint.pump(now, task.send, self.clock.now, min(now, horizon))
-        if task.first and owed_since is not None and self.horizon is not None:
+        if task.first and owed_since is not None and now - owed_since >= ANSWER_LAG_FLOOR_NS and self.horizon is not None:
             self._answered(now - owed_since, self.clock.now())
         self._arm(task, now)
 
