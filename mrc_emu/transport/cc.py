@@ -49,6 +49,7 @@ class CongestionControl(ABC):
 
     def advance(self, now: int) -> None:
         """Let the profile's own timers run up to `now` (the requester calls it as it pumps)."""
+        return None  # a window-only profile has no timers
 
     def next_timer(self) -> int | None:
         """When the profile's timers next change what it allows (None: not by themselves)."""
@@ -71,6 +72,7 @@ class CongestionControl(ABC):
 
     def on_cnp(self, now: int) -> None:
         """A CNP arrived for this QP (only a DCQCN-like profile reacts)."""
+        return None  # a window profile hears congestion from ECN echoes, trims and losses instead
 
 
 CC_PROFILES: dict[str, Callable[..., CongestionControl]] = {}  # name -> factory(mtu=, link_rate_bps=, base_rtt_ns=, **options)

@@ -308,7 +308,7 @@ class Requester:
         depth = max(PACE_DEPTH_PACKETS * cost, rate * PACE_DEPTH_NS / 8e9)
         tokens = min(depth, self._pace_tokens + (now - self._pace_at) * rate / 8e9)
         self._pace_at = now
-        return tokens
+        return 0.0 if -1e-6 < tokens < 0 else tokens  # refills split over several pumps add up to rounding
 
     def _send_failed(self, ev: int, now: int) -> None:
         """A frame never left (the host's own port is down): count it against the EV now. The
