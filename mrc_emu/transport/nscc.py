@@ -141,15 +141,18 @@ class Nscc(CongestionControl):
         self.bytes_ignored += n
         self.received_bytes += n
         self.achieved_bytes += n
-        rcv_limit = self._apply_cwnd_penalty(n, rcv_cwnd_pend, restore_cwnd)
+        rcv_limit = (rcv_cwnd_pend or restore_cwnd) and self._apply_cwnd_penalty(n, rcv_cwnd_pend, restore_cwnd)
         if rtt_ns is None or rtt_ns <= 0:
             return  # no valid sample: counters only
-        self._update_base_rtt(rtt_ns)
+        if rtt_ns < self.base_rtt:
+            self._update_base_rtt(rtt_ns)
         delay = rtt_ns - self.base_rtt
         self._update_delay(delay, n)
-        if self._quick_adapt(now, False, ecn, delay):
-            return
         p = self.p
+        # (quick adapt is called only where it can act: its ignore phase, or the end of its period)
+        if (not p.disable_qa and ((ecn and self.bytes_ignored < self.bytes_to_ignore) or now >= self.qa_endtime)
+                and self._quick_adapt(now, False, ecn, delay)):
+            return
         if not ecn:
             if not rcv_limit:
                 if delay < p.target_delay:
@@ -206,12 +209,12 @@ class Nscc(CongestionControl):
         return False
 
     def _update_base_rtt(self, rtt: int) -> None:
-        if rtt < self.base_rtt:
-            self.base_rtt = rtt
-            if self._rescale:
-                self.max_wnd = 1.5 * self.link_rate_bps / 8 * rtt / 1e9
-                if self.cwnd > self.max_wnd:
-                    self.cwnd = self.max_wnd
+        """A sample below base_rtt is the new base_rtt (the caller checked)."""
+        self.base_rtt = rtt
+        if self._rescale:
+            self.max_wnd = 1.5 * self.link_rate_bps / 8 * rtt / 1e9
+            if self.cwnd > self.max_wnd:
+                self.cwnd = self.max_wnd
 
     def _update_delay(self, delay: float, nbytes: int) -> None:
         packets = nbytes / self.mtu
