@@ -149,8 +149,11 @@ class _Maps:
         if not (directory / "ports_state").exists():
             raise PortsError(f"fabric {name!r} has no port programs ({directory} does not exist): its topology has no "
                              f"link_rate, so there is no queue to model (give the topology a link_rate)")
-        self.cfg = bpfobj.MapHandle(bpfobj.obj_get(directory / "ports_cfg"), _CFG.size)
-        self.state = bpfobj.MapHandle(bpfobj.obj_get(directory / "ports_state"), _STATE.size, locked=True)
+        try:
+            self.cfg = bpfobj.MapHandle(bpfobj.obj_get(directory / "ports_cfg"), _CFG.size)
+            self.state = bpfobj.MapHandle(bpfobj.obj_get(directory / "ports_state"), _STATE.size, locked=True)
+        except bpfobj.BpfError as exc:
+            raise PortsError(f"{exc} (needs root)") from None
 
     def close(self) -> None:
         self.cfg.close()
@@ -192,7 +195,7 @@ def reset(fabric: Fabric) -> None:
     """Zero every port's counters (queues keep their state): the program sees a new epoch and
     zeroes them under the port's lock at its next packet; counters() reads zeros until then."""
     maps = _maps_of(fabric)
-    for port, index in _served(fabric):
+    for _, index in _served(fabric):
         cfg = list(_CFG.unpack(maps.cfg.get(index)))
         cfg[-1] = (cfg[-1] + 1) & 0xFFFFFFFF
         maps.cfg.put(index, _CFG.pack(*cfg))
@@ -208,12 +211,15 @@ def counters(fabric: Fabric, node: str | None = None) -> dict[str, dict[str, dic
     queue_p50, queue_p99, config}}} of every port the program serves (or only `node`'s), since
     attach or the last reset. packets/bytes: what the port passed (trimmed ones at their short
     size); dropped: refused above the buffer; queue_hist[i]: arrivals that found a queue of
-    [i, i+1) x hist_width bytes (the last bucket: that or more)."""
-    if node is not None:
+    (i-1, i] x hist_width bytes (bucket 0: an empty queue; the last bucket: that or more)."""
+    served = _served(fabric)
+    if node is not None and not any(port.node == node for port, _ in served):
         fabric.topology.node(node)
+        raise PortsError(f"{node} has no port program: host egress ports are served only with `port: {{hosts: on}}`"
+                         if fabric.topology.nodes[node].role.value == "host" else f"{node} has no port program")
     maps = _maps_of(fabric)
     out: dict[str, dict[str, dict[str, Any]]] = {}
-    for port, index in _served(fabric):
+    for port, index in served:
         if node is not None and port.node != node:
             continue
         epoch = _CFG.unpack(maps.cfg.get(index))[-1]
@@ -230,7 +236,8 @@ def counters(fabric: Fabric, node: str | None = None) -> dict[str, dict[str, dic
 
 
 def quantile(hist: list[int], width: int, q: float) -> int | None:
-    """The queue (bytes, the upper edge of its bucket) that a fraction q of arrivals found at most."""
+    """The queue (bytes, the upper edge of its bucket: 0 for bucket 0, i x width for bucket i) that
+    a fraction q of arrivals found at most."""
     total = sum(hist)
     if total == 0:
         return None
@@ -239,8 +246,8 @@ def quantile(hist: list[int], width: int, q: float) -> int | None:
     for i, count in enumerate(hist):
         seen += count
         if seen >= need:
-            return (i + 1) * width
-    return len(hist) * width
+            return i * width
+    return (len(hist) - 1) * width
 
 
 def delta(before: dict, after: dict) -> dict:
@@ -257,7 +264,7 @@ def delta(before: dict, after: dict) -> dict:
             hist = [a - b for a, b in zip(now["queue_hist"], was["queue_hist"])]
             width = now["hist_width"]
             top = max((i for i, c in enumerate(hist) if c), default=None)
-            entry.update(max_queue=None if top is None else (top + 1) * width, queue_hist=hist, hist_width=width,
+            entry.update(max_queue=None if top is None else top * width, queue_hist=hist, hist_width=width,
                          queue_p50=quantile(hist, width, 0.5), queue_p99=quantile(hist, width, 0.99),
                          config=now["config"])
             out.setdefault(node, {})[ifname] = entry

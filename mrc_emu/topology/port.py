@@ -135,8 +135,9 @@ class PortConfig:
 
     @property
     def hist_width(self) -> int:
-        """Bytes per bucket of the queue histogram: the buffer spread over its buckets."""
-        return max(1, -(-self.buffer // HIST_BUCKETS))
+        """Bytes per bucket of the queue histogram: bucket 0 counts arrivals at an empty queue,
+        bucket i the queues in ((i-1) w, i w]; the buffer spread over buckets 1..63."""
+        return max(1, -(-self.buffer // (HIST_BUCKETS - 1)))
 
     def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in ("peer", "lasthop", "bdp_bytes", "buffer", "ecn", "kmin", "kmax", "pmax",

@@ -63,7 +63,7 @@ struct port_state {              /* one per port, changed under its lock */
 	__u64 vq;
 	__u64 last_ns;
 	__u64 packets, bytes, max_queue, ce_marked, trimmed, dropped;
-	__u64 hist[HIST_BUCKETS];        /* the queue each arriving packet found */
+	__u64 hist[HIST_BUCKETS];        /* the queue arrivals found: 0, then ((i-1)w, iw] */
 };
 
 struct scratch {                 /* the pseudo header and a trimmed packet's UDP datagram */
@@ -255,7 +255,7 @@ int port_egress(struct __sk_buff *skb)
 	}
 	st->last_ns = now;
 	__u64 queue = st->vq > burst ? st->vq - burst : 0;   /* what the arriving packet finds */
-	__u64 bucket = queue / width;
+	__u64 bucket = queue ? 1 + (queue - 1) / width : 0;   /* bucket 0: an empty queue */
 	st->hist[bucket < HIST_BUCKETS ? bucket : HIST_BUCKETS - 1] += 1;
 
 	if (trimmable && queue + len > threshold) {
