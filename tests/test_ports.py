@@ -98,10 +98,10 @@ def test_config_values_pack_to_the_c_struct():
     port = _port(_topo(), "p0l0", "h0")
     raw = ports._cfg_bytes(port, 400e6, 9000, epoch=7)
     fields = ports._CFG.unpack(raw)
-    assert fields[0] == 50_000_000 and fields[2] == 50_000  # the virtual queue drains at TBF's rate, minus its bucket
+    assert fields[0] == 50_000_000 and fields[2] == 50_000  # the virtual queue drains at TBF's rate; its bucket
     assert fields[1] == ports.PORT_ENABLED | ports.PORT_ECN | ports.PORT_TRIM | ports.PORT_LASTHOP
     assert fields[6] == round(0.2 * 2**32) and fields[-1] == 7
-    assert ports._CFG.size == 48 and ports._STATE.size == 8 + 8 * (8 + HIST_BUCKETS)
+    assert ports._CFG.size == 48 and ports._STATE.size == 8 + 8 * (9 + HIST_BUCKETS)
 
 
 @pytest.mark.skipif(ports.missing_object() is not None or shutil.which("bpftool") is None,

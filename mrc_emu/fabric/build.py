@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pyroute2 import IPRoute
 
 from ..topology import Topology
-from ..topology.port import tbf_shape
+from ..topology.port import TBF_LATENCY_US, tbf_shape
 from . import cabling, config, limits, links, namespaces, netns, ports, registry
 from .nodes import check_prerequisites
 from .running import Fabric
@@ -110,7 +110,7 @@ def shape_node(fabric: Fabric, node_name: str, rate_bps: float | None = None) ->
         for link in topo.links_of(node_name):
             _, intf, _ = topo.peer(link, node_name)
             (index,) = ipr.link_lookup(ifname=intf)
-            ipr.tc("replace", "tbf", index, rate=rate, burst=burst, latency=50_000)
+            ipr.tc("replace", "tbf", index, rate=rate, burst=burst, latency=TBF_LATENCY_US)
     if rate_bps is not None:
         ports.set_rate(fabric, node_name, rate_bps)
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import socket
 import struct
+import time
 import weakref
 from pathlib import Path
 from typing import Any
@@ -38,7 +39,7 @@ FILTER_NAME = "mrc-port"
 
 PORT_ENABLED, PORT_ECN, PORT_TRIM, PORT_LASTHOP = 1, 2, 4, 8
 _CFG = struct.Struct("<Q10I")  # struct port_cfg
-_STATE = struct.Struct(f"<IIQQ6Q{HIST_BUCKETS}Q")  # struct port_state
+_STATE = struct.Struct(f"<IIQQQ6Q{HIST_BUCKETS}Q")  # struct port_state
 COUNTERS = ("packets", "bytes", "max_queue", "ce_marked", "trimmed", "dropped")
 
 RTM_NEWQDISC, RTM_NEWTFILTER = 36, 44
@@ -225,14 +226,25 @@ def counters(fabric: Fabric, node: str | None = None) -> dict[str, dict[str, dic
         epoch = _CFG.unpack(maps.cfg.get(index))[-1]
         values = _STATE.unpack(maps.state.get(index))
         fresh = values[1] == epoch
-        numbers = values[4:4 + len(COUNTERS)] if fresh else (0,) * len(COUNTERS)
-        hist = list(values[4 + len(COUNTERS):]) if fresh else [0] * HIST_BUCKETS
+        numbers = values[5:5 + len(COUNTERS)] if fresh else (0,) * len(COUNTERS)
+        hist = list(values[5 + len(COUNTERS):]) if fresh else [0] * HIST_BUCKETS
         entry: dict[str, Any] = dict(zip(COUNTERS, numbers))
         entry.update(queue_hist=hist, hist_width=port.hist_width,
                      queue_p50=quantile(hist, port.hist_width, 0.5), queue_p99=quantile(hist, port.hist_width, 0.99),
                      config=port.to_dict())
         out.setdefault(port.node, {})[port.ifname] = entry
     return out
+
+
+def queue_now(fabric: Fabric, node: str, ifname: str) -> int:
+    """The port's virtual backlog now, in bytes (what its next packet would find): the virtual
+    queue drained at the shaped rate since its last packet."""
+    index = _indexes(fabric.topology)[(node, ifname)]
+    maps = _maps_of(fabric)
+    cfg = _CFG.unpack(maps.cfg.get(index))
+    _, _, queue, _, last_ns, *_ = _STATE.unpack(maps.state.get(index))
+    now = time.monotonic_ns()  # bpf_ktime_get_ns is CLOCK_MONOTONIC
+    return max(0, queue - cfg[0] * max(0, now - last_ns) // 1_000_000_000)
 
 
 def quantile(hist: list[int], width: int, q: float) -> int | None:

@@ -216,7 +216,7 @@ class Topology:
             "name": self.name,
             **self._shape(),
             "mtu": self.mtu,
-            "link_rate": None if self.link_rate_bps is None else f"{self.link_rate_bps / 1e3:g}kbit",
+            "link_rate": None if self.link_rate_bps is None else f"{self.link_rate_bps / 1e3:.12g}kbit",
             "base_rtt": f"{self.ports.base_rtt_ns}ns",
             **({} if self.ports.raw is None else {"port": self.ports.raw}),
         }
@@ -332,6 +332,9 @@ def from_dict(data: Any, source: str = "<dict>", lines: dict[str, int] | None = 
     for config in topo.egress_ports():
         if config.ecn and config.kmax <= config.kmin:
             raise fail("port", f"{config.node} {config.ifname}: kmax ({config.kmax} B) must be above kmin ({config.kmin} B)")
+        if config.buffer > (limit := port_model.tbf_limit(config.rate_bps, mtu)):
+            raise fail("port", f"{config.node} {config.ifname}: buffer ({config.buffer} B) above what TBF holds at this "
+                               f"link_rate ({limit} B): TBF would drop what the port program let in")
     return topo
 
 

@@ -156,6 +156,15 @@ def tbf_shape(rate_bps: float, mtu: int) -> tuple[int, int]:
     return rate, max(mtu * 4, rate // 1000)
 
 
+TBF_LATENCY_US = 50_000  # the longest a packet waits in a port's TBF (its limit: rate x this + bucket)
+
+
+def tbf_limit(rate_bps: float, mtu: int) -> int:
+    """Bytes a port's TBF holds before it drops: the ceiling of any buffer the program models."""
+    rate, burst = tbf_shape(rate_bps, mtu)
+    return rate * TBF_LATENCY_US // 1_000_000 + burst
+
+
 def resolve(model: PortModel, node: str, ifname: str, peer: str, lasthop: bool, rate_bps: float, mtu: int) -> PortConfig:
     """The numbers of one egress port from the model, the link rate and the MTU."""
     spec = model.spec_for(node, peer)

@@ -5,8 +5,9 @@
  * Why it exists: this kernel has no RED, fq_codel or netem, so nothing marks ECN or trims. The
  * port's shaping stays in TBF (fabric/build.py shape_node); this program runs before TBF, on the
  * same packets, and keeps a *virtual queue* of the port: the bytes it let through minus what the
- * shaped rate drained since (vq = max(0, vq - rate * dt) + len). TBF lets a burst of `burst` bytes
- * through unqueued, so the backlog TBF really holds is about max(0, vq - burst): that is the queue
+ * shaped rate drained since (q = max(0, q - rate * dt) + len), with TBF's bucket modelled too (the
+ * rate's supply beyond an empty queue refills it up to `burst`, and an arrival at an empty queue
+ * spends tokens before it queues), so q follows the backlog TBF really holds: that is the queue
  * the program acts on (docs/fabric.md measures how close it is). For data packets (inner BTH opcode
  * RDMA WRITE ONLY / WITH IMMEDIATE) it marks CE with RED-style probability between kmin and kmax
  * (in the outer and the inner traffic class), trims a packet that would take the queue over the
@@ -60,7 +61,8 @@ struct port_cfg {                /* written by Python at attach (and when the ra
 struct port_state {              /* one per port, changed under its lock */
 	struct bpf_spin_lock lock;
 	__u32 epoch;
-	__u64 vq;
+	__u64 queue;             /* bytes waiting in TBF, as the fluid model has it */
+	__u64 tokens;            /* TBF's bucket */
 	__u64 last_ns;
 	__u64 packets, bytes, max_queue, ce_marked, trimmed, dropped;
 	__u64 hist[HIST_BUCKETS];        /* the queue arrivals found: 0, then ((i-1)w, iw] */
@@ -246,15 +248,22 @@ int port_egress(struct __sk_buff *skb)
 		for (int i = 0; i < HIST_BUCKETS; i++)
 			st->hist[i] = 0;
 	}
+	/* TBF as a fluid: the rate's supply since the last packet drains the queue first, then
+	 * refills the bucket (up to burst); an arrival at an empty queue spends tokens first */
 	__u64 dt = now - st->last_ns;
 	if (st->last_ns == 0 || dt > 1000000000ULL) {
-		st->vq = 0;
+		st->queue = 0;
+		st->tokens = burst;
 	} else {
-		__u64 drained = dt * rate / 1000000000ULL;
-		st->vq = st->vq > drained ? st->vq - drained : 0;
+		__u64 supply = dt * rate / 1000000000ULL;
+		__u64 drained = st->queue < supply ? st->queue : supply;
+		st->queue -= drained;
+		st->tokens += supply - drained;
+		if (st->tokens > burst)
+			st->tokens = burst;
 	}
 	st->last_ns = now;
-	__u64 queue = st->vq > burst ? st->vq - burst : 0;   /* what the arriving packet finds */
+	__u64 queue = st->queue;   /* what the arriving packet finds */
 	__u64 bucket = queue ? 1 + (queue - 1) / width : 0;   /* bucket 0: an empty queue */
 	st->hist[bucket < HIST_BUCKETS ? bucket : HIST_BUCKETS - 1] += 1;
 
@@ -274,11 +283,13 @@ int port_egress(struct __sk_buff *skb)
 		}
 		if (verdict == MARK)
 			st->ce_marked += 1;
-		st->vq += len;
+		__u64 spent = queue == 0 ? (st->tokens < len ? st->tokens : len) : 0;
+		st->tokens -= spent;
+		st->queue += len - spent;
 		st->packets += 1;
 		st->bytes += len;
-		if (queue + len > st->max_queue)
-			st->max_queue = queue + len;
+		if (st->queue > st->max_queue)
+			st->max_queue = st->queue;
 	}
 	bpf_spin_unlock(&st->lock);
 
