@@ -19,7 +19,7 @@ import pytest
 
 from mrc_emu.fabric import build, netns, ops, ports
 from mrc_emu.fabric.running import Fabric
-from mrc_emu.topology import from_dict
+from mrc_emu.topology import EvFormat, from_dict
 from mrc_emu.transport.paths import qp_paths
 from mrc_emu.wire.format import DataPacket
 
@@ -43,8 +43,9 @@ def _fabric(name: str, **extra) -> Fabric:
     return Fabric.open(name)
 
 
-def _frames(fabric: Fabric, src: str, ev: int, count: int, control_every: int = 0) -> list[tuple[bytes, str]]:
-    path = qp_paths(fabric.topology, src, "h2", ev_indexes=[ev]).forward[ev]
+def _frames(fabric: Fabric, src: str, ev: int, count: int, control_every: int = 0,
+            ev_format: EvFormat = EvFormat.SRV6) -> list[tuple[bytes, str]]:
+    path = qp_paths(fabric.topology, src, "h2", ev_format, ev_indexes=[ev]).forward[ev]
     out = []
     for psn in range(count):
         frame = bytearray(path.template.data(DataPacket(5, psn, 0x1000 + psn * PAYLOAD, 7, bytes(PAYLOAD))))
@@ -84,8 +85,9 @@ def _receiver(fabric: Fabric) -> tuple[socket.socket, socket.socket]:
     return udp, cap
 
 
-def _burst(fabric: Fabric, per_sender: int, control_every: int = 0) -> int:
-    streams = [_frames(fabric, "h0", 0, per_sender, control_every), _frames(fabric, "h1", 1, per_sender, control_every)]
+def _burst(fabric: Fabric, per_sender: int, control_every: int = 0, ev_format: EvFormat = EvFormat.SRV6) -> int:
+    streams = [_frames(fabric, "h0", 0, per_sender, control_every, ev_format),
+               _frames(fabric, "h1", 1, per_sender, control_every, ev_format)]
     socks = []
     for host in ("h0", "h1"):
         raw, unused = ops.host_sockets(fabric, host)
@@ -173,6 +175,20 @@ def test_a_queue_marks_ce_and_trims_to_dscp_lasthop_with_a_valid_checksum(fabric
         assert struct.unpack_from("!H", outer, inner + 4)[0] == 8 + 28
         assert struct.unpack_from("!H", frame, udp_at + 4)[0] == 8 + 28
         assert struct.unpack_from("!H", frame, udp_at + 6)[0] == _udp_checksum(frame, udp_at)
+
+
+def test_usid_frames_without_an_srh_are_marked_and_trimmed_too(fabric_name):
+    with _fabric(fabric_name) as fabric:
+        udp, _ = _receiver(fabric)
+        ports.reset(fabric)
+        sent = _burst(fabric, 60, ev_format=EvFormat.SRV6_USID)
+        got = _drain(udp, sent)
+        port = _port(fabric, "p0l1", "h2")
+    build.down(fabric_name)
+    ce = sum(1 for _, tc in got if tc == 0x03)
+    trimmed = [p for p, tc in got if tc >> 2 == ports.DSCP_TRIMMED_LASTHOP]
+    assert ce and trimmed and all(len(p) == 28 for p in trimmed)
+    assert (port["ce_marked"], port["trimmed"], port["dropped"]) == (ce, len(trimmed), sent - len(got))
 
 
 def test_ecn_off_and_trim_off_drop_above_the_buffer_and_down_removes_the_pins(fabric_name):

@@ -15,6 +15,7 @@ repeated because the fabric never imports the wire layer.
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import struct
@@ -86,6 +87,7 @@ class _TcBatch(Batch):
                   f"bpf egress filter on {index}")
 
 
+@functools.lru_cache(maxsize=8)
 def _indexes(topo: Topology) -> dict[tuple[str, str], int]:
     """(node, ifname) -> interface index, fixed by cabling.py and unique across the fabric."""
     out = {}
@@ -184,12 +186,9 @@ def set_rate(fabric: Fabric, node: str, rate_bps: float) -> None:
         return
     topo = fabric.topology
     maps = _maps_of(fabric)
-    indexes = _indexes(topo)
-    for port in topo.egress_ports():
-        if port.node == node:
-            index = indexes[(node, port.ifname)]
-            epoch = _CFG.unpack(maps.cfg.get(index))[-1]
-            maps.cfg.put(index, _cfg_bytes(port, rate_bps, topo.mtu, epoch))
+    for port, index in _by_node(topo).get(node, []):
+        epoch = _CFG.unpack(maps.cfg.get(index))[-1]
+        maps.cfg.put(index, _cfg_bytes(port, rate_bps, topo.mtu, epoch))
 
 
 def reset(fabric: Fabric) -> None:
@@ -203,8 +202,18 @@ def reset(fabric: Fabric) -> None:
 
 
 def _served(fabric: Fabric) -> list[tuple[PortConfig, int]]:
+    """Every port the program serves, with its interface index."""
     indexes = _indexes(fabric.topology)
     return [(port, indexes[(port.node, port.ifname)]) for port in fabric.topology.egress_ports()]
+
+
+@functools.lru_cache(maxsize=8)
+def _by_node(topo: Topology) -> dict[str, list[tuple[PortConfig, int]]]:
+    indexes = _indexes(topo)
+    out: dict[str, list[tuple[PortConfig, int]]] = {}
+    for port in topo.egress_ports():
+        out.setdefault(port.node, []).append((port, indexes[(port.node, port.ifname)]))
+    return out
 
 
 def counters(fabric: Fabric, node: str | None = None) -> dict[str, dict[str, dict[str, Any]]]:

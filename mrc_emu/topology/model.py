@@ -84,7 +84,7 @@ class Topology:
     mtu: int = 9000
     link_rate_bps: float | None = None
     source: str = "<built-in>"
-    ports: port_model.PortModel = field(default=port_model.PortModel(), compare=False, hash=False)
+    ports: port_model.PortModel = field(default=port_model.PortModel(), hash=False)  # equal topologies: equal ports too
 
     # ---- nodes -------------------------------------------------------------------------
     @property
@@ -197,9 +197,15 @@ class Topology:
     def egress_ports(self, rate_bps: float | None = None) -> list[port_model.PortConfig]:
         """Every egress port the port program serves (switch ports; host ports with `port: {hosts: on}`),
         resolved to bytes at the topology's link rate (or `rate_bps`); none without a link rate."""
-        rate = rate_bps or self.link_rate_bps
-        if rate is None:
-            return []
+        if rate_bps is None:
+            return self._egress_ports
+        return self._resolve_ports(rate_bps)
+
+    @cached_property
+    def _egress_ports(self) -> list[port_model.PortConfig]:
+        return [] if self.link_rate_bps is None else self._resolve_ports(self.link_rate_bps)
+
+    def _resolve_ports(self, rate: float) -> list[port_model.PortConfig]:
         out = []
         for name, node in self.nodes.items():
             if node.role is Role.HOST and not self.ports.hosts:
