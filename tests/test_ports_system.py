@@ -10,6 +10,7 @@ p0l1 -> h2 sees twice its rate and its queue builds; frames come from the projec
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import struct
@@ -217,3 +218,46 @@ def test_no_link_rate_attaches_nothing(fabric_name):
             ports.counters(fabric)
     build.down(fabric_name)
     assert not os.path.exists(ports.pin_dir(fabric_name))
+
+
+def test_stats_command(fabric_name):
+    from click.testing import CliRunner
+
+    from mrc_emu.cli import main
+
+    with _fabric(fabric_name):
+        runner = CliRunner()
+        shown = runner.invoke(main, ["stats", "p0l1", "--json", "--name", fabric_name])
+        assert shown.exit_code == 0, shown.output
+        data = json.loads(shown.output)
+        assert set(data) == {"p0l1"} and all("ce_marked" in c and "queue_p99" in c for c in data["p0l1"].values())
+        table = runner.invoke(main, ["stats", "--name", fabric_name])
+        assert table.exit_code == 0 and "p0s1" in table.output and "trim 75000" in table.output
+        host = runner.invoke(main, ["stats", "h0", "--name", fabric_name])
+        assert host.exit_code == 1 and "hosts: on" in host.output
+    build.down(fabric_name)
+
+
+@pytest.mark.slow
+def test_large_attaches_every_switch_port_within_seconds(fabric_name):
+    from mrc_emu.topology import builtin
+
+    topo = from_dict({**builtin("large").to_dict(), "link_rate": "1gbit"}, "<large>")
+    result = build.up(topo, fabric_name)
+    try:
+        assert result.phases["ports"] < 3.0, result.phases
+        with Fabric.open(fabric_name) as fabric:
+            assert sum(len(p) for p in ports.counters(fabric).values()) == len(topo.egress_ports()) == 3072
+    finally:
+        build.down(fabric_name)
+    assert not ports.pin_dir(fabric_name).exists()
+
+
+def test_a_crashed_runs_pins_go_with_its_journal(fabric_name):
+    from mrc_emu.fabric import registry
+
+    with _fabric(fabric_name) as fabric:
+        pins = ports.pin_dir(fabric_name)
+        assert str(pins) in fabric.state().bpf_pins and (pins / "prog").exists()
+    registry.remove(fabric_name)  # what `clean` does for each journal a killed run left
+    assert not pins.exists()
