@@ -125,3 +125,26 @@ def test_quantiles_and_deltas():
     after = {"n": {"e": {**before["n"]["e"], "packets": 8, "ce_marked": 3, "queue_hist": after_hist}}}
     d = ports.delta(before, after)["n"]["e"]
     assert (d["packets"], d["ce_marked"], d["max_queue"], d["queue_p99"]) == (3, 2, 200, 200)
+
+
+def test_tc_messages_equal_pyroute2():
+    from pyroute2.netlink import NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REQUEST
+    from pyroute2.netlink.rtnl.tcmsg import tcmsg
+
+    def encode(msg, kind, seq):
+        msg["header"].update(type=kind, flags=NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL, sequence_number=seq,
+                             pid=0)
+        msg.encode()
+        return bytes(msg.data)
+
+    qdisc = tcmsg()
+    qdisc["family"], qdisc["index"], qdisc["handle"], qdisc["parent"], qdisc["info"] = 0, 40, 0xFFFF0000, 0xFFFFFFF1, 0
+    qdisc["attrs"] = [("TCA_KIND", "clsact")]
+    bpf = tcmsg()
+    bpf["family"], bpf["index"], bpf["handle"], bpf["parent"], bpf["info"] = 0, 40, 1, 0xFFFFFFF3, (1 << 16) | 0x0300
+    bpf["attrs"] = [("TCA_KIND", "bpf"), ("TCA_OPTIONS", {"attrs": [
+        ("TCA_BPF_FD", 7), ("TCA_BPF_NAME", "mrc-port"), ("TCA_BPF_FLAGS", 1)]})]
+    batch = ports._TcBatch()
+    batch.clsact(40)
+    batch.bpf_egress(40, 7)
+    assert batch.messages() == [encode(qdisc, 36, 1), encode(bpf, 44, 2)]

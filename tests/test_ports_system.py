@@ -261,3 +261,14 @@ def test_a_crashed_runs_pins_go_with_its_journal(fabric_name):
         assert str(pins) in fabric.state().bpf_pins and (pins / "prog").exists()
     registry.remove(fabric_name)  # what `clean` does for each journal a killed run left
     assert not pins.exists()
+
+
+def test_a_reshaped_port_drains_its_virtual_queue_at_the_new_rate(fabric_name):
+    with _fabric(fabric_name) as fabric:
+        index = ports._indexes(fabric.topology)[("p0l1", "p0l1-eth0")]
+        build.shape_node(fabric, "p0l1", 100e6)  # what a run under time dilation 4 does
+        rate, _, burst = ports._CFG.unpack(ports._maps_of(fabric).cfg.get(index))[:3]
+        assert (rate, burst) == (12_500_000, 36_000)
+        build.shape_node(fabric, "p0l1", 400e6)
+        assert ports._CFG.unpack(ports._maps_of(fabric).cfg.get(index))[0] == 50_000_000
+    build.down(fabric_name)
