@@ -1,4 +1,4 @@
-"""Commands on the fabric itself: up, down, clean, status, exec, paths, probe, link, capture, check.
+"""Commands on the fabric itself: up, down, clean, status, exec, paths, probe, link, capture, stats, check.
 
 Why it exists: these are the verbs of one running fabric (containerlab's deploy/destroy/
 inspect/exec); each opens the fabric once (`Fabric.open`, which says how to start one when
@@ -100,7 +100,8 @@ def status(name: str, as_json: bool) -> None:
     with _open(name) as fabric:
         data = ops.status(fabric)
     lines = [f"fabric {name!r} ({data['topology']['source']}): {len(data['nodes'])} nodes, "
-             f"{len(data['links'])} links, {data['ev_count']} EVs between hosts on different leaves"]
+             f"{len(data['links'])} links, {data['ev_count']} EVs between hosts on different leaves",
+             f"port model: {data['topology']['port_model']} (mrc-emu stats --name {name})"]
     lines.append("nodes:")
     for node in data["nodes"]:
         plane = "all" if node["plane"] is None else node["plane"]
@@ -248,6 +249,37 @@ def capture(node: str, iface: str | None, duration: float, output: str, name: st
 
 
 @click.command()
+@click.argument("node", required=False)
+@click.option("--reset", is_flag=True, help="Zero the counters after printing them (the next stats shows a fresh window).")
+@NAME_OPTION
+@JSON_OPTION
+@friendly
+def stats(node: str | None, reset: bool, name: str, as_json: bool) -> None:
+    """Per-port counters of the switch egress ports (of NODE only, if given): packets and bytes
+    passed, CE marked, trimmed, dropped, the largest queue and the queue arrivals found (p50/p99),
+    since `up` or the last --reset. Needs a topology with a link_rate (no rate: no queue to model)."""
+    from ..fabric import ports
+
+    with _open(name) as fabric:
+        data = ports.counters(fabric, node)
+        if reset:
+            ports.reset(fabric)
+    lines = [f"{'port':<22} {'peer':<6} {'packets':>9} {'bytes':>12} {'ce':>7} {'trimmed':>7} {'dropped':>7} "
+             f"{'max_q':>8} {'q_p50':>8} {'q_p99':>8}  (queues in bytes; ecn kmin..kmax, trim at, buffer)"]
+    for node_name, ifaces in data.items():
+        for ifname, c in ifaces.items():
+            cfg = c["config"]
+            ecn = f"{cfg['kmin']}..{cfg['kmax']}" if cfg["ecn"] else "off"
+            trim = cfg["trim_threshold"] if cfg["trim"] else "off"
+            lines.append(f"{node_name + ' ' + ifname:<22} {cfg['peer']:<6} {c['packets']:>9} {c['bytes']:>12} "
+                         f"{c['ce_marked']:>7} {c['trimmed']:>7} {c['dropped']:>7} {c['max_queue']:>8} "
+                         f"{c['queue_p50'] if c['queue_p50'] is not None else '-':>8} "
+                         f"{c['queue_p99'] if c['queue_p99'] is not None else '-':>8}  ecn {ecn}, trim {trim}, "
+                         f"buffer {cfg['buffer']}")
+    emit(data, as_json, "\n".join(lines))
+
+
+@click.command()
 @click.option("--topology", "-t", "topology", default=None, help="Topology YAML file or built-in name (default: the built-in default).")
 @click.option("--max-pairs", type=int, default=None, help="Probe at most this many host pairs.")
 @NAME_OPTION
@@ -270,4 +302,4 @@ def check(topology: str | None, max_pairs: int | None, name: str, as_json: bool)
         sys.exit(1)
 
 
-COMMANDS = [up, down, clean, status, exec_, paths, probe, link, capture, check]
+COMMANDS = [up, down, clean, status, exec_, paths, probe, link, capture, stats, check]

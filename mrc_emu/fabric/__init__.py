@@ -3,8 +3,9 @@
 What it is: Mininet routers whose SRv6 forwarding is the kernel's, named namespaces, veths,
 batched netlink configuration (addresses, SIDs, routes), the journal of everything a run
 created (registry.py), one handle on a running fabric (running.Fabric), link state
-(links.py), packet faults (nft, XDP), FRR for the baseline's routing, captures, child
-processes (procs.py) and waiting on the kernel (waiting.until).
+(links.py), packet faults (nft, XDP), switch egress ports that mark ECN, trim and drop (a tc
+BPF program: ports.py, bpf/port.bpf.c, bpfobj.py), FRR for the baseline's routing, captures,
+child processes (procs.py) and waiting on the kernel (waiting.until).
 
 What it must never do: import the transport, the wire format or the experiments (it
 knows namespaces, interfaces, processes and the topology, not MRC; the transport and

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from pyroute2 import IPRoute
 
 from ..topology import Topology
-from . import cabling, config, limits, links, namespaces, netns, registry
+from ..topology.port import TBF_LATENCY_US, tbf_shape
+from . import cabling, config, limits, links, namespaces, netns, ports, registry
 from .nodes import check_prerequisites
 from .running import Fabric
 
@@ -72,6 +73,12 @@ def up(topo: Topology, name: str = "mrc", progress: Progress | None = None) -> U
                 shape_node(fabric, node_name)
         phases["links"] = time.monotonic() - mark
 
+        if topo.egress_ports():  # without a link rate there is no queue to model: no phase
+            mark = time.monotonic()
+            progress(f"port programs on {len(topo.egress_ports())} egress ports")
+            ports.attach(fabric)
+            phases["ports"] = time.monotonic() - mark
+
         mark = time.monotonic()
         progress("configuring addresses, SIDs and routes")
         for node_name in topo.nodes:
@@ -95,15 +102,17 @@ def up(topo: Topology, name: str = "mrc", progress: Progress | None = None) -> U
 
 def shape_node(fabric: Fabric, node_name: str, rate_bps: float | None = None) -> None:
     """A token bucket on every interface of a node: the link rate of the topology (or `rate_bps`:
-    a run under time dilation K shapes links to rate / K, and back afterwards)."""
+    a run under time dilation K shapes links to rate / K, and back afterwards). The port
+    program's virtual queues drain at the same rate."""
     topo = fabric.topology
-    rate = int((rate_bps or topo.link_rate_bps) / 8)  # pyroute2 takes bytes per second
-    burst = max(topo.mtu * 4, rate // 1000)
+    rate, burst = tbf_shape(rate_bps or topo.link_rate_bps, topo.mtu)  # pyroute2 takes bytes per second
     with netns.entered(fabric.netns(node_name)), IPRoute() as ipr:
         for link in topo.links_of(node_name):
             _, intf, _ = topo.peer(link, node_name)
             (index,) = ipr.link_lookup(ifname=intf)
-            ipr.tc("replace", "tbf", index, rate=rate, burst=burst, latency=50_000)
+            ipr.tc("replace", "tbf", index, rate=rate, burst=burst, latency=TBF_LATENCY_US)
+    if rate_bps is not None:
+        ports.set_rate(fabric, node_name, rate_bps)
 
 
 def down(name: str = "mrc") -> registry.FabricRecord:

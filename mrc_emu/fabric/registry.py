@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import netns
+from . import bpfobj, netns
 from .waiting import WaitTimeout, until
 
 STATE_DIR = Path(os.environ.get("MRC_EMU_STATE_DIR", "/run/mrc-emu"))
@@ -49,6 +49,7 @@ class FabricRecord:
     processes: dict[int, dict[str, Any]] = field(default_factory=dict)  # live ones only
     down_links: set[int] = field(default_factory=set)
     directories: list[str] = field(default_factory=list)
+    bpf_pins: list[str] = field(default_factory=list)  # directories of pinned BPF objects (fabric/ports.py)
     ready: bool = False
     owner_pid: int | None = None
     routing: str = "none"  # "static" once static_routes.py installed BGP's converged routes
@@ -154,6 +155,8 @@ def read(name: str) -> FabricRecord:
             record.processes.pop(entry["pid"], None)
         elif kind == "dir":
             record.directories.append(entry["path"])
+        elif kind == "bpf-pin":
+            record.bpf_pins.append(entry["path"])
         elif kind == "link":
             (record.down_links.discard if entry["up"] else record.down_links.add)(entry["link_id"])
         elif kind == "ready":
@@ -212,6 +215,10 @@ def remove(name: str) -> FabricRecord:
     for path in reversed(record.directories):
         # only paths this journal recorded, and only under our state directory
         if Path(path).resolve().is_relative_to(STATE_DIR.resolve()):
+            shutil.rmtree(path, ignore_errors=True)
+    for path in record.bpf_pins:
+        # only pins this journal recorded, and only under the project's bpffs directory
+        if Path(path).resolve().is_relative_to(bpfobj.PIN_ROOT):
             shutil.rmtree(path, ignore_errors=True)
     if errors:
         raise RegistryError(f"could not remove {len(errors)} namespaces of {name!r}: {errors[0]}")

@@ -25,13 +25,15 @@ and every host has one NIC port in each plane::
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from . import port as port_model
 
 MAX_NODE_ID = 0xDFFF  # node IDs live in 16-bit uSIDs; 0xE000.. is kept for local functions
 MIN_MTU = 1280  # IPv6 minimum link MTU
@@ -82,6 +84,7 @@ class Topology:
     mtu: int = 9000
     link_rate_bps: float | None = None
     source: str = "<built-in>"
+    ports: port_model.PortModel = field(default=port_model.PortModel(), hash=False)  # equal topologies: equal ports too
 
     # ---- nodes -------------------------------------------------------------------------
     @property
@@ -186,7 +189,32 @@ class Topology:
             "links": len(self.links),
             "mtu": self.mtu,
             "link_rate_bps": self.link_rate_bps,
+            "base_rtt_ns": self.ports.base_rtt_ns,
+            "port_model": "off (no link_rate: no queue to model)" if self.link_rate_bps is None
+                          else f"on ({len(self.egress_ports())} egress ports)",
         }
+
+    def egress_ports(self, rate_bps: float | None = None) -> list[port_model.PortConfig]:
+        """Every egress port the port program serves (switch ports; host ports with `port: {hosts: on}`),
+        resolved to bytes at the topology's link rate (or `rate_bps`); none without a link rate."""
+        if rate_bps is None:
+            return self._egress_ports
+        return self._resolve_ports(rate_bps)
+
+    @cached_property
+    def _egress_ports(self) -> list[port_model.PortConfig]:
+        return [] if self.link_rate_bps is None else self._resolve_ports(self.link_rate_bps)
+
+    def _resolve_ports(self, rate: float) -> list[port_model.PortConfig]:
+        out = []
+        for name, node in self.nodes.items():
+            if node.role is Role.HOST and not self.ports.hosts:
+                continue
+            for link in self.links_of(name):
+                peer, intf, _ = self.peer(link, name)
+                lasthop = self.nodes[peer].role is Role.HOST
+                out.append(port_model.resolve(self.ports, name, intf, peer, lasthop, rate, self.mtu))
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         """The fields a topology file holds, so the topology can be stored and reloaded."""
@@ -194,7 +222,9 @@ class Topology:
             "name": self.name,
             **self._shape(),
             "mtu": self.mtu,
-            "link_rate": None if self.link_rate_bps is None else f"{self.link_rate_bps / 1e3:g}kbit",
+            "link_rate": None if self.link_rate_bps is None else f"{self.link_rate_bps / 1e3:.12g}kbit",
+            "base_rtt": f"{self.ports.base_rtt_ns}ns",
+            **({} if self.ports.raw is None else {"port": self.ports.raw}),
         }
 
 
@@ -219,7 +249,7 @@ _INT_FIELDS = {
     "leaves_per_plane": (1, 256),
     "hosts_per_leaf": (1, 64),
 }
-_OPTIONAL = {"name", "mtu", "link_rate", "description"}
+_OPTIONAL = {"name", "mtu", "link_rate", "description", "base_rtt", "port"}
 
 
 _SIZE_RE = re.compile(r"^\s*(\d[\d_]*(?:\.\d+)?)\s*([kmg]i?b?|b)?\s*$", re.IGNORECASE)
@@ -261,7 +291,7 @@ def from_dict(data: Any, source: str = "<dict>", lines: dict[str, int] | None = 
     def fail(fld: str | None, problem: str) -> TopologyError:
         where = source
         if fld is not None:
-            line = lines.get(fld)
+            line = lines.get(fld) or lines.get(re.split(r"[.\[]", fld)[0])  # a nested field: its block's line
             where += f", line {line}" if line else ""
             where += f", field '{fld}'"
         return TopologyError(f"{where}: {problem}")
@@ -297,6 +327,20 @@ def from_dict(data: Any, source: str = "<dict>", lines: dict[str, int] | None = 
     topo = Topology(name=name, mtu=mtu, link_rate_bps=rate_bps, source=source, **values)
     if len(topo.nodes) > MAX_NODE_ID:
         raise fail(None, f"{len(topo.nodes)} nodes exceed the addressing plan's {MAX_NODE_ID}")
+    try:
+        ports = port_model.parse(data.get("port"), data.get("base_rtt"), set(topo.nodes))
+        for i, override in enumerate(ports.overrides):
+            if not topo.links_between(*override.link):
+                raise port_model.PortError(f"port.links[{i}].link", f"no link between {override.link[0]} and {override.link[1]}")
+    except port_model.PortError as exc:
+        raise fail(exc.field, str(exc)) from None
+    topo = Topology(name=name, mtu=mtu, link_rate_bps=rate_bps, source=source, ports=ports, **values)
+    for config in topo.egress_ports():
+        if config.ecn and config.kmax <= config.kmin:
+            raise fail("port", f"{config.node} {config.ifname}: kmax ({config.kmax} B) must be above kmin ({config.kmin} B)")
+        if config.buffer > (limit := port_model.tbf_limit(config.rate_bps, mtu)):
+            raise fail("port", f"{config.node} {config.ifname}: buffer ({config.buffer} B) above what TBF holds at this "
+                               f"link_rate ({limit} B): TBF would drop what the port program let in")
     return topo
 
 

@@ -1,0 +1,292 @@
+"""Switch egress ports that signal congestion: the port program attached, configured and read.
+
+Why it exists: the kernel here has no RED, fq_codel or netem; a tc clsact egress BPF program
+(bpf/port.bpf.c, compiled by scripts/install.sh) keeps a virtual queue per port, marks CE,
+trims and drops. This module loads it once per fabric (sized to the fabric's interface
+indexes), pins program and maps under /sys/fs/bpf/mrc-emu/<fabric>/ (recorded in the journal
+first, removed by registry.remove at down/clean), attaches it to every egress port the topology
+names (netlink batches per namespace: `large` has 4,096 ports), writes each port's numbers
+(topology/port.py) and the shaped rate, and reads the per-port counters for `mrc-emu stats`
+and the experiments. Without a link rate there is no queue to model: nothing is attached.
+
+The port numbers live in topology/port.py; the DSCPs below are the wire format's (issue 12),
+repeated because the fabric never imports the wire layer.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import socket
+import struct
+import time
+import weakref
+from pathlib import Path
+from typing import Any
+
+from ..topology import Topology
+from ..topology.port import HIST_BUCKETS, PortConfig, tbf_shape
+from . import bpfobj, cabling, netns
+from .netlink import NLM_F_CREATE, NLM_F_EXCL, Batch, _nla
+from .nodes import FabricSetupError
+from .running import Fabric
+
+DSCP_TRIMMED = 10  # = mrc_emu.wire.format DSCP_TRIMMED (port.bpf.c has the same numbers)
+DSCP_TRIMMED_LASTHOP = 11
+OBJECT = Path(__file__).resolve().parent / "bpf" / "port.bpf.o"
+PIN_ROOT = bpfobj.PIN_ROOT
+PROGRAM = "port_egress"
+FILTER_NAME = "mrc-port"
+
+PORT_ENABLED, PORT_ECN, PORT_TRIM, PORT_LASTHOP = 1, 2, 4, 8
+_CFG = struct.Struct("<Q10I")  # struct port_cfg
+_STATE = struct.Struct(f"<IIQQQ6Q{HIST_BUCKETS}Q")  # struct port_state
+COUNTERS = ("packets", "bytes", "max_queue", "ce_marked", "trimmed", "dropped")
+
+RTM_NEWQDISC, RTM_NEWTFILTER = 36, 44
+TCA_KIND, TCA_OPTIONS = 1, 2
+TCA_BPF_FD, TCA_BPF_NAME, TCA_BPF_FLAGS = 6, 7, 8
+TCA_BPF_FLAG_ACT_DIRECT = 1
+TC_H_CLSACT, CLSACT_HANDLE, CLSACT_EGRESS = 0xFFFFFFF1, 0xFFFF0000, 0xFFFFFFF3
+ETH_P_ALL = 3
+
+
+class PortsError(FabricSetupError):
+    """The port program is missing, refused, or not attached to this fabric."""
+
+
+def pin_dir(name: str) -> Path:
+    return PIN_ROOT / name
+
+
+def missing_object() -> str | None:
+    """Why the port program cannot be loaded, or None."""
+    if OBJECT.exists():
+        return None
+    import shutil
+
+    tools = [t for t in ("clang", "bpftool") if shutil.which(t) is None]
+    need = f" ({', '.join(tools)} not installed)" if tools else ""
+    return (f"the port program {OBJECT} is missing{need}: run scripts/install.sh, which installs clang, "
+            f"libbpf-dev and bpftool and compiles it")
+
+
+class _TcBatch(Batch):
+    """The two requests that put a direct-action BPF program on an interface's egress."""
+
+    def clsact(self, index: int) -> None:
+        body = struct.pack("=BxxxiIII", socket.AF_UNSPEC, index, CLSACT_HANDLE, TC_H_CLSACT, 0)
+        self._add(RTM_NEWQDISC, NLM_F_CREATE | NLM_F_EXCL, body + _nla(TCA_KIND, b"clsact\0"), f"clsact on {index}")
+
+    def bpf_egress(self, index: int, prog_fd: int) -> None:
+        info = (1 << 16) | socket.htons(ETH_P_ALL)  # priority 1, every protocol
+        body = struct.pack("=BxxxiIII", socket.AF_UNSPEC, index, 1, CLSACT_EGRESS, info)
+        options = (_nla(TCA_BPF_FD, struct.pack("=I", prog_fd)) + _nla(TCA_BPF_NAME, FILTER_NAME.encode() + b"\0")
+                   + _nla(TCA_BPF_FLAGS, struct.pack("=I", TCA_BPF_FLAG_ACT_DIRECT)))
+        self._add(RTM_NEWTFILTER, NLM_F_CREATE | NLM_F_EXCL, body + _nla(TCA_KIND, b"bpf\0") + _nla(TCA_OPTIONS, options),
+                  f"bpf egress filter on {index}")
+
+
+@functools.lru_cache(maxsize=8)
+def _indexes(topo: Topology) -> dict[tuple[str, str], int]:
+    """(node, ifname) -> interface index, fixed by cabling.py and unique across the fabric."""
+    out = {}
+    for link in topo.links:
+        out[(link.a, link.a_intf)] = cabling.index_of(link, link.a)
+        out[(link.b, link.b_intf)] = cabling.index_of(link, link.b)
+    return out
+
+
+def _cfg_bytes(port: PortConfig, rate_bps: float, mtu: int, epoch: int = 0) -> bytes:
+    rate, burst = tbf_shape(rate_bps, mtu)
+    flags = PORT_ENABLED | (PORT_ECN if port.ecn else 0) | (PORT_TRIM if port.trim else 0) \
+        | (PORT_LASTHOP if port.lasthop else 0)
+    return _CFG.pack(rate, flags, burst, port.buffer, port.kmin, port.kmax, min(0xFFFFFFFF, round(port.pmax * 2**32)),
+                     port.trim_threshold, port.trim_bytes, port.hist_width, epoch)
+
+
+def attach(fabric: Fabric) -> int:
+    """Load, pin and attach the port program to every egress port of the topology; the number of
+    ports (0 without a link rate: nothing to model, nothing loaded)."""
+    topo = fabric.topology
+    ports = topo.egress_ports()
+    if not ports:
+        return 0
+    if reason := missing_object():
+        raise PortsError(reason)
+    directory = pin_dir(fabric.name)
+    if directory.exists():
+        raise PortsError(f"{directory} exists but no fabric of this name was up: a run killed before its journal "
+                         f"recorded it left it; remove it (rm -r {directory}) and try again")
+    fabric.journal.append({"kind": "bpf-pin", "path": str(directory)})
+    if bpfobj.ensure_bpffs():
+        fabric.journal.append({"kind": "bpffs-mounted", "path": str(bpfobj.BPFFS)})  # left mounted: see ensure_bpffs
+    indexes = _indexes(topo)
+    entries = max(indexes.values()) + 1
+    try:
+        prog_fd = bpfobj.load_and_pin(OBJECT, PROGRAM, {"ports_cfg": entries, "ports_state": entries}, directory)
+    except bpfobj.BpfError as exc:
+        raise PortsError(str(exc)) from None
+    try:
+        maps = _maps_of(fabric)
+        by_node: dict[str, list[int]] = {}
+        for port in ports:
+            index = indexes[(port.node, port.ifname)]
+            maps.cfg.put(index, _cfg_bytes(port, topo.link_rate_bps, topo.mtu))
+            by_node.setdefault(port.node, []).append(index)
+        for node, node_indexes in by_node.items():
+            batch = _TcBatch()
+            for index in node_indexes:
+                batch.clsact(index)
+                batch.bpf_egress(index, prog_fd)
+            with netns.entered(fabric.netns(node)):
+                batch.send()
+    finally:
+        os.close(prog_fd)
+    return len(ports)
+
+
+class _Maps:
+    def __init__(self, name: str) -> None:
+        directory = pin_dir(name)
+        if not (directory / "ports_state").exists():
+            raise PortsError(f"fabric {name!r} has no port programs ({directory} does not exist): its topology has no "
+                             f"link_rate, so there is no queue to model (give the topology a link_rate)")
+        try:
+            self.cfg = bpfobj.MapHandle(bpfobj.obj_get(directory / "ports_cfg"), _CFG.size)
+            self.state = bpfobj.MapHandle(bpfobj.obj_get(directory / "ports_state"), _STATE.size, locked=True)
+        except bpfobj.BpfError as exc:
+            raise PortsError(f"{exc} (needs root)") from None
+
+    def close(self) -> None:
+        self.cfg.close()
+        self.state.close()
+
+
+_open_maps: weakref.WeakKeyDictionary[Fabric, _Maps] = weakref.WeakKeyDictionary()
+
+
+def _maps_of(fabric: Fabric) -> _Maps:
+    """The fabric's maps, opened once per Fabric handle."""
+    maps = _open_maps.get(fabric)
+    if maps is None or maps.cfg.fd < 0:
+        maps = _open_maps[fabric] = _Maps(fabric.name)
+        weakref.finalize(fabric, maps.close)
+    return maps
+
+
+def attached(fabric: Fabric) -> bool:
+    return (pin_dir(fabric.name) / "ports_state").exists()
+
+
+def set_rate(fabric: Fabric, node: str, rate_bps: float) -> None:
+    """The virtual queues of `node`'s ports drain at `rate_bps` from now on (TBF was reshaped:
+    time dilation runs links at rate / K). Nothing if the fabric has no port programs."""
+    if not attached(fabric):
+        return
+    topo = fabric.topology
+    maps = _maps_of(fabric)
+    for port, index in _by_node(topo).get(node, []):
+        epoch = _CFG.unpack(maps.cfg.get(index))[-1]
+        maps.cfg.put(index, _cfg_bytes(port, rate_bps, topo.mtu, epoch))
+
+
+def reset(fabric: Fabric) -> None:
+    """Zero every port's counters (queues keep their state): the program sees a new epoch and
+    zeroes them under the port's lock at its next packet; counters() reads zeros until then."""
+    maps = _maps_of(fabric)
+    for _, index in _served(fabric):
+        cfg = list(_CFG.unpack(maps.cfg.get(index)))
+        cfg[-1] = (cfg[-1] + 1) & 0xFFFFFFFF
+        maps.cfg.put(index, _CFG.pack(*cfg))
+
+
+def _served(fabric: Fabric) -> list[tuple[PortConfig, int]]:
+    """Every port the program serves, with its interface index."""
+    indexes = _indexes(fabric.topology)
+    return [(port, indexes[(port.node, port.ifname)]) for port in fabric.topology.egress_ports()]
+
+
+@functools.lru_cache(maxsize=8)
+def _by_node(topo: Topology) -> dict[str, list[tuple[PortConfig, int]]]:
+    indexes = _indexes(topo)
+    out: dict[str, list[tuple[PortConfig, int]]] = {}
+    for port in topo.egress_ports():
+        out.setdefault(port.node, []).append((port, indexes[(port.node, port.ifname)]))
+    return out
+
+
+def counters(fabric: Fabric, node: str | None = None) -> dict[str, dict[str, dict[str, Any]]]:
+    """{node: {ifname: {packets, bytes, max_queue, ce_marked, trimmed, dropped, queue_hist, hist_width,
+    queue_p50, queue_p99, config}}} of every port the program serves (or only `node`'s), since
+    attach or the last reset. packets/bytes: what the port passed (trimmed ones at their short
+    size); dropped: refused above the buffer; queue_hist[i]: arrivals that found a queue of
+    (i-1, i] x hist_width bytes (bucket 0: an empty queue; the last bucket: that or more)."""
+    served = _served(fabric)
+    if node is not None and not any(port.node == node for port, _ in served):
+        fabric.topology.node(node)
+        raise PortsError(f"{node} has no port program: host egress ports are served only with `port: {{hosts: on}}`"
+                         if fabric.topology.nodes[node].role.value == "host" else f"{node} has no port program")
+    maps = _maps_of(fabric)
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for port, index in served:
+        if node is not None and port.node != node:
+            continue
+        epoch = _CFG.unpack(maps.cfg.get(index))[-1]
+        values = _STATE.unpack(maps.state.get(index))
+        fresh = values[1] == epoch
+        numbers = values[5:5 + len(COUNTERS)] if fresh else (0,) * len(COUNTERS)
+        hist = list(values[5 + len(COUNTERS):]) if fresh else [0] * HIST_BUCKETS
+        entry: dict[str, Any] = dict(zip(COUNTERS, numbers))
+        entry.update(queue_hist=hist, hist_width=port.hist_width,
+                     queue_p50=quantile(hist, port.hist_width, 0.5), queue_p99=quantile(hist, port.hist_width, 0.99),
+                     config=port.to_dict())
+        out.setdefault(port.node, {})[port.ifname] = entry
+    return out
+
+
+def queue_now(fabric: Fabric, node: str, ifname: str) -> int:
+    """The port's virtual backlog now, in bytes (what its next packet would find): the virtual
+    queue drained at the shaped rate since its last packet."""
+    index = _indexes(fabric.topology)[(node, ifname)]
+    maps = _maps_of(fabric)
+    cfg = _CFG.unpack(maps.cfg.get(index))
+    _, _, queue, _, last_ns, *_ = _STATE.unpack(maps.state.get(index))
+    now = time.monotonic_ns()  # bpf_ktime_get_ns is CLOCK_MONOTONIC
+    return max(0, queue - cfg[0] * max(0, now - last_ns) // 1_000_000_000)
+
+
+def quantile(hist: list[int], width: int, q: float) -> int | None:
+    """The queue (bytes, the upper edge of its bucket: 0 for bucket 0, i x width for bucket i) that
+    a fraction q of arrivals found at most."""
+    total = sum(hist)
+    if total == 0:
+        return None
+    need = q * total
+    seen = 0
+    for i, count in enumerate(hist):
+        seen += count
+        if seen >= need:
+            return i * width
+    return (len(hist) - 1) * width
+
+
+def delta(before: dict, after: dict) -> dict:
+    """after - before of two counters() results: counts and histograms subtract; max_queue is
+    the window's highest histogram bucket edge (a maximum does not subtract)."""
+    out: dict = {}
+    for node, ifaces in after.items():
+        for ifname, now in ifaces.items():
+            was = before.get(node, {}).get(ifname)
+            if was is None:
+                out.setdefault(node, {})[ifname] = now
+                continue
+            entry = {k: now[k] - was[k] for k in COUNTERS if k != "max_queue"}
+            hist = [a - b for a, b in zip(now["queue_hist"], was["queue_hist"])]
+            width = now["hist_width"]
+            top = max((i for i, c in enumerate(hist) if c), default=None)
+            entry.update(max_queue=None if top is None else top * width, queue_hist=hist, hist_width=width,
+                         queue_p50=quantile(hist, width, 0.5), queue_p99=quantile(hist, width, 0.99),
+                         config=now["config"])
+            out.setdefault(node, {})[ifname] = entry
+    return out

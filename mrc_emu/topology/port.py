@@ -1,0 +1,297 @@
+"""The switch port model of a topology: buffer, ECN and trim thresholds of every egress port.
+
+Why it exists: the fabric's port program (fabric/bpf/port.bpf.c) needs numbers per egress port,
+and the experiments and reports need the same numbers (is the queue's p99 under Kmax?). They
+come from the topology file's `port:` block and `base_rtt`, resolved here once, as pure data:
+defaults follow UEC 1.0's recommendations relative to the plane BDP (link_rate x base_rtt):
+probabilistic ECN between 0.2 and 0.8 BDP, trimming at 1 BDP (1.5 BDP on the last hop, the
+port that faces a host), a buffer of 4 BDP. Sizes are bytes (`parse_size`) or BDP multiples
+("0.8bdp"). This module never touches the kernel.
+
+    base_rtt: 1ms
+    port:
+      buffer: 4bdp
+      ecn: {kmin: 0.2bdp, kmax: 0.8bdp, pmax: 0.2}     # or: ecn: off
+      trim: {threshold: 1bdp, lasthop_threshold: 1.5bdp, bytes: 28}   # or: trim: off
+      hosts: off                                       # host egress ports too?
+      links:                                           # overrides, per link
+        - {link: [p0l0, h1], ecn: off}                 # both egress ports of the link
+        - {link: [p0l0, p0s0], from: p0l0, buffer: 64k}  # only p0l0's egress port
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+from typing import Any
+
+DEFAULT_BASE_RTT_NS = 1_000_000  # the emulator's endpoints answer in hundreds of us; see docs/fabric.md
+MIN_TRIM_BYTES = 28  # BTH 12 + RETH 16: PSN, address, R_Key and DMA length survive the trim
+MAX_TRIM_BYTES = 256  # the program's scratch buffer (port.bpf.c MAX_TRIM_BYTES)
+BDP_FLOOR_MTUS = 2  # a plane BDP below two packets would trim and mark every packet of a burst
+HIST_BUCKETS = 64  # port.bpf.c HIST_BUCKETS
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ns|us|ms|s)\s*$")
+_DURATION_UNITS = {"ns": 1, "us": 1_000, "ms": 1_000_000, "s": 1_000_000_000}
+_BDP_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*bdp\s*$", re.IGNORECASE)
+_PORT_KEYS = {"buffer", "ecn", "trim", "hosts", "links"}
+_OVERRIDE_KEYS = {"link", "from", "buffer", "ecn", "trim"}
+
+
+def parse_duration_ns(text: Any) -> int:
+    """'1ms', '500us', '2.5ms', '1s' -> nanoseconds; ValueError on anything else."""
+    m = _DURATION_RE.match(str(text))
+    if not m or float(m.group(1)) <= 0:
+        raise ValueError(f"{text!r} is not a duration above zero like '1ms', '500us' or '20000ns'")
+    return int(float(m.group(1)) * _DURATION_UNITS[m.group(2)])
+
+
+def format_duration(ns: int) -> str:
+    return f"{ns / 1000:g}us"
+
+
+@dataclass(frozen=True)
+class Amount:
+    """A queue size: bytes, or a multiple of the plane BDP."""
+
+    value: float
+    bdp: bool = False
+
+    def bytes(self, bdp_bytes: int) -> int:
+        return max(1, round(self.value * bdp_bytes)) if self.bdp else int(self.value)
+
+    def __str__(self) -> str:
+        return f"{self.value:g}bdp" if self.bdp else str(int(self.value))
+
+
+@dataclass(frozen=True)
+class Ecn:
+    kmin: Amount = Amount(0.2, True)
+    kmax: Amount = Amount(0.8, True)
+    pmax: float = 0.2
+
+
+@dataclass(frozen=True)
+class Trim:
+    threshold: Amount = Amount(1.0, True)
+    lasthop_threshold: Amount = Amount(1.5, True)
+    bytes: int = MIN_TRIM_BYTES
+
+
+@dataclass(frozen=True)
+class PortSpec:
+    """What a `port:` block (or one of its link overrides) says; None: off."""
+
+    buffer: Amount = Amount(4.0, True)
+    ecn: Ecn | None = Ecn()
+    trim: Trim | None = Trim()
+
+
+@dataclass(frozen=True)
+class Override:
+    link: tuple[str, str]
+    from_node: str | None
+    fields: dict[str, Any]  # the keys given, parsed: buffer, ecn, trim
+
+    def applies(self, node: str, peer: str) -> bool:
+        return {node, peer} == set(self.link) and self.from_node in (None, node)
+
+
+@dataclass(frozen=True)
+class PortModel:
+    """The parsed `port:` block and `base_rtt` of a topology."""
+
+    base_rtt_ns: int = DEFAULT_BASE_RTT_NS
+    defaults: PortSpec = PortSpec()
+    hosts: bool = False
+    overrides: tuple[Override, ...] = ()
+    raw: Any = None  # the block as written, so a stored topology reproduces it
+
+    def spec_for(self, node: str, peer: str) -> PortSpec:
+        spec = self.defaults
+        for override in self.overrides:
+            if override.applies(node, peer):
+                spec = replace(spec, **override.fields)
+        return spec
+
+
+@dataclass(frozen=True)
+class PortConfig:
+    """One egress port, resolved to bytes: what the port program is told."""
+
+    node: str
+    ifname: str
+    peer: str
+    lasthop: bool  # faces a host
+    rate_bps: float
+    bdp_bytes: int
+    buffer: int
+    ecn: bool
+    kmin: int
+    kmax: int
+    pmax: float
+    trim: bool
+    trim_threshold: int
+    trim_bytes: int
+
+    @property
+    def hist_width(self) -> int:
+        """Bytes per bucket of the queue histogram: bucket 0 counts arrivals at an empty queue,
+        bucket i the queues in ((i-1) w, i w]; the buffer spread over buckets 1..63."""
+        return max(1, -(-self.buffer // (HIST_BUCKETS - 1)))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in ("peer", "lasthop", "bdp_bytes", "buffer", "ecn", "kmin", "kmax", "pmax",
+                                              "trim", "trim_threshold", "trim_bytes")}
+
+
+def plane_bdp(rate_bps: float, base_rtt_ns: int, mtu: int) -> int:
+    """Plane BDP in bytes: link rate x base RTT, at least BDP_FLOOR_MTUS packets."""
+    return max(int(rate_bps / 8 * base_rtt_ns / 1e9), BDP_FLOOR_MTUS * mtu)
+
+
+def tbf_shape(rate_bps: float, mtu: int) -> tuple[int, int]:
+    """(bytes per second, bucket bytes) of the TBF that shapes a port (fabric/build.py shape_node):
+    the one definition, since the port program subtracts the bucket from its virtual queue."""
+    rate = int(rate_bps / 8)
+    return rate, max(mtu * 4, rate // 1000)
+
+
+TBF_LATENCY_US = 50_000  # the longest a packet waits in a port's TBF (its limit: rate x this + bucket)
+
+
+def tbf_limit(rate_bps: float, mtu: int) -> int:
+    """Bytes a port's TBF holds before it drops: the ceiling of any buffer the program models."""
+    rate, burst = tbf_shape(rate_bps, mtu)
+    return rate * TBF_LATENCY_US // 1_000_000 + burst
+
+
+def resolve(model: PortModel, node: str, ifname: str, peer: str, lasthop: bool, rate_bps: float, mtu: int) -> PortConfig:
+    """The numbers of one egress port from the model, the link rate and the MTU."""
+    spec = model.spec_for(node, peer)
+    bdp = plane_bdp(rate_bps, model.base_rtt_ns, mtu)
+    ecn, trim = spec.ecn, spec.trim
+    threshold = (trim.lasthop_threshold if lasthop else trim.threshold).bytes(bdp) if trim else 0
+    return PortConfig(
+        node=node, ifname=ifname, peer=peer, lasthop=lasthop, rate_bps=rate_bps, bdp_bytes=bdp,
+        buffer=spec.buffer.bytes(bdp), ecn=ecn is not None,
+        kmin=ecn.kmin.bytes(bdp) if ecn else 0, kmax=ecn.kmax.bytes(bdp) if ecn else 0,
+        pmax=ecn.pmax if ecn else 0.0, trim=trim is not None, trim_threshold=threshold,
+        trim_bytes=trim.bytes if trim else MIN_TRIM_BYTES,
+    )
+
+
+# ---- parsing --------------------------------------------------------------------------------
+
+class PortError(ValueError):
+    """A `port:` block field is invalid; the message names the field (model.py adds file and line)."""
+
+    def __init__(self, fld: str, problem: str) -> None:
+        super().__init__(problem)
+        self.field = fld
+
+
+def _amount(value: Any, fld: str) -> Amount:
+    if isinstance(value, str) and (m := _BDP_RE.match(value)):
+        if float(m.group(1)) <= 0:
+            raise PortError(fld, f"{value!r} must be above zero")
+        return Amount(float(m.group(1)), True)
+    from .model import parse_size
+
+    try:
+        return Amount(parse_size(value))
+    except ValueError as exc:
+        raise PortError(fld, f"{exc}, or a multiple of the plane BDP like '0.8bdp'") from None
+
+
+def _off(value: Any) -> bool:
+    return value is False or (isinstance(value, str) and value.lower() == "off")  # YAML 1.1 reads `off` as False
+
+
+def _mapping(value: Any, fld: str, known: set[str]) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise PortError(fld, f"{value!r} is not a mapping (or 'off')")
+    unknown = sorted(set(map(str, value)) - known)
+    if unknown:
+        raise PortError(f"{fld}.{unknown[0]}", f"unknown field (known: {', '.join(sorted(known))})")
+    return value
+
+
+def _ecn(value: Any, fld: str) -> Ecn | None:
+    if _off(value):
+        return None
+    data = _mapping(value, fld, {"kmin", "kmax", "pmax"})
+    base = Ecn()
+    kmin = _amount(data["kmin"], f"{fld}.kmin") if "kmin" in data else base.kmin
+    kmax = _amount(data["kmax"], f"{fld}.kmax") if "kmax" in data else base.kmax
+    pmax = data.get("pmax", base.pmax)
+    if isinstance(pmax, bool) or not isinstance(pmax, (int, float)) or not 0 < pmax <= 1:
+        raise PortError(f"{fld}.pmax", f"{pmax!r} is not a probability in (0, 1]")
+    if kmin.bdp == kmax.bdp and kmin.value >= kmax.value:
+        raise PortError(f"{fld}.kmax", f"kmax ({kmax}) must be above kmin ({kmin})")
+    return Ecn(kmin, kmax, float(pmax))
+
+
+def _trim(value: Any, fld: str) -> Trim | None:
+    if _off(value):
+        return None
+    data = _mapping(value, fld, {"threshold", "lasthop_threshold", "bytes"})
+    base = Trim()
+    threshold = _amount(data["threshold"], f"{fld}.threshold") if "threshold" in data else base.threshold
+    if "lasthop_threshold" in data:
+        lasthop = _amount(data["lasthop_threshold"], f"{fld}.lasthop_threshold")
+    else:
+        lasthop = Amount(threshold.value * 1.5, threshold.bdp)
+    nbytes = data.get("bytes", base.bytes)
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or not MIN_TRIM_BYTES <= nbytes <= MAX_TRIM_BYTES \
+            or nbytes % 4:
+        raise PortError(f"{fld}.bytes", f"{nbytes!r} is not a multiple of 4 in {MIN_TRIM_BYTES}..{MAX_TRIM_BYTES} "
+                                        f"(UDP payload bytes a trimmed packet keeps: BTH + RETH at least)")
+    return Trim(threshold, lasthop, nbytes)
+
+
+def _fields(data: dict[str, Any], fld: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if "buffer" in data:
+        out["buffer"] = _amount(data["buffer"], f"{fld}.buffer")
+    if "ecn" in data:
+        out["ecn"] = _ecn(data["ecn"], f"{fld}.ecn")
+    if "trim" in data:
+        out["trim"] = _trim(data["trim"], f"{fld}.trim")
+    return out
+
+
+def parse(port: Any, base_rtt: Any, node_names: set[str]) -> PortModel:
+    """The `port:` block and `base_rtt` of a topology file; PortError names the bad field."""
+    base_rtt_ns = DEFAULT_BASE_RTT_NS
+    if base_rtt is not None:
+        try:
+            base_rtt_ns = parse_duration_ns(base_rtt)
+        except ValueError as exc:
+            raise PortError("base_rtt", str(exc)) from None
+    if port is None:
+        return PortModel(base_rtt_ns)
+    data = _mapping(port, "port", _PORT_KEYS)
+    defaults = replace(PortSpec(), **_fields(data, "port"))
+    hosts = data.get("hosts", False)
+    if isinstance(hosts, str) and hosts.lower() in ("on", "off"):
+        hosts = hosts.lower() == "on"
+    if not isinstance(hosts, bool):
+        raise PortError("port.hosts", f"{hosts!r} is not on or off")
+    overrides = []
+    links = data.get("links", [])
+    if not isinstance(links, list):
+        raise PortError("port.links", "expected a list of overrides like {link: [p0l0, h1], ecn: off}")
+    for i, item in enumerate(links):
+        fld = f"port.links[{i}]"
+        item = _mapping(item, fld, _OVERRIDE_KEYS)
+        ends = item.get("link")
+        if not (isinstance(ends, list) and len(ends) == 2 and all(isinstance(e, str) for e in ends)):
+            raise PortError(f"{fld}.link", f"{ends!r} is not a pair of node names like [p0l0, h1]")
+        for end in ends:
+            if end not in node_names:
+                raise PortError(f"{fld}.link", f"no node {end!r} in this topology")
+        from_node = item.get("from")
+        if from_node is not None and from_node not in ends:
+            raise PortError(f"{fld}.from", f"{from_node!r} is not an end of link {ends}")
+        overrides.append(Override((ends[0], ends[1]), from_node, _fields(item, fld)))
+    return PortModel(base_rtt_ns, defaults, hosts, tuple(overrides), port)

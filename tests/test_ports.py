@@ -1,0 +1,150 @@
+"""The port model without root: the `port:` block, its validation, the threshold arithmetic, and
+the pieces of fabric/ports.py that need no kernel (value layouts, quantiles, deltas)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+
+import pytest
+
+from mrc_emu.fabric import ports
+from mrc_emu.topology import TopologyError, builtin, from_dict
+from mrc_emu.topology.port import HIST_BUCKETS, parse_duration_ns, plane_bdp, tbf_shape
+
+BASE = {**builtin().to_dict(), "link_rate": "400mbit"}
+
+
+def _topo(**extra):
+    return from_dict({**BASE, **extra}, "t.yaml", {k: i + 1 for i, k in enumerate({**BASE, **extra})})
+
+
+def _port(topo, node, peer):
+    return next(p for p in topo.egress_ports() if p.node == node and p.peer == peer)
+
+
+def test_defaults_follow_uec_relative_to_the_plane_bdp():
+    topo = _topo()
+    bdp = 400e6 / 8 * 1e-3  # 400 Mbit/s x the default base RTT of 1 ms = 50,000 bytes
+    fabric_port, last_hop = _port(topo, "p0s0", "p0l0"), _port(topo, "p0l0", "h0")
+    assert fabric_port.bdp_bytes == bdp
+    assert (fabric_port.kmin, fabric_port.kmax, fabric_port.pmax) == (0.2 * bdp, 0.8 * bdp, 0.2)
+    assert fabric_port.trim_threshold == bdp and last_hop.trim_threshold == 1.5 * bdp
+    assert fabric_port.buffer == 4 * bdp and fabric_port.trim_bytes == 28
+    assert last_hop.lasthop and not fabric_port.lasthop
+    assert fabric_port.hist_width * (HIST_BUCKETS - 1) >= fabric_port.buffer
+
+
+def test_every_switch_port_is_served_and_host_ports_only_when_asked():
+    topo = _topo()
+    switch_ports = sum(len(topo.links_of(n)) for n, node in topo.nodes.items() if node.role.value != "host")
+    assert len(topo.egress_ports()) == switch_ports
+    assert len(_topo(port={"hosts": "on"}).egress_ports()) == 2 * len(topo.links)
+    assert from_dict(builtin().to_dict(), "<x>").egress_ports() == []  # no link rate: no queue to model
+
+
+def test_base_rtt_and_bdp_units_and_overrides():
+    topo = _topo(base_rtt="2ms", port={
+        "buffer": "100k", "ecn": {"kmin": "5k", "kmax": "0.5bdp", "pmax": 1},
+        "links": [{"link": ["p0l0", "h0"], "ecn": "off"}, {"link": ["p0l0", "p0s0"], "from": "p0s0", "trim": "off"}]})
+    bdp = 400e6 / 8 * 2e-3
+    port = _port(topo, "p0s1", "p0l0")
+    assert (port.buffer, port.kmin, port.kmax, port.pmax) == (100_000, 5000, 0.5 * bdp, 1.0)
+    assert not _port(topo, "p0l0", "h0").ecn and _port(topo, "p0l0", "h1").ecn
+    assert not _port(topo, "p0s0", "p0l0").trim and _port(topo, "p0l0", "p0s0").trim  # `from` picks one direction
+    assert from_dict(topo.to_dict(), "<again>").egress_ports() == topo.egress_ports()
+
+
+def test_a_tiny_bdp_is_floored_at_two_packets():
+    assert plane_bdp(1e6, 1_000_000, 9000) == 18_000
+    assert plane_bdp(400e6, 1_000_000, 9000) == 50_000
+
+
+def test_tbf_shape_is_the_one_definition():
+    assert tbf_shape(400e6, 9000) == (50_000_000, 50_000)
+    assert tbf_shape(10e6, 9000) == (1_250_000, 36_000)
+
+
+@pytest.mark.parametrize("extra, message", [
+    ({"port": {"ecn": {"kmin": "1bdp", "kmax": "0.5bdp"}}}, "field 'port.ecn.kmax': kmax (0.5bdp) must be above kmin"),
+    ({"port": {"ecn": {"pmax": 0}}}, "'port.ecn.pmax': 0 is not a probability"),
+    ({"port": {"trim": {"bytes": 30}}}, "'port.trim.bytes': 30 is not a multiple of 4"),
+    ({"port": {"trim": {"bytes": 24}}}, "BTH + RETH at least"),
+    ({"port": {"buffer": "lots"}}, "'port.buffer': 'lots' is not a size"),
+    ({"port": {"color": "red"}}, "'port.color': unknown field"),
+    ({"port": {"hosts": "maybe"}}, "'port.hosts': 'maybe' is not on or off"),
+    ({"port": {"links": [{"link": ["h0", "h1"]}]}}, "'port.links[0].link': no link between h0 and h1"),
+    ({"port": {"links": [{"link": ["p0l0", "zz"]}]}}, "no node 'zz'"),
+    ({"port": {"links": [{"link": ["p0l0", "h0"], "from": "h1"}]}}, "'port.links[0].from': 'h1' is not an end"),
+    ({"port": {"ecn": {"kmin": "50k", "kmax": "0.8bdp"}}}, "kmax (40000 B) must be above kmin (50000 B)"),
+    ({"base_rtt": "fast"}, "field 'base_rtt': 'fast' is not a duration"),
+    ({"port": "on"}, "'port': 'on' is not a mapping"),
+])
+def test_invalid_port_blocks_give_one_line_naming_file_line_and_field(extra, message):
+    with pytest.raises(TopologyError) as err:
+        _topo(**extra)
+    text = str(err.value)
+    assert message in text and text.startswith("t.yaml, line ") and "\n" not in text
+
+
+def test_durations():
+    assert parse_duration_ns("1ms") == 1_000_000 and parse_duration_ns("2.5us") == 2500
+    with pytest.raises(ValueError):
+        parse_duration_ns("0ms")
+
+
+def test_config_values_pack_to_the_c_struct():
+    port = _port(_topo(), "p0l0", "h0")
+    raw = ports._cfg_bytes(port, 400e6, 9000, epoch=7)
+    fields = ports._CFG.unpack(raw)
+    assert fields[0] == 50_000_000 and fields[2] == 50_000  # the virtual queue drains at TBF's rate; its bucket
+    assert fields[1] == ports.PORT_ENABLED | ports.PORT_ECN | ports.PORT_TRIM | ports.PORT_LASTHOP
+    assert fields[6] == round(0.2 * 2**32) and fields[-1] == 7
+    assert ports._CFG.size == 48 and ports._STATE.size == 8 + 8 * (9 + HIST_BUCKETS)
+
+
+@pytest.mark.skipif(ports.missing_object() is not None or shutil.which("bpftool") is None,
+                    reason="needs the compiled port program and bpftool (scripts/install.sh)")
+def test_python_layouts_match_the_compiled_object():
+    btf = json.loads(subprocess.run(["bpftool", "-j", "btf", "dump", "file", str(ports.OBJECT)],
+                                    capture_output=True, text=True, check=True).stdout)
+    sizes = {t["name"]: t["size"] for t in btf["types"] if t.get("kind") == "STRUCT" and "name" in t}
+    assert sizes["port_cfg"] == ports._CFG.size and sizes["port_state"] == ports._STATE.size
+
+
+def test_quantiles_and_deltas():
+    hist = [10] + [0] * (HIST_BUCKETS - 1)
+    assert ports.quantile(hist, 100, 0.99) == 0  # bucket 0: the queue was empty
+    hist[5] = 90
+    assert ports.quantile(hist, 100, 0.5) == 500 and ports.quantile([0] * HIST_BUCKETS, 100, 0.5) is None
+    cfg = {"buffer": 6300}
+    before = {"n": {"e": {"packets": 5, "bytes": 50, "max_queue": 900, "ce_marked": 1, "trimmed": 0, "dropped": 0,
+                          "queue_hist": [5] + [0] * (HIST_BUCKETS - 1), "hist_width": 100, "config": cfg}}}
+    after_hist = [5, 0, 3] + [0] * (HIST_BUCKETS - 3)
+    after = {"n": {"e": {**before["n"]["e"], "packets": 8, "ce_marked": 3, "queue_hist": after_hist}}}
+    d = ports.delta(before, after)["n"]["e"]
+    assert (d["packets"], d["ce_marked"], d["max_queue"], d["queue_p99"]) == (3, 2, 200, 200)
+
+
+def test_tc_messages_equal_pyroute2():
+    from pyroute2.netlink import NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REQUEST
+    from pyroute2.netlink.rtnl.tcmsg import tcmsg
+
+    def encode(msg, kind, seq):
+        msg["header"].update(type=kind, flags=NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL, sequence_number=seq,
+                             pid=0)
+        msg.encode()
+        return bytes(msg.data)
+
+    qdisc = tcmsg()
+    qdisc["family"], qdisc["index"], qdisc["handle"], qdisc["parent"], qdisc["info"] = 0, 40, 0xFFFF0000, 0xFFFFFFF1, 0
+    qdisc["attrs"] = [("TCA_KIND", "clsact")]
+    bpf = tcmsg()
+    bpf["family"], bpf["index"], bpf["handle"], bpf["parent"], bpf["info"] = 0, 40, 1, 0xFFFFFFF3, (1 << 16) | 0x0300
+    bpf["attrs"] = [("TCA_KIND", "bpf"), ("TCA_OPTIONS", {"attrs": [
+        ("TCA_BPF_FD", 7), ("TCA_BPF_NAME", "mrc-port"), ("TCA_BPF_FLAGS", 1)]})]
+    batch = ports._TcBatch()
+    batch.clsact(40)
+    batch.bpf_egress(40, 7)
+    assert batch.messages() == [encode(qdisc, 36, 1), encode(bpf, 44, 2)]

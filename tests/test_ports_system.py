@@ -1,0 +1,274 @@
+"""The port program on a real shaped fabric: CE marks, trims, drops and counters (needs root).
+
+Two senders (h0 via spine 0, h1 via spine 1) burst to h2 at line rate each, so the last hop
+p0l1 -> h2 sees twice its rate and its queue builds; frames come from the project's encoder
+(qp_paths templates) and leave each host's raw socket, as scripts/bench_transport.py does.
+
+    h0 --- p0l0 --- p0s0 --- p0l1 --- h2      (the bottleneck: p0l1's port to h2)
+    h1 --- p0l0 --- p0s1 --- p0l1
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import struct
+import time
+
+import pytest
+
+from mrc_emu.fabric import build, netns, ops, ports
+from mrc_emu.fabric.running import Fabric
+from mrc_emu.topology import EvFormat, from_dict
+from mrc_emu.transport.paths import qp_paths
+from mrc_emu.wire.format import DataPacket
+
+pytestmark = pytest.mark.system
+
+IPV6_RECVTCLASS, IPV6_TCLASS = 66, 67
+OP_ACK = 0x11
+PAYLOAD = 8000
+SHAPE = {"name": "ports", "planes": 1, "spines_per_plane": 2, "leaves_per_plane": 2, "hosts_per_leaf": 2,
+         "mtu": 9000, "link_rate": "400mbit"}
+
+
+@pytest.fixture(autouse=True)
+def _needs_object():
+    if reason := ports.missing_object():
+        pytest.skip(reason)
+
+
+def _fabric(name: str, **extra) -> Fabric:
+    build.up(from_dict({**SHAPE, **extra}, "<test>"), name)
+    return Fabric.open(name)
+
+
+def _frames(fabric: Fabric, src: str, ev: int, count: int, control_every: int = 0,
+            ev_format: EvFormat = EvFormat.SRV6) -> list[tuple[bytes, str]]:
+    path = qp_paths(fabric.topology, src, "h2", ev_format, ev_indexes=[ev]).forward[ev]
+    out = []
+    for psn in range(count):
+        frame = bytearray(path.template.data(DataPacket(5, psn, 0x1000 + psn * PAYLOAD, 7, bytes(PAYLOAD))))
+        if control_every and psn % control_every == 0:
+            udp = len(frame) - 4 - PAYLOAD - 16 - 12 - 8  # ICRC, payload, RETH, BTH, UDP header
+            frame[udp + 8] = OP_ACK  # an ACK's opcode: control, as big as data (its ICRC is wrong; no one checks)
+            frame[udp + 6:udp + 8] = struct.pack("!H", _udp_checksum(bytes(frame), udp))
+        out.append((bytes(frame), path.first_hop))
+    return out
+
+
+def _udp_checksum(frame: bytes, udp: int) -> int:
+    """The UDP checksum of the datagram at `udp` in an IPv6 frame whose innermost header ends there."""
+    inner = udp - 40
+    length = struct.unpack_from("!H", frame, udp + 4)[0]
+    data = frame[inner + 8:inner + 40] + struct.pack("!IxxxB", length, 17) + frame[udp:udp + 6] + b"\0\0" \
+        + frame[udp + 8:udp + length]
+    data += b"\0" * (len(data) % 2)
+    total = sum(struct.unpack(f"!{len(data) // 2}H", data))
+    while total >> 16:
+        total = (total & 0xFFFF) + (total >> 16)
+    return (~total & 0xFFFF) or 0xFFFF
+
+
+def _receiver(fabric: Fabric) -> tuple[socket.socket, socket.socket]:
+    """A UDP socket on h2:4791 that reports each datagram's traffic class, and a capture of h2's port."""
+    with netns.entered(fabric.node_path("h2")):
+        udp = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+        udp.setsockopt(socket.SOL_SOCKET, 33, 64 << 20)  # SO_RCVBUFFORCE: hold the whole burst
+        udp.setsockopt(socket.IPPROTO_IPV6, IPV6_RECVTCLASS, 1)
+        udp.bind((qp_paths(fabric.topology, "h0", "h2").dst_address, 4791))
+        cap = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x86DD))
+        cap.setsockopt(socket.SOL_SOCKET, 33, 64 << 20)
+        cap.bind(("h2-eth0", 0x86DD))  # Python swaps the protocol itself
+    udp.setblocking(False)
+    cap.setblocking(False)
+    return udp, cap
+
+
+def _burst(fabric: Fabric, per_sender: int, control_every: int = 0, ev_format: EvFormat = EvFormat.SRV6) -> int:
+    streams = [_frames(fabric, "h0", 0, per_sender, control_every, ev_format),
+               _frames(fabric, "h1", 1, per_sender, control_every, ev_format)]
+    socks = []
+    for host in ("h0", "h1"):
+        raw, unused = ops.host_sockets(fabric, host)
+        unused.close()
+        raw.setsockopt(socket.SOL_SOCKET, 32, 64 << 20)  # SO_SNDBUFFORCE: never block mid-burst
+        socks.append(raw)
+    try:
+        for i in range(per_sender):
+            for raw, frames in zip(socks, streams):
+                raw.sendto(frames[i][0], (frames[i][1], 0))
+    finally:
+        for raw in socks:
+            raw.close()
+    return 2 * per_sender
+
+
+def _drain(udp: socket.socket, expected: int, timeout: float = 10.0) -> list[tuple[bytes, int]]:
+    """(payload, traffic class) of each datagram, until `expected` arrived or nothing came for a while."""
+    got: list[tuple[bytes, int]] = []
+    deadline = time.monotonic() + timeout
+    quiet_until = None
+    while len(got) < expected and time.monotonic() < deadline:
+        try:
+            data, anc, _, _ = udp.recvmsg(1 << 16, 64)
+        except BlockingIOError:
+            now = time.monotonic()
+            quiet_until = quiet_until or now + 0.5  # dropped packets never come: stop once the port is quiet
+            if now > quiet_until:
+                break
+            time.sleep(0.001)  # polling a non-blocking socket, bounded by the deadline above
+            continue
+        quiet_until = None
+        tclass = next(struct.unpack("i", d[:4])[0] for lvl, typ, d in anc if typ == IPV6_TCLASS)
+        got.append((data, tclass))
+    return got
+
+
+def _captured(cap: socket.socket) -> list[bytes]:
+    out = []
+    while True:
+        try:
+            out.append(cap.recv(1 << 16))
+        except BlockingIOError:
+            return out
+
+
+def _port(fabric: Fabric, node: str, peer: str) -> dict:
+    (link,) = fabric.topology.links_between(node, peer)
+    return ports.counters(fabric, node)[node][fabric.topology.peer(link, node)[1]]
+
+
+def test_a_queue_marks_ce_and_trims_to_dscp_lasthop_with_a_valid_checksum(fabric_name):
+    with _fabric(fabric_name) as fabric:
+        udp, cap = _receiver(fabric)
+        ports.reset(fabric)
+        sent = _burst(fabric, 60, control_every=5)
+        got = _drain(udp, sent)
+        frames = _captured(cap)
+        port = _port(fabric, "p0l1", "h2")
+    build.down(fabric_name)
+
+    data = [(p, tc) for p, tc in got if p[0] != OP_ACK]
+    control = [(p, tc) for p, tc in got if p[0] == OP_ACK]
+    ce = [p for p, tc in data if tc & 3 == 3 and tc >> 2 == 0]
+    trimmed = [(p, tc) for p, tc in data if tc >> 2 == ports.DSCP_TRIMMED_LASTHOP]
+    assert ce, f"no CE-marked data packet among {len(data)}: {port}"
+    assert trimmed, f"no trimmed packet among {len(data)}: {port}"
+    assert all(len(p) == 28 for p, _ in trimmed)  # BTH + RETH
+    assert all(len(p) == 12 + 16 + PAYLOAD + 4 for p, tc in data if tc >> 2 == 0)
+    assert len(control) == sent // 5 and all(tc == 0x02 and len(p) > 28 for p, tc in control), "control was touched"
+    # the counters say what the receiver saw
+    assert port["ce_marked"] == len(ce) and port["trimmed"] == len(trimmed)
+    assert port["packets"] - len(got) in (0, 1, 2)  # a stray MLD report may pass the port too
+    assert port["dropped"] == sent - len(got)
+    assert port["max_queue"] <= port["config"]["buffer"]
+    # trimmed packets on h2's wire: every length consistent and the UDP checksum valid
+    short = [f for f in frames if len(f) < 400 and f[12:14] == b"\x86\xdd" and f[14 + 6] == 43]  # SRv6, short
+    assert len(short) >= len(trimmed)
+    for frame in short:
+        outer = frame[14:]
+        srh = 40 + 8 + 8 * outer[41]
+        inner = srh
+        udp_at = 14 + inner + 40
+        assert struct.unpack_from("!H", outer, 4)[0] == len(outer) - 40
+        assert struct.unpack_from("!H", outer, inner + 4)[0] == 8 + 28
+        assert struct.unpack_from("!H", frame, udp_at + 4)[0] == 8 + 28
+        assert struct.unpack_from("!H", frame, udp_at + 6)[0] == _udp_checksum(frame, udp_at)
+
+
+def test_usid_frames_without_an_srh_are_marked_and_trimmed_too(fabric_name):
+    with _fabric(fabric_name) as fabric:
+        udp, _ = _receiver(fabric)
+        ports.reset(fabric)
+        sent = _burst(fabric, 60, ev_format=EvFormat.SRV6_USID)
+        got = _drain(udp, sent)
+        port = _port(fabric, "p0l1", "h2")
+    build.down(fabric_name)
+    ce = sum(1 for _, tc in got if tc == 0x03)
+    trimmed = [p for p, tc in got if tc >> 2 == ports.DSCP_TRIMMED_LASTHOP]
+    assert ce and trimmed and all(len(p) == 28 for p in trimmed)
+    assert (port["ce_marked"], port["trimmed"], port["dropped"]) == (ce, len(trimmed), sent - len(got))
+
+
+def test_ecn_off_and_trim_off_drop_above_the_buffer_and_down_removes_the_pins(fabric_name):
+    with _fabric(fabric_name, port={"ecn": "off", "trim": "off", "buffer": "100k"}) as fabric:
+        udp, _ = _receiver(fabric)
+        ports.reset(fabric)
+        sent = _burst(fabric, 60)
+        got = _drain(udp, sent)
+        port = _port(fabric, "p0l1", "h2")
+        pins = ports.pin_dir(fabric_name)
+        assert pins.exists()
+    build.down(fabric_name)
+    assert not pins.exists(), "down left the pinned program and maps behind"
+    assert port["dropped"] > 0 and port["ce_marked"] == 0 and port["trimmed"] == 0
+    assert all(tc == 0x02 for _, tc in got)
+    assert port["dropped"] == sent - len(got)
+    assert port["max_queue"] <= 100_000
+
+
+def test_no_link_rate_attaches_nothing(fabric_name):
+    shape = {k: v for k, v in SHAPE.items() if k != "link_rate"}
+    build.up(from_dict(shape, "<test>"), fabric_name)
+    with Fabric.open(fabric_name) as fabric:
+        assert not ports.attached(fabric)
+        with pytest.raises(ports.PortsError, match="no link_rate"):
+            ports.counters(fabric)
+    build.down(fabric_name)
+    assert not os.path.exists(ports.pin_dir(fabric_name))
+
+
+def test_stats_command(fabric_name):
+    from click.testing import CliRunner
+
+    from mrc_emu.cli import main
+
+    with _fabric(fabric_name):
+        runner = CliRunner()
+        shown = runner.invoke(main, ["stats", "p0l1", "--json", "--name", fabric_name])
+        assert shown.exit_code == 0, shown.output
+        data = json.loads(shown.output)
+        assert set(data) == {"p0l1"} and all("ce_marked" in c and "queue_p99" in c for c in data["p0l1"].values())
+        table = runner.invoke(main, ["stats", "--name", fabric_name])
+        assert table.exit_code == 0 and "p0s1" in table.output and "trim 75000" in table.output
+        host = runner.invoke(main, ["stats", "h0", "--name", fabric_name])
+        assert host.exit_code == 1 and "hosts: on" in host.output
+    build.down(fabric_name)
+
+
+@pytest.mark.slow
+def test_large_attaches_every_switch_port_within_seconds(fabric_name):
+    from mrc_emu.topology import builtin
+
+    topo = from_dict({**builtin("large").to_dict(), "link_rate": "1gbit"}, "<large>")
+    result = build.up(topo, fabric_name)
+    try:
+        assert result.phases["ports"] < 3.0, result.phases
+        with Fabric.open(fabric_name) as fabric:
+            assert sum(len(p) for p in ports.counters(fabric).values()) == len(topo.egress_ports()) == 3072
+    finally:
+        build.down(fabric_name)
+    assert not ports.pin_dir(fabric_name).exists()
+
+
+def test_a_crashed_runs_pins_go_with_its_journal(fabric_name):
+    from mrc_emu.fabric import registry
+
+    with _fabric(fabric_name) as fabric:
+        pins = ports.pin_dir(fabric_name)
+        assert str(pins) in fabric.state().bpf_pins and (pins / "prog").exists()
+    registry.remove(fabric_name)  # what `clean` does for each journal a killed run left
+    assert not pins.exists()
+
+
+def test_a_reshaped_port_drains_its_virtual_queue_at_the_new_rate(fabric_name):
+    with _fabric(fabric_name) as fabric:
+        index = ports._indexes(fabric.topology)[("p0l1", "p0l1-eth0")]
+        build.shape_node(fabric, "p0l1", 100e6)  # what a run under time dilation 4 does
+        rate, _, burst = ports._CFG.unpack(ports._maps_of(fabric).cfg.get(index))[:3]
+        assert (rate, burst) == (12_500_000, 36_000)
+        build.shape_node(fabric, "p0l1", 400e6)
+        assert ports._CFG.unpack(ports._maps_of(fabric).cfg.get(index))[0] == 50_000_000
+    build.down(fabric_name)
