@@ -35,8 +35,11 @@ class RecordingCc(CongestionControl):
     def on_lost(self, now, ev, nbytes, srtt_ns, congestion):
         self.events.append(("lost", ev, nbytes, congestion))
 
-    def on_trimmed(self, now, ev, nbytes, srtt_ns):
-        self.events.append(("trimmed", ev, nbytes))
+    def on_trimmed(self, now, ev, nbytes, srtt_ns, last_hop=False):
+        self.events.append(("trimmed", ev, nbytes, last_hop))
+
+    def on_cnp(self, now):
+        self.events.append(("cnp",))
 
     def on_timeout(self, now, ev, nbytes, srtt_ns, congestion):
         self.events.append(("timeout", ev, nbytes, congestion))

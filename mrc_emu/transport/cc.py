@@ -45,10 +45,13 @@ class CongestionControl(ABC):
     def on_lost(self, now: int, ev: int, nbytes: int, srtt_ns: float, congestion: bool) -> None: ...
 
     @abstractmethod
-    def on_trimmed(self, now: int, ev: int, nbytes: int, srtt_ns: float) -> None: ...
+    def on_trimmed(self, now: int, ev: int, nbytes: int, srtt_ns: float, last_hop: bool = False) -> None: ...
 
     @abstractmethod
     def on_timeout(self, now: int, ev: int, nbytes: int, srtt_ns: float, congestion: bool) -> None: ...
+
+    def on_cnp(self, now: int) -> None:
+        """A DCQCN congestion notification packet arrived for this QP (default: ignored)."""
 
 
 CC_PROFILES: dict[str, Callable[..., CongestionControl]] = {}  # name -> factory(mtu=..., **options)
@@ -140,7 +143,7 @@ class Nscc(CongestionControl):
         if congestion and srtt_ns and srtt_ns - self.base_rtt > self.p.target_delay_ns / 2:
             self._decrease(now, 1 - self.p.max_md_jump, srtt_ns)
 
-    def on_trimmed(self, now: int, ev: int, nbytes: int, srtt_ns: float) -> None:
+    def on_trimmed(self, now: int, ev: int, nbytes: int, srtt_ns: float, last_hop: bool = False) -> None:
         self._decrease(now, 1 - self.p.max_md_jump, srtt_ns)
 
     def on_timeout(self, now: int, ev: int, nbytes: int, srtt_ns: float, congestion: bool) -> None:
@@ -165,7 +168,7 @@ class FixedWindow(CongestionControl):
     def on_lost(self, now: int, ev: int, nbytes: int, srtt_ns: float, congestion: bool) -> None:
         pass
 
-    def on_trimmed(self, now: int, ev: int, nbytes: int, srtt_ns: float) -> None:
+    def on_trimmed(self, now: int, ev: int, nbytes: int, srtt_ns: float, last_hop: bool = False) -> None:
         pass
 
     def on_timeout(self, now: int, ev: int, nbytes: int, srtt_ns: float, congestion: bool) -> None:

@@ -44,6 +44,8 @@ class QpConfig:
     pkey: int = fmt.DEFAULT_PKEY
     path_avoidance: bool = True  # False for the single-path baseline: no EV states, no probes
     recovery: RecoveryMode = RecoveryMode.SACK  # a RecoveryMode or its value ("sack", "go-back-n")
+    cnp: bool = False  # DCQCN's notification point: the responder answers CE marks with CNPs ...
+    cnp_interval_ns: int = 50_000  # ... at most one per this long per QP
 
     def __post_init__(self) -> None:
         if not 64 <= self.mtu <= 8192 or self.mtu % 4:
@@ -54,6 +56,8 @@ class QpConfig:
             raise ValueError("retries: linear 0..7, exponential 0..25 (25 = infinite)")
         if not 1 <= self.mpr <= 64:
             raise ValueError(f"MPR {self.mpr}: must be 1..64 (x128 PSNs)")
+        if self.cnp_interval_ns < 0:
+            raise ValueError(f"CNP interval {self.cnp_interval_ns} ns: must be >= 0")
         try:
             self.recovery = RecoveryMode(self.recovery)
         except ValueError:
