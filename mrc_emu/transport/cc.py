@@ -50,7 +50,7 @@ class CongestionControl(ABC):
     @abstractmethod
     def on_timeout(self, now: int, ev: int, nbytes: int, srtt_ns: float, congestion: bool) -> None: ...
 
-    def on_cnp(self, now: int) -> None:
+    def on_cnp(self, now: int) -> None:  # noqa: B027 - a hook with a default: only rate-based profiles react
         """A DCQCN congestion notification packet arrived for this QP (default: ignored)."""
 
 

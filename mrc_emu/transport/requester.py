@@ -335,7 +335,8 @@ class Requester:
         rec = self.recovery
         return {"packets_sent": self.packets_sent, "retransmits": self.retransmits, "bytes_acked": rec.bytes_acked,
                 "duplicates_acked": rec.duplicates_acked, "naks": self.naks, "timeouts": rec.timeouts,
-                "send_failures": self.send_failures, "trim_nacks": self.trim_nacks, "cnps": self.cnps, "probes_sent": self.prober.probes_sent,
+                "send_failures": self.send_failures, "trim_nacks": self.trim_nacks, "cnps": self.cnps,
+                "probes_sent": self.prober.probes_sent,
                 "probes_returned": self.prober.probes_returned, "probes_paced": self.prober.probes_paced,
                 "cwnd": int(self.cc.cwnd), "cc_decreases": self.cc.decreases, "stalled": self.stalled, "timers_deferred": rec.deferred,
                 "psns_sent": rec.next_psn - self.start_psn, "psns_acked": rec.una - self.start_psn}
