@@ -218,6 +218,29 @@ def test_tshark_decodes_every_packet_type(tmp_path):
     assert out.count("Routing Header for IPv6 (Segment Routing)") == 18
 
 
+@pytest.mark.skipif(shutil.which("tshark") is None, reason="tshark not installed (apt-get install tshark)")
+def test_tshark_decodes_a_trimmed_packet(tmp_path):
+    """A data packet as a trimming switch leaves it (28 bytes of UDP payload, DSCP_TRIMMED, CE
+    kept, lengths and UDP checksum consistent) decodes without a malformed error (docs/wire-format.md)."""
+    roce = encoder.encode_roce(fmt.DataPacket(0x22, 77, 0x1000, 0x99, bytes(1024)))
+    tclass = fmt.DSCP_TRIMMED << 2 | fmt.ECN_CE
+    inner = (layers.IPv6(src=SRC, dst=DST, tc=tclass, hlim=64) / layers.UDP(sport=0xC003, dport=4791)
+             / layers.Raw(roce[:fmt.TRIMMED_LEN]))
+    outer = (layers.IPv6(src=SRC, dst=EV.segments[0], tc=tclass, hlim=64)
+             / layers.IPv6ExtHdrSegmentRouting(addresses=list(reversed(EV.segments)), segleft=len(EV.segments) - 1,
+                                               lastentry=len(EV.segments) - 1, nh=41) / inner)
+    path = tmp_path / "trim.pcap"
+    writer = PcapWriter(str(path), linktype=229)
+    for frame in (inner, outer):
+        writer.write(raw(frame))
+    writer.close()
+    out = subprocess.run(["tshark", "-r", str(path), "-V", "-o", "ip.check_checksum:FALSE"],
+                         capture_output=True, text=True, check=True).stdout
+    assert "Malformed" not in out and "Expert Info (Error" not in out
+    assert out.count("RETH - RDMA Extended Transport Header") == 2 and "DMA Length: 1024" in out
+    assert "Traffic Class: 0x2b" in out
+
+
 @given(st.integers(0, 2**42))
 def test_ack_service_time_is_a_16_bit_float_within_a_thousandth(held):
     """The ACK's service time: exact below 2 us, rounded down by less than 1/1024 above, and
