@@ -165,12 +165,9 @@ class EvProfile:
 
     # ---- observations ------------------------------------------------------------------
 
-    def on_rtt(self, ev: int, rtt_ns: int, ecn: bool | None) -> None:
-        """An RTT sample of `ev`, and the ECN echo of the packet it came from (None: not known)."""
-        s = self.evs[ev]
-        s.rtt.update(rtt_ns)
-        if ecn is not None:
-            s.ecn += ECN_GAIN * ((1.0 if ecn else 0.0) - s.ecn)
+    def on_rtt(self, ev: int, rtt_ns: int) -> None:
+        """An RTT sample of `ev` (its ECN echo comes per packet, `on_ecn`)."""
+        self.evs[ev].rtt.update(rtt_ns)
 
     def on_delivered(self, ev: int, sent_ns: int, count: int = 1) -> None:
         """`count` packets delivered on `ev`, the latest of them sent at `sent_ns`."""

@@ -96,7 +96,7 @@ class Recovery:
             rtt = heard - echo.sent_ns
             echo_sent = echo.sent_ns
             sampled = echo.ev
-            self.profile.on_rtt(echo.ev, rtt, None)  # ECN comes from the ACK's CE counts, per packet
+            self.profile.on_rtt(echo.ev, rtt)  # ECN comes from the ACK's CE counts, per packet
         ce = {ev: count for ev, count in ack.ce_counts if ev in evs} if ack.ce_counts else None
         seen: dict[int, list[int]] = {}
         acked = 0
@@ -198,7 +198,7 @@ class Recovery:
             elif (echo_sent is not None and latest_tx == 1 and echo_sent - latest_sent <= rtt
                   and heard - latest_sent >= MIN_RTT_SAMPLE_NS):
                 sample = heard - latest_sent
-                profile.on_rtt(ev, sample, None)
+                profile.on_rtt(ev, sample)
             cc.on_acked(now, ev, nbytes, sample, evs[ev].rtt.srtt_ns, marked > 0)
         # an echo (sample) or CE marks on an EV that delivered nothing new
         for ev in ({sampled} | (ce.keys() if ce else set())) - seen.keys() - {None}:
