@@ -1,81 +1,256 @@
-"""Congestion control alone: events in, window out; profiles found by name."""
+"""Congestion control alone: events in, window out; profiles found by name; UEC NSCC's test vectors."""
 
 from __future__ import annotations
 
 import pytest
 
 from mrc_emu.transport import cc as cc_module
-from mrc_emu.transport.cc import CC_PROFILES, CongestionControl, FixedWindow, Nscc, NsccParams, make_cc, profile_names
+from mrc_emu.transport.cc import CC_PROFILES, CongestionControl, FixedWindow, make_cc, profile_names
+from mrc_emu.transport.nscc import DEFAULT_MAX_CWND, DELAY_GAIN, QA_THRESHOLD_OFF, Nscc, NsccParams
 
 US = 1000
+BASE = 12 * US  # NSCC.md §10: 100 Gb/s at both ends, config_base_rtt 12 us, trimming on, MTU 4096
 
 
-def nscc(**params) -> Nscc:
-    return Nscc(NsccParams(**{"base_rtt_ns": 10 * US, "target_delay_ns": 50 * US, "initial_cwnd": 100_000, **params}),
-                mtu=1024)
+def vector_cc(**state) -> Nscc:
+    """NSCC.md §10's set-up: cwnd 150 000, QA not eligible, no receiver penalty, period started at 0."""
+    cc = Nscc(mtu=4096, link_rate_bps=100e9, base_rtt_ns=BASE)
+    cc.cwnd = 150_000.0
+    cc.inflight = 200_000
+    cc.last_adjust_time = cc.last_dec_time = 0
+    cc.qa_endtime = 10**12  # far ahead: quick adapt is not eligible
+    for key, value in state.items():
+        assert hasattr(cc, key), key
+        setattr(cc, key, value)
+    return cc
 
 
-def test_nscc_shrinks_on_delay_and_grows_without():
-    cc = nscc()
-    start = cc.cwnd
-    for i in range(10):
-        cc.on_acked(i * 1000, 0, 4096, 12_000, 12_000, False)
-    assert cc.cwnd > start
-    grown = cc.cwnd
-    cc.on_acked(20_000, 0, 4096, 500_000, 500_000, False)
-    assert cc.cwnd < grown
-    shrunk = cc.cwnd
-    cc.on_acked(20_001, 0, 4096, 500_000, 500_000, False)  # at most one decrease per RTT
-    assert cc.cwnd == shrunk
+def ack(cc: Nscc, now: int, delay: int | None, ecn: bool = False, nbytes: int = 4096, **kw) -> None:
+    cc.on_acked(now, 0, nbytes, None if delay is None else BASE + delay, 0.0, ecn, **kw)
 
 
-def test_nscc_growth_follows_the_equation():
-    cc = nscc()
-    cc.on_acked(0, 0, 4096, None, 30 * US, False)  # delay 20 us of the 50 us target
-    assert cc.cwnd == pytest.approx(100_000 + 0.15 * 4096 * 30 / 50 + 1024 * 4096 / 100_000)
+def before_update(avg_after: float, sample: float) -> float:
+    """The avg_delay that the EWMA turns into `avg_after` with this one-packet sample: the
+    vectors give avg as the multiplicative decrease reads it, after OnACK's update_delay."""
+    return (avg_after - DELAY_GAIN * sample) / (1 - DELAY_GAIN)
 
 
-def test_nscc_reads_the_delay_of_the_ev_that_acknowledged():
-    """Each event carries its EV's srtt: a queue on one EV shrinks the window, a clean EV grows it."""
-    cc = nscc()
-    cc.on_acked(0, 1, 4096, None, 15 * US, False)
-    assert cc.cwnd > 100_000
-    before = cc.cwnd
-    cc.on_acked(1 * US, 2, 4096, None, 210 * US, False)  # EV 2: delay 200 us, four times the target
-    assert cc.cwnd == pytest.approx(before * max(1 - 0.8 * 150 / 200, 0.5))
+def test_the_parameters_derive_from_link_rate_base_rtt_and_mtu():
+    p = vector_cc().p
+    assert (p.target_delay, p.fi, p.eta, p.fi_scale, p.max_cwnd, p.adjust_bytes_threshold) == (
+        9 * US, pytest.approx(20_480), pytest.approx(614.4), pytest.approx(0.25), 225_000, 32_768)
+    assert (p.gamma, p.max_md_jump, p.qa_gate, p.adjust_period_threshold, p.qa_threshold) == (0.8, 0.5, 3, BASE, QA_THRESHOLD_OFF)
+    no_trim = Nscc(mtu=4096, link_rate_bps=100e9, base_rtt_ns=BASE, trimming=False).p
+    assert (no_trim.target_delay, no_trim.qa_threshold) == (BASE, 4 * BASE)
+    fresh = Nscc(mtu=4096, link_rate_bps=100e9, base_rtt_ns=BASE)
+    assert fresh.cwnd == fresh.max_wnd == 225_000  # MaxWnd is also the initial window
 
 
-def test_nscc_ecn_and_trims_halve_the_window_once_per_rtt():
-    cc = nscc()
-    cc.on_acked(0, 0, 4096, None, 20 * US, True)
-    assert cc.cwnd == 50_000
-    cc.on_trimmed(10 * US, 0, 1024, 20 * US)  # within the RTT the decrease holds for
-    assert cc.cwnd == 50_000
-    cc.on_trimmed(25 * US, 0, 1024, 20 * US)
-    assert cc.cwnd == 25_000 and cc.decreases == 2
+def test_without_a_link_rate_the_window_is_the_emulators_and_ocp_fields_override():
+    cc = make_cc("nscc", 4096)
+    assert cc.cwnd == cc.max_wnd == cc.p.max_cwnd == DEFAULT_MAX_CWND
+    given = make_cc("nscc", 4096, 100e9, BASE, gamma=0.5, max_cwnd=300_000, disable_qa=True)
+    assert (given.p.gamma, given.cwnd, given.p.disable_qa, given.p.fi) == (0.5, 300_000, True, pytest.approx(20_480))
+    assert Nscc(NsccParams(target_delay=5 * US), mtu=4096).p.target_delay == 5 * US
+
+
+def test_vector_01_proportional_increase_is_batched():
+    cc = vector_cc()
+    ack(cc, 1 * US, 3 * US)
+    assert cc.inc_bytes == pytest.approx(33_554_432, rel=1e-12) and cc.cwnd == 150_000
+
+
+def test_vector_02_fulfil_on_bytes():
+    cc = vector_cc(received_bytes=30_000)  # this ACK takes it past 32 768; the period has not elapsed
+    ack(cc, 1 * US, 3 * US)
+    assert cc.cwnd == pytest.approx(150_000 + 33_554_432 / 150_000) == pytest.approx(150_223.70, abs=0.005)
+    assert cc.inc_bytes == 0 and cc.received_bytes == 0
+
+
+def test_vector_03_fair_increase_and_eta_when_the_period_elapsed():
+    cc = vector_cc()
+    ack(cc, 12 * US, 10 * US)
+    assert cc.cwnd == pytest.approx(150_000 + 20_480 * 4096 / 150_000 + 614.4) == pytest.approx(151_173.64, abs=0.005)
+    assert cc.last_adjust_time == 12 * US
+
+
+def test_vector_04_ecn_without_delay_changes_nothing_but_counters():
+    cc = vector_cc()
+    ack(cc, 1 * US, 3 * US, ecn=True)
+    assert cc.cwnd == 150_000 and cc.inc_bytes == 0 and cc.received_bytes == 4096 and cc.decreases == 0
+
+
+@pytest.mark.parametrize("avg_us, expected", [(18, 90_000), (90, 75_000)])  # vectors 5 and 6 (factor 0.28 clamped to 0.5)
+def test_vectors_05_06_multiplicative_decrease(avg_us, expected):
+    cc = vector_cc(avg_delay=before_update(avg_us * US, 10 * US), last_adjust_time=19 * US)
+    ack(cc, 20 * US, 10 * US, ecn=True)  # the last cut 20 us ago
+    assert cc.avg_delay == pytest.approx(avg_us * US)
+    assert cc.cwnd == pytest.approx(expected) and cc.last_dec_time == 20 * US and cc.decreases == 1
+
+
+@pytest.mark.parametrize("state", [{"last_dec_time": 15 * US, "avg_delay": before_update(18 * US, 10 * US)},
+                                   {"avg_delay": before_update(9 * US, 10 * US)}], ids=["cut-within-base-rtt", "avg-at-target"])
+def test_vector_07_no_cut_but_fast_increase_state_cleared(state):
+    cc = vector_cc(increase_mode=True, fi_count=50_000, last_adjust_time=19 * US, **state)
+    ack(cc, 20 * US, 10 * US, ecn=True)
+    assert cc.cwnd == 150_000 and not cc.increase_mode and cc.fi_count == 0 and cc.decreases == 0
+
+
+@pytest.mark.parametrize("cwnd, expected", [(150_000, 151_024), (224_500, 225_000)])
+def test_vector_08_fast_increase_is_immediate_and_capped(cwnd, expected):
+    cc = vector_cc(cwnd=float(cwnd), fi_count=cwnd)  # this ACK takes fi_count past cwnd
+    ack(cc, 1 * US, 500)
+    assert cc.cwnd == expected and cc.increase_mode and cc.inc_bytes == 0
+
+
+def test_vector_09_a_trim_after_the_first_period_quick_adapts():
+    cc = vector_cc(qa_endtime=5 * US, achieved_bytes=20_000, inflight=100_000, inc_bytes=1e6, received_bytes=10_000)
+    cc.on_trimmed(10 * US, 0, 4136, 0.0)
+    assert cc.cwnd == 20_000 and cc.bytes_to_ignore == 100_000 - 4136 and cc.bytes_ignored == 0
+    assert cc.inc_bytes == 0 and cc.received_bytes == 0 and cc.qa_endtime == 10 * US + 21 * US and not cc.trigger_qa
+
+
+def test_vector_10_a_trim_within_the_period_takes_its_bytes_and_arms_quick_adapt():
+    cc = vector_cc(qa_endtime=15 * US, achieved_bytes=0)
+    cc.on_trimmed(10 * US, 0, 4136, 0.0)
+    assert cc.cwnd == 145_864 and cc.trigger_qa
+    ack(cc, 14 * US, 3 * US)  # before qa_endtime: no quick adapt yet (a fulfilled increase instead)
+    assert cc.trigger_qa and cc.cwnd > 145_864
+    ack(cc, 15 * US, 3 * US)  # the first eligible ACK: the window becomes what was delivered in the period
+    assert cc.cwnd == 8192 and not cc.trigger_qa
+
+
+def test_vector_11_a_trim_in_the_ignore_phase_moves_nothing():
+    cc = vector_cc(bytes_to_ignore=100_000, bytes_ignored=0, qa_endtime=5 * US, achieved_bytes=0)
+    cc.on_trimmed(10 * US, 0, 4136, 0.0)
+    assert cc.cwnd == 150_000 and cc.bytes_ignored == 4136
+
+
+@pytest.mark.parametrize("rccc, expected", [(True, 150_000), (False, 145_864)])
+def test_vector_12_a_last_hop_trim_with_rccc_on_only_feeds_the_delay(rccc, expected):
+    cc = vector_cc(rccc=rccc, qa_endtime=15 * US)
+    cc.on_trimmed(10 * US, 0, 4136, 0.0, last_hop=True)
+    assert cc.cwnd == expected and cc.avg_delay == pytest.approx(DELAY_GAIN * 12 * US)
+    assert cc.trigger_qa is not rccc
+
+
+def test_vector_13_the_receivers_penalty_caps_the_window_and_blocks_increase():
+    cc = vector_cc(inflight=100_000 + 4096)  # 100 000 once this ACK is counted (OnACK step 1)
+    ack(cc, 1 * US, 3 * US, rcv_cwnd_pend=64)
+    assert cc.saved_cwnd == 150_000 and cc.cwnd == 97_952 and cc.inc_bytes == 0
+    ack(cc, 2 * US, 3 * US, restore_cwnd=True)
+    assert cc.cwnd == 150_000 and cc.saved_cwnd == 0
+
+
+def test_vector_14_a_smaller_rtt_is_the_new_base_rtt_and_rescales_max_wnd():
+    cc = vector_cc()
+    cc.on_acked(1 * US, 0, 4096, 10 * US, 0.0, False)
+    assert cc.base_rtt == 10 * US and cc.max_wnd == pytest.approx(187_500)
+    given = Nscc(mtu=4096, link_rate_bps=100e9, base_rtt_ns=BASE, max_cwnd=225_000)
+    given.on_acked(1 * US, 0, 4096, 10 * US, 0.0, False)
+    assert given.base_rtt == 10 * US and given.max_wnd == 225_000  # a max_cwnd given is kept
+
+
+def test_vector_15_the_very_first_trim_cannot_quick_adapt():
+    cc = vector_cc(qa_endtime=0, achieved_bytes=0)
+    cc.on_trimmed(10 * US, 0, 4136, 0.0)
+    assert cc.cwnd == 145_864 and cc.qa_endtime == 31 * US and cc.trigger_qa
 
 
 @pytest.mark.parametrize("event", ["on_lost", "on_timeout"])
-def test_nscc_shrinks_for_a_loss_only_when_it_is_congestion_with_a_queue(event):
-    cc = nscc()
-    getattr(cc, event)(0, 0, 1024, 20 * US, True)  # delay 10 us: no queue, a lossy path
-    getattr(cc, event)(0, 0, 1024, 60 * US, False)  # a queue, but one of a run on a failing path
-    assert cc.cwnd == 100_000
-    getattr(cc, event)(0, 0, 1024, 60 * US, True)  # delay 50 us > target / 2
-    assert cc.cwnd == 50_000
+def test_vector_16_a_loss_or_timeout_takes_its_bytes_never_below_an_mtu(event):
+    cc = vector_cc()
+    getattr(cc, event)(1 * US, 0, 4136, 0.0, True)
+    assert cc.cwnd == 145_864 and cc.inflight == 200_000 - 4136 and cc.bytes_ignored == 4136
+    small = vector_cc(cwnd=5000.0)
+    getattr(small, event)(1 * US, 0, 4136, 0.0, True)
+    assert small.cwnd == 4096
 
 
-def test_nscc_learns_base_rtt_from_the_smallest_sample_and_stays_in_bounds():
-    cc = Nscc(NsccParams(target_delay_ns=50 * US, initial_cwnd=8192, min_cwnd=4096, max_cwnd=16_384), mtu=1024)
-    for rtt in (40 * US, 25 * US, 30 * US):
-        cc.on_acked(0, 0, 0, rtt, rtt, False)
-    assert cc.base_rtt == 25 * US
-    for i in range(100):
-        cc.on_acked(i, 0, 65_536, None, 25 * US, False)
-    assert cc.cwnd == 16_384
-    for i in range(20):
-        cc.on_acked(i * 10_000 * US, 0, 0, None, 5000 * US, True)
-    assert cc.cwnd == 4096
+# ---- NSCC's behaviour over many events ----------------------------------------------------
+
+
+@pytest.mark.parametrize("event", ["on_lost", "on_timeout"])
+def test_a_loss_on_a_failing_path_is_not_congestion(event):
+    cc = vector_cc()
+    getattr(cc, event)(1 * US, 0, 4136, 0.0, False)  # one of a run on a failing EV: the EV states handle it
+    assert cc.cwnd == 150_000 and cc.inflight == 200_000 - 4136
+
+
+def test_ecn_with_delay_cuts_at_most_once_per_base_rtt():
+    cc = Nscc(mtu=4096, link_rate_bps=100e9, base_rtt_ns=BASE)
+    cc.on_sent(0, 0, 200_000)
+    cuts = []
+    for now in range(1 * US, 200 * US, 1 * US):
+        before = cc.cwnd
+        ack(cc, now, 40 * US, ecn=True, nbytes=16_384)
+        if cc.cwnd < before:
+            cuts.append(now)
+    assert len(cuts) >= 5 and cc.decreases >= len(cuts)  # (cuts at the one-MTU floor count, but move nothing)
+    assert all(later - earlier > BASE for earlier, later in zip(cuts, cuts[1:], strict=False))
+
+
+def test_delay_without_ecn_increases_fairly():
+    """A queue without a mark is another EV's queue or the path's: UEC adds fi per window, it does not cut."""
+    cc = vector_cc(cwnd=100_000.0)
+    for i in range(1, 10):  # 9 ACKs of 4 KiB, 40 us of queueing each: the 9th passes 32 KiB and fulfils
+        ack(cc, i * US, 40 * US)
+    assert cc.cwnd == pytest.approx(100_000 + 9 * cc.p.fi * 4096 / 100_000) and cc.decreases == 0
+    for i in range(10, 100):
+        ack(cc, i * US, 40 * US)
+    assert cc.cwnd > 110_000 and cc.decreases == 0
+
+
+def test_an_invalid_rtt_moves_counters_only():
+    cc = vector_cc()
+    ack(cc, 20 * US, None, ecn=True)
+    assert cc.cwnd == 150_000 and cc.inflight == 200_000 - 4096 and cc.received_bytes == 4096 and cc.avg_delay == 0
+
+
+def test_quick_adapt_cannot_fire_in_the_first_window():
+    """Without trimming a delay above qa_threshold arms quick adapt, but qa_endtime starts at 0:
+    the first window only starts the period; the first ACK after it may collapse the window."""
+    cc = Nscc(mtu=4096, link_rate_bps=100e9, base_rtt_ns=BASE, trimming=False)
+    huge = 10 * cc.p.qa_threshold
+    ack(cc, 0, huge)
+    assert cc.cwnd == 225_000 and cc.qa_endtime == 0 + BASE + BASE  # base_rtt + target (1.0 base_rtt)
+    ack(cc, 10 * US, huge)  # still within the first period
+    assert cc.cwnd == 225_000
+    ack(cc, 24 * US, huge)  # the period is over and it delivered 8 KiB < max_wnd >> 3
+    assert cc.cwnd == 2 * 4096 and cc.decreases == 1  # what the period's ACKs delivered (the first one only started it)
+    assert cc.bytes_to_ignore == cc.inflight and cc.bytes_ignored == 0
+
+
+def test_marks_on_what_was_in_flight_at_a_quick_adapt_are_ignored():
+    cc = vector_cc(qa_endtime=5 * US, achieved_bytes=20_000, inflight=100_000)
+    cc.on_trimmed(10 * US, 0, 4136, 0.0)
+    assert cc.cwnd == 20_000
+    ack(cc, 40 * US, 40 * US, ecn=True, nbytes=8192)  # ECN and delay, but part of what was already in flight
+    assert cc.cwnd == 20_000 and cc.decreases == 1
+
+
+def test_near_zero_delay_turns_into_fast_increase_after_a_window():
+    cc = vector_cc(cwnd=40_000.0)
+    now = 0
+    while not cc.increase_mode and now < 100 * US:  # a window's worth of ACKs with a delay of about zero
+        now += 100
+        before = cc.fi_count
+        ack(cc, now, 200)
+    assert cc.increase_mode and before + 4096 > cc.cwnd - 1024
+    grown = cc.cwnd
+    ack(cc, now + 100, 200)
+    assert cc.cwnd == min(grown + 1024, cc.max_wnd)  # fast increase: at once, n * fi_scale
+    ack(cc, now + 200, 5 * US)  # delay back: fast increase ends
+    assert not cc.increase_mode and cc.fi_count == 0
+
+
+def test_inflight_follows_sends_and_acknowledgements():
+    cc = make_cc("nscc", 4096)
+    cc.on_sent(0, 0, 3 * 4096)
+    cc.on_acked(1, 0, 4096, 50 * US, 0.0, False)
+    assert cc.inflight == 2 * 4096
+    cc.on_acked(2, 0, 5 * 4096, 50 * US, 0.0, False)  # more than is in flight (an ACK of a packet declared lost)
+    assert cc.inflight == 0
 
 
 def test_fixed_window_never_moves():
@@ -84,15 +259,18 @@ def test_fixed_window_never_moves():
     cc.on_sent(0, 0, 1024)
     cc.on_acked(0, 0, 4096, 10 * US, 10 * US, True)
     cc.on_lost(0, 0, 1024, 10_000 * US, True)
-    cc.on_trimmed(0, 0, 1024, 10 * US)
+    cc.on_trimmed(0, 0, 1024, 10 * US, last_hop=True)
     cc.on_timeout(0, 0, 1024, 10_000 * US, True)
-    assert cc.cwnd == 64 * 1024
+    cc.on_cnp(0)
+    cc.advance(10**9)
+    assert cc.cwnd == 64 * 1024 and cc.pacing_rate_bps is None and cc.next_timer() is None
 
 
 def test_profiles_are_found_by_name():
     assert profile_names() == list(CC_PROFILES) and {"nscc", "fixed"} <= set(profile_names())
     built = make_cc("nscc", 2048)
     assert isinstance(built, Nscc) and built.mtu == 2048 and built.name == "nscc"
+    assert "dcqcn" in profile_names()
     with pytest.raises(ValueError, match="unknown CC profile 'cubic' .*nscc"):
         make_cc("cubic", 1024)
 

@@ -218,6 +218,20 @@ def summary_rows(results: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
+def flow_rows(results: dict[str, Any]) -> list[list[str]]:
+    """Per-transport flow figures of a multi-flow run (incast, all-to-all, ring): none for one WRITE."""
+    rows = [["transport", "flows", "FCT p50", "FCT p99", "FCT max", "Jain", "ACK timeouts", "trim NACKs", "CNPs"]]
+    for transport, run in results["runs"].items():
+        f = run.get("flows")
+        if not f or f["flows"] < 2:
+            continue
+        ms = f["fct_ms"]
+        rows.append([transport, str(f["flows"]), *("-" if ms[k] is None else f"{ms[k]:.1f} ms" for k in ("p50", "p99", "max")),
+                     "-" if f["jain"] is None else f"{f['jain']:.3f}", f"{f['timeouts']:,}", f"{f['trim_nacks']:,}",
+                     f"{f['cnps']:,}"])
+    return rows if len(rows) > 1 else []
+
+
 def table(rows: list[list[str]]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows)
@@ -250,6 +264,10 @@ def markdown(results: dict[str, Any]) -> str:
               "its level in the 50 ms before it (docs/results.md).", ""]
     for note in results["notes"]:
         lines.append(f"- {note}")
+    if flows := flow_rows(results):
+        lines += ["", "## Flows", "", "| " + " | ".join(flows[0]) + " |", "|" + "---|" * len(flows[0])]
+        lines += ["| " + " | ".join(r) + " |" for r in flows[1:]]
+        lines += ["", "FCT: each WRITE's completion time; Jain: fairness of the flows' goodput (1 = equal shares)."]
     if emu := emulation_lines(results):
         lines += ["", "## Emulation", "", *[line if line.startswith("  ") else f"- {line}" for line in emu]]
     for what in ("goodput", "spray_share", "recovery"):

@@ -21,7 +21,7 @@ from pyroute2 import IPRoute
 from ..fabric import build, netns, ops, routing, static_routes
 from ..fabric.running import Fabric
 from ..topology import Role, evs_between
-from . import metrics
+from . import congestion, metrics
 from .fault_agent import After, Done, LinkFaultAgent
 from .faults import Fault
 from .scenario import Scenario
@@ -190,6 +190,7 @@ def _summarise(transport: Transport, results: Run, runs: list[FaultRun], pcap: s
         "faults": [fr.to_dict() for fr in runs],
         "transfers": transfers,
         "pcap": pcap,
+        "flows": congestion.flows(list(results)),  # per-flow figures: FCT percentiles, fairness, timeouts
         "emulation": results.emulation.to_dict(),
     }
 

@@ -5,8 +5,9 @@ detection, EV states and probes, congestion control) must run unchanged over an 
 network in virtual time (unit tests, no root) and over real sockets in a fabric. Modules:
 `config` (QP attributes, PSN arithmetic), `requester`, `responder`, `recovery` (sent-packet
 table, loss rules, timers, selective or go-back-N), `probing` (EV probes), `ev` (EV profile),
-`rtt` (one RTT estimator per EV), `cc` (congestion control profiles), `paths` (per-EV frame
-templates, and the driver interface); `_spray.c` the optional C send loop.
+`rtt` (one RTT estimator per EV), `cc` (congestion control profiles: `nscc` UEC's NSCC,
+`dcqcn` the RoCEv2 baseline's), `paths` (per-EV frame templates, and the driver interface);
+`_spray.c` the optional C send loop.
 
 What it must never do: touch a socket, read a clock, draw randomness itself (no socket,
 select, time, os or random imports: time comes in as `now`, randomness from an injected

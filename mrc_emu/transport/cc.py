@@ -1,39 +1,59 @@
-"""Congestion control profiles: how many bytes a QP may have in flight.
+"""Congestion control profiles: how many bytes a QP may have in flight, and how fast it may send.
 
 Why it exists: spraying spreads load, it does not limit it. A CC profile turns delay, ECN
-echoes, trims and losses into a window (bytes in flight). It is fed events by the requester
-and its recovery, and owns nothing else: no RTT estimator (each event carries the EV's srtt
-from that EV's one estimator, rtt.py), no packet table, no clock.
+echoes, trims, CNPs and losses into a window (bytes in flight) and, for a rate-based profile,
+a pacing rate. It is fed events by the requester and its recovery, and owns nothing else: no
+RTT estimator (each event carries the EV's srtt from that EV's one estimator, rtt.py, and the
+RTT sample of this ACK), no packet table, no clock (time comes with every event, and
+`advance(now)` lets a profile's own timers run when the requester pumps).
 
 Events (the unit is bytes on one EV; the requester batches the packets of one EV that one
 ACK or one send burst covers into one event, which keeps the per-packet cost of the data path
-down without changing any window arithmetic below, linear in bytes):
+down; a profile takes one event as one UEC OnACK of that many bytes):
   on_sent     bytes left on an EV
   on_acked    bytes newly acknowledged, with the RTT sample of that EV from this ACK (None if
-              none: Karn's rule) and the EV's srtt after it, and whether the ACK echoed ECN CE
+              none: Karn's rule), the EV's srtt after it, and whether the ACK says a packet of
+              that EV among those it newly acknowledges arrived CE-marked
   on_lost     bytes declared lost by a loss rule or a NAK; `congestion` is False when the loss
               is one of a run on a failing path (the EV states handle that, not the window)
-  on_trimmed  bytes a switch trimmed (the header arrived, the payload did not): a full queue
+  on_trimmed  a TRIM NACK: a switch trimmed the bytes (the header arrived, the payload did
+              not); `last_hop` when the port that trimmed faces the destination host
   on_timeout  bytes given up on by the ACK timeout
+  on_cnp      a DCQCN congestion notification packet arrived for this QP (default: nothing)
+A profile answers `cwnd` (bytes), `pacing_rate_bps` (None: the window alone limits) and
+`next_timer()` (when its own timers next change what it allows; None: never by themselves).
 Profiles register by name (`register`); `CC_PROFILES` maps the names to them, `make_cc` builds
-one. The default `nscc` is an NSCC-like delay-based window after UET's `uet-1.0-nscc` (its
-equations are in docs/transport.md); `fixed` keeps the window constant (baselines, tests).
+one for an MTU, a link rate and a base RTT. `nscc` (nscc.py: UEC 1.0 NSCC) is MRC's default,
+`dcqcn` (dcqcn.py) the RoCEv2 baseline's, `fixed` keeps the window constant (tests, comparisons).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import ClassVar
 
 
 class CongestionControl(ABC):
-    """A window in bytes, moved by per-packet (per-EV batch) events. Times are ns."""
+    """A window in bytes (and optionally a pacing rate), moved by per-packet (per-EV batch)
+    events. Times are ns, rates bit/s."""
 
     name: ClassVar[str]
     cwnd: float
-    decreases: int = 0  # how many times the window was cut (a profile that cuts counts them)
+    decreases: int = 0  # how many times the window (or rate) was cut (a profile that cuts counts them)
+
+    @property
+    def pacing_rate_bps(self) -> float | None:
+        """The rate the requester sends at most (None: no pacing, the window alone limits)."""
+        return None
+
+    def advance(self, now: int) -> None:
+        """Let the profile's own timers run up to `now` (the requester calls it as it pumps)."""
+        return None  # a window-only profile has no timers
+
+    def next_timer(self) -> int | None:
+        """When the profile's timers next change what it allows (None: not by themselves)."""
+        return None
 
     @abstractmethod
     def on_sent(self, now: int, ev: int, nbytes: int) -> None: ...
@@ -50,11 +70,12 @@ class CongestionControl(ABC):
     @abstractmethod
     def on_timeout(self, now: int, ev: int, nbytes: int, srtt_ns: float, congestion: bool) -> None: ...
 
-    def on_cnp(self, now: int) -> None:  # noqa: B027 - a hook with a default: only rate-based profiles react
-        """A DCQCN congestion notification packet arrived for this QP (default: ignored)."""
+    def on_cnp(self, now: int) -> None:
+        """A CNP arrived for this QP (only a DCQCN-like profile reacts)."""
+        return None  # a window profile hears congestion from ECN echoes, trims and losses instead
 
 
-CC_PROFILES: dict[str, Callable[..., CongestionControl]] = {}  # name -> factory(mtu=..., **options)
+CC_PROFILES: dict[str, Callable[..., CongestionControl]] = {}  # name -> factory(mtu=, link_rate_bps=, base_rtt_ns=, **options)
 
 
 def register(cls: type[CongestionControl]) -> type[CongestionControl]:
@@ -69,85 +90,15 @@ def profile_names() -> list[str]:
     return list(CC_PROFILES)
 
 
-def make_cc(name: str, mtu: int, **options) -> CongestionControl:
-    """The profile registered as `name` for packets of `mtu` payload bytes (options: the profile's own)."""
+def make_cc(name: str, mtu: int, link_rate_bps: float | None = None, base_rtt_ns: int | None = None,
+            **options) -> CongestionControl:
+    """The profile registered as `name` for packets of `mtu` payload bytes, on a QP whose slower
+    end's link runs at `link_rate_bps` over a fabric whose unloaded RTT is `base_rtt_ns` (both
+    emulated; None: unknown, e.g. an unshaped fabric); options: the profile's own."""
     factory = CC_PROFILES.get(name)
     if factory is None:
         raise ValueError(f"unknown CC profile {name!r} (known: {', '.join(CC_PROFILES)})")
-    return factory(mtu=mtu, **options)
-
-
-@dataclass
-class NsccParams:
-    base_rtt_ns: int = 0  # 0: learn it (the smallest RTT seen)
-    target_delay_ns: int = 2_000_000  # queueing delay above base_rtt the window aims at
-    max_cwnd: int = 2 * 1024 * 1024  # bytes
-    min_cwnd: int = 4096
-    initial_cwnd: int = 512 * 1024
-    eta: float = 0.15  # proportional increase gain
-    gamma: float = 0.8  # multiplicative decrease gain
-    fi: float = 1.0  # fair increase, MTUs per RTT
-    max_md_jump: float = 0.5  # largest fraction a single decrease removes
-
-
-@register
-class Nscc(CongestionControl):
-    """Delay-driven window: grow while the delay is below target, shrink in proportion above it.
-
-    Per acknowledgement of `acked` bytes on an EV whose srtt is s (delay d = s - base_rtt):
-      d <= target and no ECN:  cwnd += eta * acked * (target - d) / target  +  fi * mtu * acked / cwnd
-      d >  target or ECN:      once per RTT, cwnd *= max(1 - gamma * (d - target) / d, 1 - max_md_jump)
-    A loss or an ACK timeout shrinks the window by max_md_jump, once per RTT, when it looks like
-    congestion and the EV's delay shows a queue (d > target/2): a loss without queueing is a
-    lossy or failing path, which the spray weights and EV states handle. A trim is a queue that
-    overflowed: it shrinks the window as an ECN mark does. cwnd stays in [min_cwnd, max_cwnd].
-    """
-
-    name = "nscc"
-
-    def __init__(self, params: NsccParams | None = None, mtu: int = 4096) -> None:
-        self.p = params or NsccParams()
-        self.mtu = mtu
-        self.cwnd = float(min(self.p.initial_cwnd, self.p.max_cwnd))
-        self.base_rtt = self.p.base_rtt_ns
-        self._hold_until = 0  # no second decrease within one RTT
-        self.decreases = 0
-
-    def _decrease(self, now: int, factor: float, srtt_ns: float) -> None:
-        if now < self._hold_until:
-            return
-        self.cwnd = max(self.p.min_cwnd, self.cwnd * factor)
-        self._hold_until = now + int(srtt_ns or self.p.target_delay_ns)
-        self.decreases += 1
-
-    def on_sent(self, now: int, ev: int, nbytes: int) -> None:
-        pass  # the window limits what the requester has in flight; sending itself changes nothing
-
-    def on_acked(self, now: int, ev: int, nbytes: int, rtt_ns: int | None, srtt_ns: float, ecn: bool) -> None:
-        p = self.p
-        if rtt_ns is not None and rtt_ns > 0 and p.base_rtt_ns == 0 and (self.base_rtt == 0 or rtt_ns < self.base_rtt):
-            self.base_rtt = rtt_ns
-        delay = max(0.0, srtt_ns - self.base_rtt) if srtt_ns else 0.0
-        if ecn or delay > p.target_delay_ns:
-            factor = 1 - p.max_md_jump
-            if delay > p.target_delay_ns:
-                factor = max(1 - p.gamma * (delay - p.target_delay_ns) / delay, factor)
-            self._decrease(now, factor, srtt_ns)
-            return
-        if nbytes:
-            grow = p.eta * nbytes * (p.target_delay_ns - delay) / p.target_delay_ns
-            grow += p.fi * self.mtu * nbytes / self.cwnd
-            self.cwnd = min(p.max_cwnd, self.cwnd + grow)
-
-    def on_lost(self, now: int, ev: int, nbytes: int, srtt_ns: float, congestion: bool) -> None:
-        if congestion and srtt_ns and srtt_ns - self.base_rtt > self.p.target_delay_ns / 2:
-            self._decrease(now, 1 - self.p.max_md_jump, srtt_ns)
-
-    def on_trimmed(self, now: int, ev: int, nbytes: int, srtt_ns: float, last_hop: bool = False) -> None:
-        self._decrease(now, 1 - self.p.max_md_jump, srtt_ns)
-
-    def on_timeout(self, now: int, ev: int, nbytes: int, srtt_ns: float, congestion: bool) -> None:
-        self.on_lost(now, ev, nbytes, srtt_ns, congestion)
+    return factory(mtu=mtu, link_rate_bps=link_rate_bps, base_rtt_ns=base_rtt_ns, **options)
 
 
 @register
@@ -156,8 +107,9 @@ class FixedWindow(CongestionControl):
 
     name = "fixed"
 
-    def __init__(self, window: int = 512 * 1024, mtu: int = 4096) -> None:
-        self.cwnd = float(window)
+    def __init__(self, window: int = 512 * 1024, mtu: int = 4096, link_rate_bps: float | None = None,
+                 base_rtt_ns: int | None = None) -> None:
+        self.cwnd = float(window)  # the same on any link
 
     def on_sent(self, now: int, ev: int, nbytes: int) -> None:
         pass
@@ -173,3 +125,6 @@ class FixedWindow(CongestionControl):
 
     def on_timeout(self, now: int, ev: int, nbytes: int, srtt_ns: float, congestion: bool) -> None:
         pass
+
+
+from . import dcqcn, nscc  # noqa: E402, F401  (the profiles register themselves on import)

@@ -46,6 +46,10 @@ class QpConfig:
     recovery: RecoveryMode = RecoveryMode.SACK  # a RecoveryMode or its value ("sack", "go-back-n")
     cnp: bool = False  # DCQCN's notification point: the responder answers CE marks with CNPs ...
     cnp_interval_ns: int = 50_000  # ... at most one per this long per QP
+    # for the CC profile (cc.make_cc), in the transport's (emulated) time: under time dilation K the
+    # topology's rate, not the rate / K the links are shaped to; None: unknown (an unshaped fabric)
+    link_rate_bps: float | None = None  # the slower end's link rate (NSCC's BDP, DCQCN's line rate)
+    base_rtt_ns: int | None = None  # the fabric's unloaded RTT over its longest path (NSCC's config_base_rtt)
 
     def __post_init__(self) -> None:
         if not 64 <= self.mtu <= 8192 or self.mtu % 4:
@@ -58,6 +62,10 @@ class QpConfig:
             raise ValueError(f"MPR {self.mpr}: must be 1..64 (x128 PSNs)")
         if self.cnp_interval_ns < 0:
             raise ValueError(f"CNP interval {self.cnp_interval_ns} ns: must be >= 0")
+        if self.link_rate_bps is not None and self.link_rate_bps <= 0:
+            raise ValueError(f"link rate {self.link_rate_bps}: must be positive (or None: unknown)")
+        if self.base_rtt_ns is not None and self.base_rtt_ns <= 0:
+            raise ValueError(f"base RTT {self.base_rtt_ns} ns: must be positive (or None: unknown)")
         try:
             self.recovery = RecoveryMode(self.recovery)
         except ValueError:

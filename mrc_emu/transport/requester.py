@@ -12,10 +12,12 @@ a CNP goes to the congestion control (DCQCN's reaction point). A sans-IO state m
 from __future__ import annotations
 
 import itertools
+import math
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..wire import format as fmt
 from ..wire.decoder import decode_udp
 from ..wire.encoder import payload_sums
 from ..wire.format import AckPacket, CnpPacket, DropReason, ProbePacket, Syndrome, TrimNackPacket
@@ -33,6 +35,10 @@ except ImportError:  # pragma: no cover - the extension was not built
 
 RECHECK_NS = 100_000  # a timer put off for the driver's horizon is looked at again at least this much later,
 RECHECK_MAX_NS = 2_000_000  # and at most this much later (a horizon seen far behind may be a moment's lag)
+PACE_DEPTH_PACKETS = 1  # a paced QP's token bucket holds this many packets' bytes beyond the one it may send at 0,
+PACE_DEPTH_NS = 50_000  # or this long at its rate if more (a loop cannot wake every few us to send one packet)
+# per data packet on the wire beside its payload: inner IPv6, UDP, BTH, RETH, ICRC (the outer headers per path)
+DATA_OVERHEAD = fmt.IPV6_LEN + fmt.UDP_LEN + fmt.BTH_LEN + fmt.RETH_LEN + fmt.ICRC_LEN
 
 _FATAL_NAKS = {
     Syndrome.NAK_INVALID_REQUEST: "invalid request",
@@ -83,7 +89,7 @@ class Requester:
         self.dest_qp = dest_qp
         self.paths = paths
         self.config = config or QpConfig()
-        self.cc = cc or make_cc("nscc", self.config.mtu)
+        self.cc = cc or make_cc("nscc", self.config.mtu, self.config.link_rate_bps, self.config.base_rtt_ns)
         self.profile = EvProfile(sorted(paths), ev_min_active=ev_min_active)
         self.recovery = Recovery(self.config, self.profile, self.cc, start_psn)
         self.sent = self.recovery.sent
@@ -110,6 +116,12 @@ class Requester:
         # the C send loop records into the sent-packet table (None: the Python loop sends every packet)
         self._spray = _spray.spray if c_loop and _spray is not None and self._heads else None
         self._last_now = 0
+        # pacing (a CC profile with a rate): a token bucket in wire bytes, refilled by `now`; it may
+        # go below zero by the packet that emptied it, and the next packet waits until it is back at 0
+        self._frame_overhead = DATA_OVERHEAD + max(len(p.template.encap.outer) for p in paths.values())
+        self._pace_tokens = math.inf  # inf: not paced
+        self._pace_at = 0
+        self._pace_rate: float | None = None
 
     # ---- API -----------------------------------------------------------------------------
 
@@ -203,7 +215,10 @@ class Requester:
         much), or, for a batch the C loop hands to a batch sender at once, the batch's; without it
         every packet of the burst is stamped `now` (virtual time).
         `horizon`, when given, is the time up to which the driver has seen everything that
-        arrived anywhere in the emulation: loss timers are judged at min(now, horizon)."""
+        arrived anywhere in the emulation: loss timers are judged at min(now, horizon).
+        A CC profile with a pacing rate (DCQCN) gets no more than that rate in wire bytes: a
+        token bucket of a packet or two (or PACE_DEPTH_NS at the rate), refilled by `now`, caps
+        each burst, and `next_wakeup` says when the next packet may go."""
         self._last_now = now
         self.recovery.horizon = horizon
         if self.error is not None:
@@ -219,6 +234,7 @@ class Requester:
         cfg, rec = self.config, self.recovery
         table = rec.sent
         mtu, burst, pkey, dest_qp = cfg.mtu, cfg.burst, cfg.pkey, self.dest_qp
+        tokens, overhead = self._refill(now), self._frame_overhead
         cwnd = self.cc.cwnd
         window_end = rec.una + cfg.window
         pick, paths, pkts, flight, retx = self.profile.pick, self.paths, table.pkts, table.flight, table.retx
@@ -226,7 +242,7 @@ class Requester:
         evs, queue, writers, heads, spray = self.profile.evs, self.queue, self._writers, self._heads, self._spray
         sent = 0
         next_psn = rec.next_psn
-        while sent < burst and table.bytes_in_flight < cwnd:
+        while sent < burst and table.bytes_in_flight < cwnd and tokens >= 0:
             if retx:
                 pkt = pkts.get(retx.popleft())
                 if pkt is None or pkt.psn in flight:
@@ -237,9 +253,13 @@ class Requester:
                 wr = queue[0]
                 if spray is not None:  # a run of full-MTU first transmissions, in C
                     schedule, cursor = self.profile.schedule_at()
+                    budget = burst - sent
+                    if tokens != math.inf:  # paced: as many full packets as the bucket allows
+                        budget = min(budget, int(tokens // (mtu + overhead)) + 1)
                     n, next_psn, table.bytes_in_flight, cursor, failed, counts = spray(
-                        table, heads, paths, mtu, wr, send, now, next_psn, window_end, burst - sent,
+                        table, heads, paths, mtu, wr, send, now, next_psn, window_end, budget,
                         table.bytes_in_flight, cwnd, schedule, cursor, clock)
+                    tokens -= n * (mtu + overhead)
                     self.profile.advance(cursor)
                     for ev, count in counts.items():
                         evs[ev].packets_sent += count
@@ -286,9 +306,24 @@ class Requester:
             evs[ev].packets_sent += 1
             cc_sent(stamp, ev, length)
             sent += 1
+            tokens -= length + overhead
             if not left:
                 self._send_failed(ev, stamp)
         rec.next_psn = next_psn
+        self._pace_tokens = tokens
+
+    def _refill(self, now: int) -> float:
+        """The pacing bucket at `now` (inf when the CC profile does not pace)."""
+        self.cc.advance(now)
+        rate = self._pace_rate = self.cc.pacing_rate_bps
+        if rate is None:
+            self._pace_at = now
+            return math.inf
+        cost = self.config.mtu + self._frame_overhead
+        depth = max(PACE_DEPTH_PACKETS * cost, rate * PACE_DEPTH_NS / 8e9)
+        tokens = min(depth, self._pace_tokens + (now - self._pace_at) * rate / 8e9)
+        self._pace_at = now
+        return 0.0 if -1e-6 < tokens < 0 else tokens  # refills split over several pumps add up to rounding
 
     def _send_failed(self, ev: int, now: int) -> None:
         """A frame never left (the host's own port is down): count it against the EV now. The
@@ -306,9 +341,14 @@ class Requester:
     def next_wakeup(self) -> int | None:
         if self.error is not None:
             return None
-        if self._can_send():
-            return self._last_now
         wakes = []
+        if self._can_send():
+            if self._pace_tokens >= 0:
+                return self._last_now
+            # paced: when the bucket is back at zero, or sooner if the profile's rate climbs first
+            wakes.append(self._pace_at + math.ceil(-self._pace_tokens * 8e9 / self._pace_rate))
+            if (climb := self.cc.next_timer()) is not None:
+                wakes.append(max(climb, self._last_now))
         if (deadline := self.recovery.next_deadline()) is not None:
             if deadline <= self._last_now:
                 # due already but put off: the emulation had seen only up to `known`, and its

@@ -1,0 +1,100 @@
+"""Figures of a congestion experiment: utilisation, fairness, completion times, queues, trims.
+
+Why it exists: issue 12's incasts are judged by a handful of numbers that must mean the same in
+the scenario report, `scripts/bench_congestion.py` and the tests: the bottleneck's utilisation,
+Jain's fairness of the flows' goodput, the flows' completion times, the bottleneck queue's
+percentiles and how fast trimmed packets were repaired. Pure arithmetic on what a run returns
+(transfer results, the port counters of fabric/ports.py); no fabric, no clock.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+
+def jain(values: Iterable[float]) -> float | None:
+    """Jain's fairness index (sum x)^2 / (n sum x^2): 1 when all are equal, 1/n when one has all."""
+    xs = [float(x) for x in values]
+    if not xs:
+        return None
+    square_sum = sum(x * x for x in xs)
+    return 1.0 if square_sum == 0 else sum(xs) ** 2 / (len(xs) * square_sum)
+
+
+def percentile(values: Iterable[float], p: float) -> float | None:
+    """The p-th percentile by nearest rank (p in [0, 100]): a value that occurred, never one between."""
+    xs = sorted(values)
+    if not xs:
+        return None
+    if not 0 <= p <= 100:
+        raise ValueError(f"a percentile is between 0 and 100, not {p}")
+    rank = max(1, math.ceil(p / 100 * len(xs)))
+    return xs[rank - 1]
+
+
+def histogram_percentile(buckets: Sequence[tuple[float, int]], p: float) -> float | None:
+    """The p-th percentile of a histogram given as (upper bound, count) in ascending bounds: the
+    upper bound of the bucket that holds the nearest-rank sample (an upper estimate)."""
+    total = sum(count for _, count in buckets)
+    if total == 0:
+        return None
+    if not 0 <= p <= 100:
+        raise ValueError(f"a percentile is between 0 and 100, not {p}")
+    rank = max(1, math.ceil(p / 100 * total))
+    seen = 0
+    for bound, count in buckets:
+        seen += count
+        if seen >= rank:
+            return bound
+    return buckets[-1][0]
+
+
+def utilisation(wire_bytes: int, span_ns: int, capacity_bps: float) -> float | None:
+    """The fraction of `capacity_bps` that `wire_bytes` (on the wire, headers included) fill over
+    `span_ns`."""
+    if span_ns <= 0 or capacity_bps <= 0:
+        return None
+    return wire_bytes * 8e9 / span_ns / capacity_bps
+
+
+def flows(results: Sequence[Any]) -> dict[str, Any]:
+    """Per-flow figures of one run's transfers (experiments.transfer.TransferResult): goodput,
+    completion, fairness, and what the requesters counted (timeouts, retransmits, trims)."""
+    done = [r for r in results if r.completion_ms is not None]
+    goodput = [r.goodput_gbps or 0.0 for r in results]
+    fct = [r.completion_ms for r in done]
+    start = min((r.start_ns for r in results), default=0)
+    end = max((r.end_ns for r in results), default=0)
+    stats = [r.requester.get("stats", {}) for r in results]
+    return {
+        "flows": len(results), "verified": sum(1 for r in results if r.ok),
+        "span_ms": round((end - start) / 1e6, 3),
+        "aggregate_goodput_gbps": round(sum(r.size for r in results) * 8 / max(1, end - start), 4),
+        "jain": _round(jain(goodput), 4),
+        "fct_ms": {"p50": _round(percentile(fct, 50), 3), "p99": _round(percentile(fct, 99), 3),
+                   "max": _round(max(fct, default=None), 3)},
+        "timeouts": sum(s.get("timeouts", 0) for s in stats),
+        "retransmits": sum(s.get("retransmits", 0) for s in stats),
+        "trim_nacks": sum(s.get("trim_nacks", 0) for s in stats),
+        "cnps": sum(s.get("cnps", 0) for s in stats),
+        "ev_events": sum(len(r.ev_events) for r in results),
+    }
+
+
+def port_figures(counters: Mapping[str, Any], span_ns: int, rate_bps: float) -> dict[str, Any]:
+    """One egress port's counters over a run (a delta of fabric.ports counters) as figures: its
+    utilisation, marks, trims, drops, and its queue's percentiles from the histogram."""
+    hist = counters.get("queue_hist") or []
+    return {
+        "utilisation": _round(utilisation(counters.get("bytes", 0), span_ns, rate_bps), 4),
+        "packets": counters.get("packets", 0), "ce_marked": counters.get("ce_marked", 0),
+        "trimmed": counters.get("trimmed", 0), "dropped": counters.get("dropped", 0),
+        "max_queue_bytes": counters.get("max_queue", 0),
+        "queue_bytes": {"p50": histogram_percentile(hist, 50), "p99": histogram_percentile(hist, 99)},
+    }
+
+
+def _round(x: float | None, digits: int) -> float | None:
+    return None if x is None else round(x, digits)

@@ -1,0 +1,55 @@
+"""The congestion figures (experiments/congestion.py) on hand-made inputs: no fabric, no root."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from mrc_emu.experiments import congestion as cg
+
+
+def test_jain_is_one_for_equal_shares_and_one_over_n_for_one_taker():
+    assert cg.jain([2.0, 2.0, 2.0, 2.0]) == pytest.approx(1.0)
+    assert cg.jain([8.0, 0.0, 0.0, 0.0]) == pytest.approx(0.25)
+    assert cg.jain([1.0, 3.0]) == pytest.approx(16 / 20)
+    assert cg.jain([]) is None
+
+
+def test_percentiles_are_values_that_occurred():
+    xs = list(range(1, 101))
+    assert cg.percentile(xs, 50) == 50 and cg.percentile(xs, 99) == 99 and cg.percentile(xs, 100) == 100
+    assert cg.percentile([7.5], 99) == 7.5
+    assert cg.percentile([], 50) is None
+    with pytest.raises(ValueError):
+        cg.percentile(xs, 101)
+
+
+def test_histogram_percentile_is_the_upper_bound_of_the_bucket_holding_the_rank():
+    buckets = [(1024, 90), (2048, 9), (4096, 1)]
+    assert cg.histogram_percentile(buckets, 50) == 1024
+    assert cg.histogram_percentile(buckets, 99) == 2048
+    assert cg.histogram_percentile(buckets, 100) == 4096
+    assert cg.histogram_percentile([(1024, 0)], 50) is None
+
+
+def test_utilisation_of_a_link_full_for_a_second():
+    assert cg.utilisation(50_000_000, 1_000_000_000, 400e6) == pytest.approx(1.0)
+    assert cg.utilisation(1, 0, 400e6) is None
+
+
+def _result(size, start_ms, end_ms, ok=True, stats=None):
+    span = (end_ms - start_ms) / 1e3
+    return SimpleNamespace(ok=ok, size=size, start_ns=int(start_ms * 1e6), end_ns=int(end_ms * 1e6),
+                           completion_ms=end_ms - start_ms, goodput_gbps=size * 8 / span / 1e9,
+                           requester={"stats": stats or {"timeouts": 0, "retransmits": 1}}, ev_events=[])
+
+
+def test_flows_add_up_a_run():
+    results = [_result(1_000_000, 0, 10), _result(1_000_000, 0, 20, stats={"timeouts": 2, "retransmits": 3,
+                                                                          "trim_nacks": 4})]
+    f = cg.flows(results)
+    assert f["flows"] == 2 and f["verified"] == 2
+    assert f["span_ms"] == 20.0
+    assert f["aggregate_goodput_gbps"] == pytest.approx(2_000_000 * 8 / 20e6, rel=1e-3)
+    assert f["jain"] == pytest.approx(cg.jain([0.8, 0.4]), rel=1e-3)
+    assert f["fct_ms"]["p99"] == 20.0 and f["fct_ms"]["p50"] == 10.0
+    assert (f["timeouts"], f["retransmits"], f["trim_nacks"]) == (2, 4, 4)
