@@ -18,7 +18,7 @@ from mrc_emu.io import port as port_module
 from mrc_emu.io.memory import MemoryNetwork
 from mrc_emu.io.sockets import SocketLink
 from mrc_emu.topology import builtin
-from mrc_emu.transport.cc import FixedWindow
+from mrc_emu.transport.cc import FixedWindow, make_cc
 from mrc_emu.transport.config import QpConfig
 from mrc_emu.transport.ev import EvState
 from mrc_emu.transport.mux import HostMux
@@ -318,3 +318,23 @@ def test_trimmed_packets_never_reach_the_c_placement(c_path):
     payload, sport = _data(mr, 0, length=1024)
     responder.on_datagram(payload[:64], SRC, sport, 0, TRIMMED)
     assert responder.stats["trimmed_received"] == 1 and responder.qps[0x22].trims
+
+
+def test_the_baseline_with_dcqcn_slows_down_on_cnps():
+    """A go-back-N QP with DCQCN (cc 'dcqcn') and a responder that answers CE with CNPs: its CC
+    hears every CNP and cuts its rate; the WRITE completes and verifies."""
+    config = QpConfig.baseline(mtu=1024, cnp=True, link_rate_bps=1e9)
+    responder = Responder(DST, config, random_bits=bits(1))
+    buffer = bytearray(400_000)
+    mr = responder.register(buffer)
+    responder.accept(0x22, 0x11, 0, {0: PATHS.back[0]}, config=config)
+    cc = make_cc("dcqcn", config.mtu, config.link_rate_bps)
+    requester = Requester(SRC, 0x11, 0x22, {0: PATHS.forward[0]}, None, config, cc=cc, random_bits=bits(2))
+    net = MemoryNetwork(0)
+    net.fault(0).ce = 0.3
+    data = os.urandom(len(buffer))
+    requester.post_write(data, mr.va, mr.rkey)
+    assert net.run([requester, responder], lambda: requester.done, limit_ns=60_000_000_000)
+    assert requester.error is None and bytes(buffer) == data
+    assert responder.stats["cnps_sent"] == requester.cnps == cc.cnps > 0 and cc.decreases > 0
+    assert cc.rc < cc.line
