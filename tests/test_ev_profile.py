@@ -111,3 +111,33 @@ def test_a_requester_with_every_ev_denied_stalls_until_one_is_allowed():
     assert buffer == data and not requester.stalled
     assert set(sent) == {3}
     assert requester.profile.evs[3].state is EvState.GOOD and requester.prober.probes_returned >= 1
+
+
+def test_ce_marks_move_the_ecn_ewma_per_packet_and_the_weight():
+    profile = EvProfile([0, 1])
+    profile.on_ecn(0, 32, 32)
+    assert profile.evs[0].ecn == 1 - (1 - 1 / 16) ** 32 and profile.evs[0].ce_marks == 32
+    profile.on_ecn(0, 0, 32)  # 32 clean packets: it decays as much
+    assert profile.evs[0].ecn < 0.2
+    profile.on_ecn(1, 16, 32)
+    assert 0 < profile.evs[1].ecn < 0.5 and profile.weight(1, 0.0) < profile.weight(0, 0.0) < 1
+
+
+def test_a_fabric_trim_cuts_the_weight_at_once_and_deliveries_earn_it_back():
+    profile = EvProfile([0, 1, 2], bad_after_losses=3)
+    for _ in range(50):  # far more trims than losses it takes to be ASSUMED_BAD: still GOOD
+        profile.on_trimmed(1, last_hop=False, ce=False)
+    assert all(s.state is EvState.GOOD for s in profile.evs.values()) and profile.evs[1].packets_lost == 0
+    cut = profile.weight(1, 0.0)
+    assert cut < 0.1 * profile.weight(0, 0.0)
+    schedule, _ = profile.schedule_at()
+    assert schedule.count(1) < schedule.count(0)
+    profile.on_delivered(1, 100, 200)
+    assert profile.weight(1, 0.0) > 0.9 * profile.weight(0, 0.0)
+
+
+def test_a_last_hop_trim_is_only_an_ecn_echo():
+    profile = EvProfile([0, 1])
+    profile.on_trimmed(0, last_hop=True, ce=True)
+    profile.on_trimmed(1, last_hop=True, ce=False)
+    assert profile.evs[0].trim == profile.evs[1].trim == 0 and profile.evs[0].ecn > 0 == profile.evs[1].ecn

@@ -22,6 +22,7 @@ from mrc_emu.transport.config import QpConfig
 from mrc_emu.transport.paths import qp_paths
 from mrc_emu.transport.requester import Requester
 from mrc_emu.transport.responder import Responder
+from mrc_emu.wire import format as fmt
 from mrc_emu.wire.decoder import open_frame
 from mrc_emu.wire.format import DataPacket
 
@@ -73,14 +74,15 @@ def _responders(config: QpConfig, size: int):
         mr = responder.register(buffer, pd=1)
         own = responder.register(other, va=0x2000_0000, pd=2)
         responder.accept(0x22, 0x11, 0xFFFFF0, PATHS.back, peer=SRC, pd=1)
-        responder.accept(0x44, 0x33, 0, {0: OTHER.back[0]}, peer=H1, pd=2, config=QpConfig.baseline(mtu=config.mtu))
+        responder.accept(0x44, 0x33, 0, {0: OTHER.back[0]}, peer=H1, pd=2,
+                         config=QpConfig.baseline(mtu=config.mtu, cnp=True, cnp_interval_ns=5_000))
         out.append((responder, mr, own, buffer, other))
     return out
 
 
 def _state(responder: Responder) -> dict:
     fields = ("epsn", "received", "since_ack", "unacked_since", "ack_due", "echo_psn", "echo_ev", "echo_at", "ecn",
-              "nak", "nak_sent_at", "nak_psn", "pending_imm")
+              "nak", "nak_sent_at", "nak_psn", "pending_imm", "ce_counts", "cnp_due", "cnp_last", "trims")
     return {qpn: {f: getattr(qp, f) for f in fields} for qpn, qp in responder.qps.items()}
 
 
@@ -88,8 +90,11 @@ def _state(responder: Responder) -> dict:
 # and whether the responder is pumped after it
 _KINDS = ["ok", "ok", "ok", "ok", "imm", "bad_rkey", "other_pd", "out_of_bounds", "bad_pkey", "bad_icrc",
           "unknown_qp", "wrong_peer", "truncated", "short"]
+# and the traffic class it arrives with: as sent, CE-marked, trimmed (fabric or last hop, CE or not), or none
+_TCLASSES = [fmt.TCLASS_DATA] * 4 + [fmt.TCLASS_DATA | fmt.ECN_CE] * 2 + [
+    fmt.DSCP_TRIMMED << 2 | fmt.ECN_ECT0, fmt.DSCP_TRIMMED_LASTHOP << 2 | fmt.ECN_CE, 0]
 datagram = st.tuples(st.sampled_from([0x22, 0x44]), st.one_of(st.integers(-3, 12), st.integers(-40, 1100)), st.sampled_from(_KINDS),
-                     st.booleans(), st.booleans())
+                     st.booleans(), st.booleans(), st.sampled_from(_TCLASSES), st.booleans())
 
 
 def _payload(qpn: int, offset: int, kind: str, ack_req: bool, mr, own, mtu: int) -> tuple[bytes, bytes, int]:
@@ -127,7 +132,8 @@ def _payload(qpn: int, offset: int, kind: str, ack_req: bool, mr, own, mtu: int)
 @given(st.lists(datagram, min_size=100, max_size=300))
 def test_c_placement_does_what_the_python_path_does_datagram_by_datagram(datagrams):
     """Valid, duplicate, out-of-window and out-of-sequence packets, and every kind of refusal, in
-    any order, with pumps in between: the same bytes placed, the same ACK frames, the same
+    any order, CE-marked or trimmed (cut to BTH + RETH or not: a whole packet at the trimmed DSCP),
+    with pumps in between: the same bytes placed, the same ACK, TRIM NACK and CNP frames, the same
     counters, drops, completions and QP state after every datagram."""
     mtu = 256
     runs = _responders(QpConfig(mtu=mtu), 64 * mtu)
@@ -137,10 +143,12 @@ def test_c_placement_does_what_the_python_path_does_datagram_by_datagram(datagra
     for responder, mr, own, buffer, other in runs:
         net = _Recording(0)
         trace = []
-        for i, (qpn, offset, kind, ack_req, pump) in enumerate(datagrams):
+        for i, (qpn, offset, kind, ack_req, pump, tclass, cut) in enumerate(datagrams):
             qp = responder.qps[qpn]
             payload, src, sport = _payload(qpn, qp.epsn - qp.start_psn + offset, kind, ack_req, mr, own, mtu)
-            responder.on_datagram(payload, src, sport, 1000 * i)
+            if cut and fmt.is_trimmed(tclass):
+                payload = payload[:fmt.TRIMMED_LEN]
+            responder.on_datagram(payload, src, sport, 1000 * i, tclass)
             if pump:
                 responder.pump(1000 * i + 500, net.send)
             trace.append((dict(responder.stats), dict(responder.drops), _state(responder)))
@@ -174,7 +182,8 @@ def _transfer(c_path: bool, size: int, faults: dict, seed: int, config: QpConfig
 
 fault = st.fixed_dictionaries({}, optional={
     "loss": st.floats(0, 0.3), "duplicate": st.floats(0, 0.3), "reorder": st.floats(0, 0.5),
-    "delay_ns": st.integers(1_000, 200_000),
+    "delay_ns": st.integers(1_000, 200_000), "ce": st.floats(0, 0.5), "trim": st.floats(0, 0.2),
+    "trim_last_hop": st.booleans(),
 })
 
 
@@ -184,7 +193,7 @@ fault = st.fixed_dictionaries({}, optional={
 def test_transfers_are_the_same_frame_for_frame_with_and_without_the_c_placement(size, faults, seed, imm, go_back_n):
     """A whole WRITE over random loss, reordering and duplication, in virtual time: every frame
     both sides send (so every ACK and NAK), every counter and the placed bytes are the same."""
-    config = QpConfig.baseline(mtu=1024, ack_timeout_exp=10) if go_back_n else QpConfig(mtu=1024)
+    config = QpConfig.baseline(mtu=1024, ack_timeout_exp=10, cnp=True) if go_back_n else QpConfig(mtu=1024)
     (with_c, counting), (without_c, _) = (_transfer(c, size, faults, seed, config, imm) for c in (True, False))
     assert with_c == without_c
     assert with_c[0] and with_c[2]

@@ -11,7 +11,7 @@ from mrc_emu.transport.cc import CongestionControl
 from mrc_emu.transport.config import QpConfig, RecoveryMode
 from mrc_emu.transport.ev import EvProfile
 from mrc_emu.transport.recovery import SAME_EV, GoBackN, Recovery, Selective
-from mrc_emu.wire.format import AckPacket, Syndrome
+from mrc_emu.wire.format import AckPacket, Syndrome, TrimNackPacket
 
 MTU = 1000
 US = 1000
@@ -35,8 +35,11 @@ class RecordingCc(CongestionControl):
     def on_lost(self, now, ev, nbytes, srtt_ns, congestion):
         self.events.append(("lost", ev, nbytes, congestion))
 
-    def on_trimmed(self, now, ev, nbytes, srtt_ns):
-        self.events.append(("trimmed", ev, nbytes))
+    def on_trimmed(self, now, ev, nbytes, srtt_ns, last_hop=False):
+        self.events.append(("trimmed", ev, nbytes, last_hop))
+
+    def on_cnp(self, now):
+        self.events.append(("cnp",))
 
     def on_timeout(self, now, ev, nbytes, srtt_ns, congestion):
         self.events.append(("timeout", ev, nbytes, congestion))
@@ -100,8 +103,8 @@ def test_each_ev_has_its_own_loss_timer():
     """A packet passed by later deliveries is lost once ITS EV's timer (srtt + 4 rttvar, at least
     the reorder floor) runs out: a fast EV's after 0.5 ms, a slow EV's only after 3 ms."""
     rec, cc = make()
-    rec.profile.on_rtt(0, 100 * US, None)  # timer: the 0.5 ms floor
-    rec.profile.on_rtt(1, 1000 * US, None)  # timer: 1 ms + 4 x 0.5 ms = 3 ms
+    rec.profile.on_rtt(0, 100 * US)  # timer: the 0.5 ms floor
+    rec.profile.on_rtt(1, 1000 * US)  # timer: 1 ms + 4 x 0.5 ms = 3 ms
     assert (rec.ev_timer(0), rec.ev_timer(1)) == (500 * US, 3000 * US)
     send(rec, 0, 0)
     send(rec, 1, 0)
@@ -324,3 +327,38 @@ def test_delivery_in_c_leaves_what_the_python_loop_leaves(seed, ev_count):
                         sorted(table.pkts), list(table.flight), fronts, {ev: list(q) for ev, q in table.by_ev.items()}))
     assert results[0] == results[1]
     assert results[0][0][0] > 0 and results[0][0][1] > 0 and any(f is not None for f in results[0][7])
+
+
+def test_a_trim_nack_takes_the_packet_out_of_flight_and_queues_it_first():
+    """The trimmed packet leaves flight and goes to the front of the retransmission queue, the CC
+    and the EV hear the trim; a trim of an older transmission (the packet is in flight elsewhere
+    now) is heard but resends nothing; a trim is never a loss."""
+    rec, cc = make()
+    for ev, t in ((0, 0), (1, 10 * US), (2, 20 * US)):  # PSNs 0..2
+        send(rec, ev, t)
+    rec.on_ack(ack(-1, arrived=(1,), base=0, echo=(1, 1)), 50 * US)  # nothing lost: PSN 0 is on another EV
+    rec.sent.retx.append(7)  # something else waiting to be resent
+    assert rec.on_trimmed(TrimNackPacket(0x11, 2, 2), 60 * US)
+    assert list(rec.sent.retx) == [2, 7] and 2 not in rec.sent.flight and rec.sent.bytes_in_flight == MTU
+    assert cc.of("trimmed") == [("trimmed", 2, MTU, False)] and not cc.of("lost")
+    assert rec.profile.evs[2].packets_lost == 0 and rec.profile.evs[2].trims == 1
+    again = resend(rec, 0, 70 * US)
+    assert again.psn == 2 and again.tx == 2
+    assert rec.on_trimmed(TrimNackPacket(0x11, 2, 2, last_hop=True), 80 * US)  # the first copy's, late
+    assert 2 in rec.sent.flight and not rec.sent.retx.count(2) and cc.of("trimmed")[-1] == ("trimmed", 2, MTU, True)
+    assert not rec.on_trimmed(TrimNackPacket(0x11, 1, 1), 90 * US)  # delivered already
+    assert rec.trims == 2 and rec.trims_resent == 1
+
+
+def test_ce_counts_reach_the_cc_per_ev_and_marks_on_an_ev_that_delivered_nothing_too():
+    rec, cc = make()
+    for ev, t in ((0, 0), (1, 10 * US), (0, 20 * US)):  # PSNs 0..2
+        send(rec, ev, t)
+    got = ack(2, echo=(2, 0))
+    got.ce_counts = ((0, 1), (2, 3), (9, 1))  # EV 2 delivered nothing new; EV 9 is none of this QP's
+    rec.on_ack(got, 100 * US)
+    acked = {e[1]: e[4] for e in cc.of("acked")}
+    assert acked == {0: True, 1: False, 2: True}
+    evs = rec.profile.evs
+    assert (evs[0].ce_marks, evs[1].ce_marks, evs[2].ce_marks) == (1, 0, 3)
+    assert evs[2].ecn > evs[0].ecn > 0 == evs[1].ecn

@@ -175,7 +175,7 @@ def test_socket_driver_pumps_at_least_every_32_datagrams():
         class Counter:
             address = b""
 
-            def on_datagram(self, payload, src, sport, now):
+            def on_datagram(self, payload, src, sport, now, tclass=0):
                 got.append(int.from_bytes(payload, "big"))
 
         deadline = time.monotonic() + 5
@@ -347,7 +347,7 @@ class _Hostile:
             DataPacket(self.own_qpn, psn + 0x400000, own.va, own.rkey, junk),  # far outside the PSN window
         ]
 
-    def on_datagram(self, payload, src, sport, now) -> None:
+    def on_datagram(self, payload, src, sport, now, tclass=0) -> None:
         pass  # NAKs
 
     def pump(self, now: int, send) -> None:

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scapy.compat import raw
+from scapy.contrib.roce import cnp as scapy_cnp
 from scapy.packet import fuzz
 from scapy.utils import PcapWriter
 
@@ -35,10 +36,14 @@ ack_packets = st.builds(
     sack_base=u24, echo_psn=u24, echo_ev=st.integers(0, 0xFFFF), ecn_echo=st.booleans(),
     sack_bitmap=st.integers(0, 8).flatmap(lambda n: st.binary(min_size=4 * n, max_size=4 * n)),
     service_ns=st.integers(0, 0xFFFF).map(fmt.decode_service),
+    ce_counts=st.lists(st.tuples(st.integers(0, 0xFFFF), st.integers(0, 0xFFFF)), max_size=fmt.MAX_CE_ENTRIES).map(tuple),
 )
+trim_nacks = st.builds(fmt.TrimNackPacket, dest_qp=u24, psn=u24, ev=st.integers(0, 0xFFFF), last_hop=st.booleans(),
+                       ecn_ce=st.booleans(), msn=u24, pkey=st.integers(0, 0xFFFF))
+cnps = st.builds(fmt.CnpPacket, dest_qp=u24, pkey=st.integers(0, 0xFFFF))
 probe_packets = st.builds(fmt.ProbePacket, dest_qp=u24, probe_id=u32, ev=st.integers(0, 0xFFFF),
                           send_time_ns=st.integers(0, 2**64 - 1))
-packets = data_packets | ack_packets | probe_packets
+packets = data_packets | ack_packets | probe_packets | trim_nacks | cnps
 formats = st.sampled_from(["SRV6", "SRV6_USID", "UDP"])
 
 
@@ -194,7 +199,9 @@ def test_tshark_decodes_every_packet_type(tmp_path):
     writer = PcapWriter(str(path), linktype=229)  # LINKTYPE_IPV6: raw IPv6 frames
     samples = [fmt.DataPacket(1, 2, 0x1000, 4, b"payload!"), fmt.DataPacket(1, 3, 0x1008, 4, b"last", imm=7),
                fmt.AckPacket(1, 3, msn=1, sack_base=4, sack_bitmap=b"\xa0\0\0\0"),
-               fmt.AckPacket(1, 3, syndrome=fmt.Syndrome.NAK_REMOTE_ACCESS), fmt.ProbePacket(1, 5, 3, 99)]
+               fmt.AckPacket(1, 3, syndrome=fmt.Syndrome.NAK_REMOTE_ACCESS), fmt.ProbePacket(1, 5, 3, 99),
+               fmt.AckPacket(1, 3, ce_counts=((2, 5), (3, 1))), fmt.TrimNackPacket(1, 9, 2, True, True),
+               fmt.CnpPacket(1), fmt.DataPacket(1, 4, 0x1000, 4, b"marked!!", ecn_ce=True)]
     n = 0
     for packet in samples:
         for ev_format in ("SRV6", "SRV6_USID", "UDP"):
@@ -206,9 +213,32 @@ def test_tshark_decodes_every_packet_type(tmp_path):
                          capture_output=True, text=True, check=True).stdout
     assert "Malformed" not in out and "Expert Info (Error" not in out
     assert out.count("Base Transport Header") == n
-    assert out.count("RETH - RDMA Extended Transport Header") == 6
-    assert out.count("AETH - ACK Extended Transport Header") == 9
-    assert out.count("Routing Header for IPv6 (Segment Routing)") == 10
+    assert out.count("RETH - RDMA Extended Transport Header") == 9
+    assert out.count("AETH - ACK Extended Transport Header") == 15
+    assert out.count("Routing Header for IPv6 (Segment Routing)") == 18
+
+
+@pytest.mark.skipif(shutil.which("tshark") is None, reason="tshark not installed (apt-get install tshark)")
+def test_tshark_decodes_a_trimmed_packet(tmp_path):
+    """A data packet as a trimming switch leaves it (28 bytes of UDP payload, DSCP_TRIMMED, CE
+    kept, lengths and UDP checksum consistent) decodes without a malformed error (docs/wire-format.md)."""
+    roce = encoder.encode_roce(fmt.DataPacket(0x22, 77, 0x1000, 0x99, bytes(1024)))
+    tclass = fmt.DSCP_TRIMMED << 2 | fmt.ECN_CE
+    inner = (layers.IPv6(src=SRC, dst=DST, tc=tclass, hlim=64) / layers.UDP(sport=0xC003, dport=4791)
+             / layers.Raw(roce[:fmt.TRIMMED_LEN]))
+    outer = (layers.IPv6(src=SRC, dst=EV.segments[0], tc=tclass, hlim=64)
+             / layers.IPv6ExtHdrSegmentRouting(addresses=list(reversed(EV.segments)), segleft=len(EV.segments) - 1,
+                                               lastentry=len(EV.segments) - 1, nh=41) / inner)
+    path = tmp_path / "trim.pcap"
+    writer = PcapWriter(str(path), linktype=229)
+    for frame in (inner, outer):
+        writer.write(raw(frame))
+    writer.close()
+    out = subprocess.run(["tshark", "-r", str(path), "-V", "-o", "ip.check_checksum:FALSE"],
+                         capture_output=True, text=True, check=True).stdout
+    assert "Malformed" not in out and "Expert Info (Error" not in out
+    assert out.count("RETH - RDMA Extended Transport Header") == 2 and "DMA Length: 1024" in out
+    assert "Traffic Class: 0x2b" in out
 
 
 @given(st.integers(0, 2**42))
@@ -228,3 +258,59 @@ def test_ack_service_time_is_a_16_bit_float_within_a_thousandth(held):
 
 def test_ack_service_time_rounds_negative_to_zero_and_saturates():
     assert fmt.encode_service(-5) == 0 and fmt.decode_service(fmt.encode_service(10**15)) == fmt.decode_service(0xFFFF)
+
+
+@settings(max_examples=100, deadline=None)
+@given(packets, formats)
+def test_traffic_classes_outer_and_inner(packet, ev_format):
+    """Data travels as DSCP_TRIMMABLE with ECT(0) (CE when marked), every control packet as
+    DSCP_CONTROL, Not-ECT: in the outer header and the inner one alike."""
+    _, encap, ends = both(packet, ev_format)
+    frame = encoder.FrameTemplate(ends, encap).encode(packet)
+    want = fmt.TCLASS_CONTROL
+    if isinstance(packet, fmt.DataPacket):
+        want = fmt.TCLASS_DATA | (fmt.ECN_CE if packet.ecn_ce else 0)
+    assert decoder.open_frame(frame).tclass == want
+    assert (int.from_bytes(frame[:4], "big") >> 20) & 0xFF == want
+    assert fmt.TCLASS_DATA == 0x6A and fmt.TCLASS_CONTROL == 0xC0
+
+
+def test_ce_counts_trim_nack_and_cnp_layouts():
+    """The byte offsets docs/wire-format.md gives for the CE-count block, the TRIM NACK and the CNP."""
+    ack = encoder.encode_roce(fmt.AckPacket(1, 2, ecn_echo=True, sack_bitmap=b"\x80\0\0\0", ce_counts=((3, 7), (9, 1))))
+    assert ack[16:20] == bytes([fmt.MrcxType.SACK, 0x03]) + (16 + 4 + 8 + 4).to_bytes(2, "big")
+    assert ack[32:36] == b"\0\x02\0\0" and ack[36:44] == b"\0\x03\0\x07\0\x09\0\x01" and ack[44:] == b"\x80\0\0\0"
+    nack = encoder.encode_roce(fmt.TrimNackPacket(0x123456, 0xABCDEF, 5, last_hop=True, ecn_ce=False, msn=3))
+    assert nack[0] == 0x11 and nack[9:12] == b"\xab\xcd\xef" and nack[12] == 0x65 and nack[13:16] == b"\0\0\x03"
+    assert nack[16:] == bytes([fmt.MrcxType.TRIM, fmt.TRIM_FLAG_LAST_HOP, 0, 8, 0, 5, 0, 0])
+    cnp = encoder.encode_roce(fmt.CnpPacket(0x42))
+    assert cnp[0] == 0x81 and cnp[4] == 0x40 and cnp[5:8] == b"\0\0\x42" and cnp[12:] == bytes(16)
+    ends = fmt.Endpoints(SRC, DST, 0xC000)
+    reference = layers.IPv6(src=SRC, dst=DST, tc=fmt.TCLASS_CONTROL, hlim=64) / layers.UDP(sport=0xC000, dport=4791) / scapy_cnp(0x42)
+    assert encoder.FrameTemplate(ends, encoder.Encap.udp()).encode(fmt.CnpPacket(0x42)) == raw(reference)
+
+
+@pytest.mark.parametrize("keep", [28, 36, 64])
+def test_trimmed_data_packet_decodes_without_icrc(keep):
+    """A switch keeps the first `keep` bytes of the UDP payload: BTH and RETH survive and are read
+    (no ICRC to check); a whole packet is NOT_TRIMMED, a cut RETH TRUNCATED, control NOT_TRIMMED."""
+    packet = fmt.DataPacket(0x22, 77, 0x1000, 0x99, bytes(100), ack_req=True)
+    whole = encoder.encode_roce(packet) + b"\0" * 4
+    got = decoder.decode_trimmed(whole[:keep])
+    assert got == fmt.TrimmedPacket(0x22, 77, 0x1000, 0x99, 100, True)
+    assert decoder.decode_trimmed(whole) == fmt.DropReason.NOT_TRIMMED
+    assert decoder.decode_trimmed(whole[:20]) == fmt.DropReason.TRUNCATED
+    ack = encoder.encode_roce(fmt.AckPacket(1, 2)) + bytes(4)
+    assert decoder.decode_trimmed(ack) == fmt.DropReason.NOT_TRIMMED
+    assert fmt.is_trimmed(fmt.DSCP_TRIMMED << 2 | 3) and fmt.is_trimmed(fmt.DSCP_TRIMMED_LASTHOP << 2)
+    assert not fmt.is_trimmed(fmt.TCLASS_DATA) and not fmt.is_trimmed(fmt.TCLASS_CONTROL)
+    # without the trimmed DSCP the same bytes are a malformed packet: the ICRC check drops it
+    assert isinstance(decoder.decode_roce(whole[:keep], fmt.Endpoints(SRC, DST, 0xC000)), fmt.DropReason)
+
+
+def test_ce_block_that_overruns_the_extension_is_bad():
+    ends = fmt.Endpoints(SRC, DST, 0xC000)
+    roce = bytearray(encoder.encode_roce(fmt.AckPacket(1, 2, ce_counts=((1, 1),))))
+    roce[33] = 5  # says 5 entries, carries 1
+    frame = encoder.FrameTemplate(ends, encoder.Encap.udp()).frame(bytes(roce))
+    assert decoder.decode_frame(frame) == fmt.DropReason.BAD_EXTENSION

@@ -14,7 +14,7 @@
  *                                       sport: int, arrival_realtime_ns: int, tclass: int)
  *   Non-blocking; [] when nothing waits. arrival is CLOCK_REALTIME (0 when the socket has no
  *   SO_TIMESTAMPNS); the caller maps it to its own clock. tclass is the IPv6 traffic class
- *   the datagram arrived with (its low two bits are ECN), -1 when not known. Raises OSError
+ *   the datagram arrived with (its low two bits are ECN), 0 when not known. Raises OSError
  *   on other errors.
  *
  * enable_stamps(fd): SO_TIMESTAMPNS and IPV6_RECVTCLASS on a socket.
@@ -88,7 +88,7 @@ static PyObject *recv_batch(PyObject *self, PyObject *args) {
         return NULL;
     for (int i = 0; i < got; i++) {
         long long arrival = 0;
-        int tclass = -1;
+        int tclass = 0;
         for (struct cmsghdr *c = CMSG_FIRSTHDR(&msgs[i].msg_hdr); c != NULL; c = CMSG_NXTHDR(&msgs[i].msg_hdr, c)) {
             if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_TIMESTAMPNS) {
                 struct timespec ts;

@@ -100,7 +100,7 @@ class EventLoop:
 
     Each turn reads at most RECV_PER_TURN datagrams (RECV_BUDGET per socket) and pumps due
     endpoints for at most TURN_NS, so that no socket waits long behind a busy sender and no sender
-    behind a flood of datagrams. An endpoint takes `on_datagram(payload, src, sport, now)`,
+    behind a flood of datagrams. An endpoint takes `on_datagram(payload, src, sport, now, tclass)`,
     sends on `pump(now, send, clock, horizon)` and says when it next needs pumping with
     `next_wakeup()` (a time not after its last `now`: at once).
     """

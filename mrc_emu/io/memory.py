@@ -3,7 +3,9 @@
 Why it exists: the transport must be testable without root, fast and reproducibly. A
 `MemoryNetwork` carries the frames a requester or responder hands out to the endpoint whose
 address they are for, after the delay, loss, reordering, duplication, serialisation rate or
-death injected on the frame's EV, and runs the endpoints in virtual time. Every frame is
+death injected on the frame's EV, and runs the endpoints in virtual time. Congestion signals
+too: data frames CE-marked or trimmed on an EV at a given rate, as a switch port does it
+(docs/wire-format.md), so that the endpoints' ECN echo, TRIM NACK and CNP run without root. Every frame is
 opened as the destination's kernel would (decapsulation, UDP checksum), so only valid
 datagrams reach an endpoint. Its randomness is its own seeded generator (or one passed in):
 a run is reproducible from the seed.
@@ -17,8 +19,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..transport.paths import Endpoint, Path
+from ..wire import format as fmt
 from ..wire.decoder import open_frame
 from ..wire.format import DropReason
+
+_DATA_OPCODES = (fmt.Opcode.RDMA_WRITE_ONLY, fmt.Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE)
 
 
 @dataclass
@@ -33,6 +38,25 @@ class EvFault:
     rate_bps: float | None = None  # serialisation rate of the EV (None: infinite)
     dead: bool = False
     busy_until: int = 0
+    # what a congested switch port does to data frames (opcode WRITE; control is never touched):
+    ce: float = 0.0  # probability an ECT data frame arrives CE-marked
+    trim: float = 0.0  # probability a data frame arrives trimmed to its first `trim_bytes` bytes of UDP payload
+    trim_bytes: int = fmt.TRIMMED_LEN
+    trim_last_hop: bool = False  # the trimming port faces the destination (DSCP_TRIMMED_LASTHOP)
+
+
+def _congest(f: EvFault, rng, payload: bytes, tclass: int, marked: int, trimmed: int) -> tuple[int, int, bytes, int]:
+    """A data frame through a congested port: CE on an ECT one (both IPv6 headers; the socket sees
+    the inner), and/or trimmed as the destination's socket receives it (the UDP payload cut, the
+    DSCP rewritten, the ECN bits kept; lengths and checksum are the switch's business)."""
+    if f.ce and tclass & fmt.ECN_MASK and rng.random() < f.ce:
+        tclass |= fmt.ECN_CE
+        marked += 1
+    if f.trim and rng.random() < f.trim and len(payload) > f.trim_bytes:
+        dscp = fmt.DSCP_TRIMMED_LASTHOP if f.trim_last_hop else fmt.DSCP_TRIMMED
+        payload, tclass = payload[:f.trim_bytes], dscp << 2 | (tclass & fmt.ECN_MASK)
+        trimmed += 1
+    return marked, trimmed, payload, tclass
 
 
 @dataclass(order=True)
@@ -43,6 +67,7 @@ class _Arrival:
     payload: bytes = field(compare=False)
     src: bytes = field(compare=False)
     sport: int = field(compare=False)
+    tclass: int = field(compare=False, default=0)
 
 
 class MemoryNetwork:
@@ -58,6 +83,8 @@ class MemoryNetwork:
         self._seq = 0
         self.frames_sent = 0
         self.frames_dropped = 0
+        self.frames_ce = 0  # data frames CE-marked by an EV's `ce`
+        self.frames_trimmed = 0  # data frames trimmed by an EV's `trim`
         self.dropped_invalid: dict[DropReason, int] = {}
 
     def attach(self, endpoint: Endpoint) -> None:
@@ -90,11 +117,15 @@ class MemoryNetwork:
         if endpoint is None:
             self.frames_dropped += 1
             return True
+        payload, tclass = bytes(opened.payload), opened.tclass
+        if (f.ce or f.trim) and payload[:1] and payload[0] in _DATA_OPCODES and not fmt.is_trimmed(tclass):
+            self.frames_ce, self.frames_trimmed, payload, tclass = _congest(f, self.rng, payload, tclass,
+                                                                             self.frames_ce, self.frames_trimmed)
         copies = 2 if f.duplicate and self.rng.random() < f.duplicate else 1
         for copy in range(copies):
             self._seq += 1
             heapq.heappush(self._heap, _Arrival(self.now + delay + copy * 1000, self._seq, endpoint,
-                                                bytes(opened.payload), opened.src, opened.sport))
+                                                payload, opened.src, opened.sport, tclass))
         return True
 
     def run(self, endpoints: list[Endpoint], done: Callable[[], bool], limit_ns: int = 60_000_000_000) -> bool:
@@ -116,4 +147,4 @@ class MemoryNetwork:
                 return False
             while self._heap and self._heap[0].time <= self.now:
                 a = heapq.heappop(self._heap)
-                a.endpoint.on_datagram(a.payload, a.src, a.sport, self.now)
+                a.endpoint.on_datagram(a.payload, a.src, a.sport, self.now, a.tclass)

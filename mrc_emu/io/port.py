@@ -3,7 +3,8 @@
 Why it exists: the event loop (loop.py) serves many hosts; each is a `Port`, a raw IPv6 socket
 that sends whole frames and a UDP socket on [address]:4791 that receives, made in the host's
 namespace by the runtime. A port reads its socket in batches with the kernel's arrival stamps
-(SO_TIMESTAMPNS, _sockio.c), hands each datagram to the QP it names at that time, knows how far
+(SO_TIMESTAMPNS, _sockio.c) and traffic classes (IPV6_RECVTCLASS: ECN, trimmed DSCPs), hands
+each datagram to the QP it names at that time, knows how far
 it has read (`read_through`, what the horizon is made of) and notices datagrams the kernel
 handed over after that (`late`).
 """
@@ -77,7 +78,7 @@ class Port:
                 # consecutive datagrams for one endpoint wake it once, at the earliest of their arrivals
                 # (what waking it for each would leave behind: it is queued once, owed since the earliest)
                 owing, owed_since = None, 0
-                for payload, src, sport, real_ns, _tclass in batch:
+                for payload, src, sport, real_ns, tclass in batch:
                     if not real_ns:
                         at = seen
                     else:
@@ -91,7 +92,7 @@ class Port:
                     record(int((seen - at) * dilation))
                     endpoint = route(payload)
                     if endpoint is not None:
-                        endpoint.on_datagram(payload, src, sport, at)
+                        endpoint.on_datagram(payload, src, sport, at, tclass)
                         if endpoint is not owing:
                             if owing is not None:
                                 woke(owing, owed_since)
@@ -121,8 +122,8 @@ class _Routed:
     def __init__(self, route: Callable[[Any], Any], woke: Callable[[Any, int], None]) -> None:
         self.route, self.woke = route, woke
 
-    def on_datagram(self, payload: bytes | memoryview, src: bytes, sport: int, now: int) -> None:
+    def on_datagram(self, payload: bytes | memoryview, src: bytes, sport: int, now: int, tclass: int = 0) -> None:
         endpoint = self.route(payload)
         if endpoint is not None:
-            endpoint.on_datagram(payload, src, sport, now)
+            endpoint.on_datagram(payload, src, sport, now, tclass)
             self.woke(endpoint, now)

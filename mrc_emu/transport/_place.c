@@ -20,9 +20,11 @@
  * Placer(qps, regions, stats, address, dport, sport_base): one responder's tables (QPN ->
  *   QpState, R_Key -> MemoryRegion, the stats dict), its packed address and port (the ICRC
  *   covers them) and the UDP source port of EV 0.
- *   place(payload, src, sport, now) -> bool: True when the packet was checked and placed
- *   (stats and QP state updated as responder.py would); False when it is not the common case,
- *   with nothing changed.
+ *   place(payload, src, sport, now[, tclass]) -> bool: True when the packet was checked and
+ *   placed (stats and QP state updated as responder.py would); False when it is not the common
+ *   case, with nothing changed. tclass is the traffic class it arrived with: a CE mark is
+ *   counted per EV (ce_counts) and may make a CNP due, as responder.py does; a trimmed DSCP is
+ *   never the common case.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -35,13 +37,16 @@
 #define WORDS (MAX_WINDOW / 64)
 #define OP_WRITE_ONLY 0x0A
 #define HEAD_LEN 28 /* BTH + RETH */
+#define DSCP_TRIMMED 10 /* wire/format.py */
+#define DSCP_TRIMMED_LASTHOP 11
+#define ECN_CE 3
 
 typedef struct {
     PyObject_HEAD
-    PyObject *peer, *pending_imm;
-    long long epsn, pd, since_ack, ack_every, unacked_since, echo_psn, echo_ev, echo_at;
+    PyObject *peer, *pending_imm, *ce_counts;
+    long long epsn, pd, since_ack, ack_every, unacked_since, echo_psn, echo_ev, echo_at, cnp_last, cnp_interval;
     int pkey, window;
-    char in_order_only, ack_due, ecn;
+    char in_order_only, ack_due, ecn, cnp, cnp_due;
     uint64_t bits[WORDS]; /* bit i: PSN epsn+i arrived */
 } QpState;
 
@@ -52,7 +57,8 @@ static PyObject *qp_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
     Py_INCREF(Py_None);
     self->peer = Py_None;
     self->pending_imm = PyDict_New();
-    if (self->pending_imm == NULL) {
+    self->ce_counts = PyDict_New();
+    if (self->pending_imm == NULL || self->ce_counts == NULL) {
         Py_DECREF(self);
         return NULL;
     }
@@ -63,12 +69,14 @@ static PyObject *qp_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
 static int qp_traverse(QpState *self, visitproc visit, void *arg) {
     Py_VISIT(self->peer);
     Py_VISIT(self->pending_imm);
+    Py_VISIT(self->ce_counts);
     return 0;
 }
 
 static int qp_clear(QpState *self) {
     Py_CLEAR(self->peer);
     Py_CLEAR(self->pending_imm);
+    Py_CLEAR(self->ce_counts);
     return 0;
 }
 
@@ -153,6 +161,11 @@ static PyMemberDef qp_members[] = {
     {"in_order_only", T_BOOL, offsetof(QpState, in_order_only), 0, "go-back-N: only the expected PSN"},
     {"ack_due", T_BOOL, offsetof(QpState, ack_due), 0, "an ACK is to be sent at the next pump"},
     {"ecn", T_BOOL, offsetof(QpState, ecn), 0, "the echoed packet was CE-marked"},
+    {"ce_counts", T_OBJECT_EX, offsetof(QpState, ce_counts), 0, "EV -> CE-marked packets not yet reported"},
+    {"cnp", T_BOOL, offsetof(QpState, cnp), 0, "DCQCN: answer CE marks with CNPs"},
+    {"cnp_due", T_BOOL, offsetof(QpState, cnp_due), 0, "a CNP is to be sent at the next pump"},
+    {"cnp_last", T_LONGLONG, offsetof(QpState, cnp_last), 0, "when the last CNP was due"},
+    {"cnp_interval", T_LONGLONG, offsetof(QpState, cnp_interval), 0, "at most one CNP per this long (ns)"},
     {NULL},
 };
 
@@ -177,7 +190,7 @@ typedef struct {
     int dport, sport_base;
 } Placer;
 
-static PyObject *s_pd, *s_va, *s_view, *s_packets_placed, *s_bytes_placed;
+static PyObject *s_pd, *s_va, *s_view, *s_packets_placed, *s_bytes_placed, *s_ce_received;
 
 static int placer_init(Placer *self, PyObject *args, PyObject *kwargs) {
     PyObject *qps, *regions, *stats;
@@ -283,14 +296,18 @@ done:
 }
 
 static PyObject *placer_place(Placer *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "place(payload, src, sport, now)");
+    if (nargs != 4 && nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "place(payload, src, sport, now[, tclass])");
         return NULL;
     }
     long sport = PyLong_AsLong(args[2]);
     long long now = PyLong_AsLongLong(args[3]);
+    long tclass = nargs == 5 ? PyLong_AsLong(args[4]) : 0;
     if (PyErr_Occurred())
         return NULL;
+    int ce = (tclass & 3) == ECN_CE;
+    if ((tclass >> 2) == DSCP_TRIMMED || (tclass >> 2) == DSCP_TRIMMED_LASTHOP)
+        Py_RETURN_FALSE; /* a trim, or a whole packet at the trimmed priority: Python tells them apart */
     if (!PyBytes_Check(args[1]) || PyBytes_GET_SIZE(args[1]) != 16 || sport < 0 || sport > 0xFFFF)
         Py_RETURN_FALSE;
     const unsigned char *src = (const unsigned char *)PyBytes_AS_STRING(args[1]);
@@ -333,6 +350,8 @@ static PyObject *placer_place(Placer *self, PyObject *const *args, Py_ssize_t na
         goto done;
     if (pkey != qp->pkey || qp->window <= 0 || !PyDict_Check(qp->pending_imm) || PyDict_GET_SIZE(qp->pending_imm))
         goto done;
+    if (ce && (qp->ce_counts == NULL || !PyDict_CheckExact(qp->ce_counts)))
+        goto done;
     long long diff = (psn - qp->epsn) & 0xFFFFFF;  /* config.psn_abs */
     if (diff >= (1 << 23))
         diff -= 1 << 24;
@@ -363,7 +382,18 @@ static PyObject *placer_place(Placer *self, PyObject *const *args, Py_ssize_t na
     qp->echo_psn = psn;
     qp->echo_ev = sport - self->sport_base;
     qp->echo_at = now;
-    qp->ecn = 0;
+    qp->ecn = (char)ce;
+    if (ce) {  /* counted per EV for the next ACK; DCQCN's NP: a CNP at most once per interval */
+        PyObject *ev = PyLong_FromLongLong(qp->echo_ev);
+        int r = ev == NULL ? -1 : add_stat(qp->ce_counts, ev, 1);
+        Py_XDECREF(ev);
+        if (r < 0 || add_stat(self->stats, s_ce_received, 1) < 0)
+            goto fail;
+        if (qp->cnp && now - qp->cnp_last >= qp->cnp_interval) {
+            qp->cnp_due = 1;
+            qp->cnp_last = now;
+        }
+    }
     qp->bits[diff >> 6] |= 1ULL << (diff & 63);
     int words = qp->window / 64, run = 0, w = 0;
     for (; w < words && qp->bits[w] == ~0ULL; w++)
@@ -397,7 +427,7 @@ fail:
 
 static PyMethodDef placer_methods[] = {
     {"place", (PyCFunction)(void (*)(void))placer_place, METH_FASTCALL,
-     "place(payload, src, sport, now) -> bool: placed (the common case), or left to Python untouched."},
+     "place(payload, src, sport, now[, tclass]) -> bool: placed (the common case), or left to Python untouched."},
     {NULL},
 };
 
@@ -425,7 +455,9 @@ PyMODINIT_FUNC PyInit__place(void) {
     s_view = PyUnicode_InternFromString("view");
     s_packets_placed = PyUnicode_InternFromString("packets_placed");
     s_bytes_placed = PyUnicode_InternFromString("bytes_placed");
-    if (s_pd == NULL || s_va == NULL || s_view == NULL || s_packets_placed == NULL || s_bytes_placed == NULL)
+    s_ce_received = PyUnicode_InternFromString("ce_received");
+    if (s_pd == NULL || s_va == NULL || s_view == NULL || s_packets_placed == NULL || s_bytes_placed == NULL ||
+        s_ce_received == NULL)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)

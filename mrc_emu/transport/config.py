@@ -44,6 +44,8 @@ class QpConfig:
     pkey: int = fmt.DEFAULT_PKEY
     path_avoidance: bool = True  # False for the single-path baseline: no EV states, no probes
     recovery: RecoveryMode = RecoveryMode.SACK  # a RecoveryMode or its value ("sack", "go-back-n")
+    cnp: bool = False  # DCQCN's notification point: the responder answers CE marks with CNPs ...
+    cnp_interval_ns: int = 50_000  # ... at most one per this long per QP
     # for the CC profile (cc.make_cc), in the transport's (emulated) time: under time dilation K the
     # topology's rate, not the rate / K the links are shaped to; None: unknown (an unshaped fabric)
     link_rate_bps: float | None = None  # the slower end's link rate (NSCC's BDP, DCQCN's line rate)
@@ -58,6 +60,8 @@ class QpConfig:
             raise ValueError("retries: linear 0..7, exponential 0..25 (25 = infinite)")
         if not 1 <= self.mpr <= 64:
             raise ValueError(f"MPR {self.mpr}: must be 1..64 (x128 PSNs)")
+        if self.cnp_interval_ns < 0:
+            raise ValueError(f"CNP interval {self.cnp_interval_ns} ns: must be >= 0")
         if self.link_rate_bps is not None and self.link_rate_bps <= 0:
             raise ValueError(f"link rate {self.link_rate_bps}: must be positive (or None: unknown)")
         if self.base_rtt_ns is not None and self.base_rtt_ns <= 0:

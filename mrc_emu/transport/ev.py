@@ -7,6 +7,13 @@ records every state change as a timestamped EV event. It sends nothing itself.
 
 Names follow the OCP companion API: EV state GOOD / ASSUMED_BAD / DENIED, `ev_min_active`,
 EV events, EV probes.
+
+Congestion feedback moves weights, never states: CE marks (counted per packet by the responder)
+and fabric trims (MRC moves a trimmed EV to SKIP; here a trim EWMA cuts the EV's weight at once
+and decays with its deliveries, which skips the EV for a while without a state, a timer or a
+probe) lower an EV's share; a last-hop trim says nothing about the EV (the queue is the
+receiver's) and counts only as its ECN echo, as UEC's load balancer takes it. A trim is never a
+loss: only losses and timeouts make an EV ASSUMED_BAD.
 """
 
 from __future__ import annotations
@@ -48,6 +55,9 @@ class EvStats:
     rtt: RttEstimator = field(default_factory=RttEstimator, repr=False)  # the EV's one RTT estimator
     loss: float = 0.0  # EWMA of the per-packet loss outcome (1 lost, 0 delivered)
     ecn: float = 0.0  # EWMA of the ECN echo per acknowledged packet
+    trim: float = 0.0  # EWMA of fabric trims (1 per trim, decaying per packet delivered)
+    ce_marks: int = 0  # CE-marked packets the responder reported
+    trims: int = 0  # TRIM NACKs heard (fabric and last hop)
     packets_sent: int = 0
     packets_delivered: int = 0
     packets_lost: int = 0
@@ -77,12 +87,14 @@ class EvStats:
             "min_rtt_us": round(self.min_rtt_ns / 1e3, 1), "loss": round(self.loss, 4),
             "packets_sent": self.packets_sent, "packets_delivered": self.packets_delivered,
             "packets_lost": self.packets_lost, "retransmits_sent": self.retransmits_sent,
-            "probes_sent": self.probes_sent,
+            "probes_sent": self.probes_sent, "ecn": round(self.ecn, 4), "ce_marks": self.ce_marks,
+            "trims": self.trims,
         }
 
 
 LOSS_GAIN = 1 / 32
 ECN_GAIN = 1 / 16
+TRIM_GAIN = 1 / 8  # one trim cuts the EV's weight to 1/(1 + 20/8), 0.29, at once
 SCHEDULE_SLOTS_PER_EV = 8
 REWEIGH_CYCLES = 4
 
@@ -153,12 +165,9 @@ class EvProfile:
 
     # ---- observations ------------------------------------------------------------------
 
-    def on_rtt(self, ev: int, rtt_ns: int, ecn: bool | None) -> None:
-        """An RTT sample of `ev`, and the ECN echo of the packet it came from (None: not known)."""
-        s = self.evs[ev]
-        s.rtt.update(rtt_ns)
-        if ecn is not None:
-            s.ecn += ECN_GAIN * ((1.0 if ecn else 0.0) - s.ecn)
+    def on_rtt(self, ev: int, rtt_ns: int) -> None:
+        """An RTT sample of `ev` (its ECN echo comes per packet, `on_ecn`)."""
+        self.evs[ev].rtt.update(rtt_ns)
 
     def on_delivered(self, ev: int, sent_ns: int, count: int = 1) -> None:
         """`count` packets delivered on `ev`, the latest of them sent at `sent_ns`."""
@@ -166,8 +175,30 @@ class EvProfile:
         s.packets_delivered += count
         s.consecutive_losses = 0
         s.loss *= (1 - LOSS_GAIN) ** count
+        if s.trim:
+            s.trim *= (1 - LOSS_GAIN) ** count
         if sent_ns > s.last_delivered_sent_ns:
             s.last_delivered_sent_ns = sent_ns
+
+    def on_ecn(self, ev: int, marked: int, count: int) -> None:
+        """`count` packets acknowledged on `ev`, `marked` of them CE-marked: the per-packet EWMA."""
+        s = self.evs[ev]
+        s.ce_marks += marked
+        count = max(count, marked)
+        if count:
+            keep = (1 - ECN_GAIN) ** count
+            s.ecn = s.ecn * keep + (1 - keep) * marked / count
+
+    def on_trimmed(self, ev: int, last_hop: bool, ce: bool) -> None:
+        """A TRIM NACK for a packet on `ev`: a fabric trim lowers the EV's weight at once (MRC's
+        SKIP); a last-hop trim is only its ECN echo (the receiver's queue, not the EV's)."""
+        s = self.evs[ev]
+        s.trims += 1
+        if last_hop:
+            self.on_ecn(ev, int(ce), 1)
+            return
+        s.trim += TRIM_GAIN * (1.0 - s.trim)
+        self._dirty = True
 
     def on_lost(self, ev: int, now: int, why: str) -> None:
         s = self.evs[ev]
@@ -187,7 +218,7 @@ class EvProfile:
     # ---- spraying ----------------------------------------------------------------------
 
     def weight(self, ev: int, best_srtt: float) -> float:
-        """Spray weight: 1 for a clean EV, less with loss, ECN marks or delay above the best EV.
+        """Spray weight: 1 for a clean EV, less with loss, trims, ECN marks or delay above the best EV.
 
         Delay counts only beyond half the target above the best EV: queues of a few hundred
         microseconds come and go on every path, and chasing them moves load back and forth
@@ -195,7 +226,7 @@ class EvProfile:
         s = self.evs[ev]
         srtt = s.rtt.srtt_ns
         excess = max(0.0, srtt - best_srtt - self.target_delay_ns / 2) if srtt else 0.0
-        return 1.0 / ((1.0 + 20.0 * s.loss) * (1.0 + 4.0 * s.ecn) * (1.0 + excess / self.target_delay_ns))
+        return 1.0 / ((1.0 + 20.0 * (s.loss + s.trim)) * (1.0 + 4.0 * s.ecn) * (1.0 + excess / self.target_delay_ns))
 
     def reweigh(self) -> None:
         """Rebuild the spray schedule: an interleaved list of GOOD EVs in proportion to weight.

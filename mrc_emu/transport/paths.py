@@ -4,7 +4,8 @@ Why it exists: a QP needs, per EV, a frame template and a first hop, for data (r
 to responder), for ACKs (the reverse EV: same plane and spine, back) and for EV probes
 (out along the EV, back along its reverse). The fabric's EV list is the controller's.
 `Send` and `Endpoint` are the whole contract between a QP and the driver that carries its
-frames (mrc_emu.io): frames out through `send(frame, path)`, datagrams and time in.
+frames (mrc_emu.io): frames out through `send(frame, path)`, datagrams (with the traffic class
+they arrived with: ECN and the trimmed DSCPs) and time in.
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ class Endpoint(Protocol):
 
     address: bytes  # packed IPv6 address the endpoint receives on
 
-    def on_datagram(self, payload: bytes | memoryview, src: bytes, sport: int, now: int) -> None: ...
+    def on_datagram(self, payload: bytes | memoryview, src: bytes, sport: int, now: int,
+                    tclass: int = 0) -> None: ...  # tclass: the IPv6 traffic class it arrived with
     def pump(self, now: int, send: Send, clock: Callable[[], int] | None = None,
              horizon: int | None = None) -> None: ...
     def next_wakeup(self) -> int | None: ...

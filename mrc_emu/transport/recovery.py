@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Protocol
 
-from ..wire.format import AckPacket, Syndrome
+from ..wire.format import AckPacket, Syndrome, TrimNackPacket
 from .cc import CongestionControl
 from .config import PSN_MOD, QpConfig, RecoveryMode, psn_abs
 from .ev import EvProfile
@@ -48,6 +48,8 @@ class Recovery:
         self.bytes_acked = 0
         self.timeouts = 0
         self.duplicates_acked = 0
+        self.trims = 0  # TRIM NACKs for known packets
+        self.trims_resent = 0  # ... whose packet left flight to be resent at once
         self._window_mask = (1 << config.window) - 1
         self._loss_check_at = 0
         # The driver's horizon: the time up to which every datagram that reached the sockets of
@@ -94,8 +96,8 @@ class Recovery:
             rtt = heard - echo.sent_ns
             echo_sent = echo.sent_ns
             sampled = echo.ev
-            self.profile.on_rtt(echo.ev, rtt, ack.ecn_echo)
-        ecn_ev = ack.echo_ev if ack.ecn_echo and ack.echo_ev in evs else None
+            self.profile.on_rtt(echo.ev, rtt)  # ECN comes from the ACK's CE counts, per packet
+        ce = {ev: count for ev, count in ack.ce_counts if ev in evs} if ack.ce_counts else None
         seen: dict[int, list[int]] = {}
         acked = 0
         if cum >= una:
@@ -109,8 +111,27 @@ class Recovery:
         self.bytes_acked += acked
         if acked == 0:
             self.duplicates_acked += 1
-        self._credit(seen, now, sampled, rtt, ecn_ev, echo_sent, heard)
+        self._credit(seen, now, sampled, rtt, ce, echo_sent, heard)
         self.policy.detect_losses(self, now, seen)
+
+    def on_trimmed(self, nack: TrimNackPacket, now: int) -> bool:
+        """A TRIM NACK: a switch trimmed `nack.psn` on `nack.ev`. Its EV and the CC hear it; when
+        that transmission is the one in flight, the packet leaves flight and is queued first to be
+        resent (the pump picks another EV). A trim is a full queue, not a failing path: it never
+        counts as a loss (no ASSUMED_BAD). False: no such packet is waiting to be acknowledged."""
+        psn = psn_abs(nack.psn, self.una)
+        pkt = self.sent.pkts.get(psn)
+        if pkt is None:
+            return False
+        stats = self.profile.evs[nack.ev]
+        self.trims += 1
+        self.profile.on_trimmed(nack.ev, nack.last_hop, nack.ecn_ce)
+        self.cc.on_trimmed(now, nack.ev, pkt.length, stats.rtt.srtt_ns, last_hop=nack.last_hop)
+        if pkt.ev == nack.ev and psn in self.sent.flight:
+            self.sent.out_of_flight(pkt)
+            self.sent.retx.appendleft(psn)
+            self.trims_resent += 1
+        return True
 
     def _newly_sacked(self, ack: AckPacket, una: int) -> list[int]:
         """PSNs the ACK's bitmap marks that were not known delivered; the bitmap joins `sacked`.
@@ -148,8 +169,9 @@ class Recovery:
             self._credit(seen, now, None, None, None)
 
     def _credit(self, seen: dict[int, list[int]], now: int, sampled: int | None, rtt: int | None,
-                ecn_ev: int | None, echo_sent: int | None = None, heard: int = 0) -> None:
-        """Tell the EV profile and the CC what each EV delivered.
+                ce: dict[int, int] | None, echo_sent: int | None = None, heard: int = 0) -> None:
+        """Tell the EV profile and the CC what each EV delivered, and how many CE marks (`ce`: EV
+        -> CE-marked packets the responder counted since its last ACK) it saw.
 
         The echoed EV has its exact sample (`rtt`): the ACK's arrival less the responder's service
         time of the echoed packet (`heard`) less its send time, so an endpoint slow to read or
@@ -165,6 +187,9 @@ class Recovery:
         evs = profile.evs
         for ev, (count, latest_sent, latest_tx, nbytes) in seen.items():
             profile.on_delivered(ev, latest_sent, count)
+            marked = ce.get(ev, 0) if ce else 0
+            if marked or evs[ev].ecn:
+                profile.on_ecn(ev, marked, count)
             if latest_sent > self.rack_sent_ns:
                 self.rack_sent_ns = latest_sent
             sample = None
@@ -173,10 +198,14 @@ class Recovery:
             elif (echo_sent is not None and latest_tx == 1 and echo_sent - latest_sent <= rtt
                   and heard - latest_sent >= MIN_RTT_SAMPLE_NS):
                 sample = heard - latest_sent
-                profile.on_rtt(ev, sample, None)
-            cc.on_acked(now, ev, nbytes, sample, evs[ev].rtt.srtt_ns, ev == ecn_ev)
-        for ev in {sampled, ecn_ev} - seen.keys() - {None}:  # an echo (sample, ECN mark) whose EV delivered nothing new
-            cc.on_acked(now, ev, 0, rtt if ev == sampled else None, evs[ev].rtt.srtt_ns, ev == ecn_ev)
+                profile.on_rtt(ev, sample)
+            cc.on_acked(now, ev, nbytes, sample, evs[ev].rtt.srtt_ns, marked > 0)
+        # an echo (sample) or CE marks on an EV that delivered nothing new
+        for ev in ({sampled} | (ce.keys() if ce else set())) - seen.keys() - {None}:
+            marked = ce.get(ev, 0) if ce else 0
+            if marked:
+                profile.on_ecn(ev, marked, marked)
+            cc.on_acked(now, ev, 0, rtt if ev == sampled else None, evs[ev].rtt.srtt_ns, marked > 0)
 
     # ---- losses --------------------------------------------------------------------------
 

@@ -3,8 +3,9 @@
 Why it exists: this is MRC's sender. It segments each WRITE at the path MTU into packets
 that each carry their own address (RETH), sprays them over the GOOD EVs of its EV profile
 (ev.py) within the congestion window (cc.py), reads ACKs and probes, and completes WRITEs
-in posting order. What happened to each packet, and what to resend, is recovery.py's; EV
-probes are probing.py's. A sans-IO state machine: datagrams in (`on_datagram`), frames out
+in posting order. What happened to each packet, and what to resend, is recovery.py's (a TRIM
+NACK too: the trimmed packet is resent at once, on another EV); EV probes are probing.py's;
+a CNP goes to the congestion control (DCQCN's reaction point). A sans-IO state machine: datagrams in (`on_datagram`), frames out
 (`pump`), time passed in as `now` (ns); randomness (probe ids) from an injected source.
 """
 
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 from ..wire import format as fmt
 from ..wire.decoder import decode_udp
 from ..wire.encoder import payload_sums
-from ..wire.format import AckPacket, DropReason, ProbePacket, Syndrome
+from ..wire.format import AckPacket, CnpPacket, DropReason, ProbePacket, Syndrome, TrimNackPacket
 from .cc import CongestionControl, make_cc
 from .config import QpConfig, RandomBits
 from .ev import EvProfile
@@ -100,6 +101,8 @@ class Requester:
         self.completions: list[Completion] = []
         self.error: str | None = None
         self.naks = 0
+        self.trim_nacks = 0  # TRIM NACKs heard for packets of this QP
+        self.cnps = 0
         self.send_failures = 0
         self.drops: Counter[str] = Counter()
         self._wr_ids = itertools.count(1)
@@ -154,7 +157,7 @@ class Requester:
 
     # ---- receiving -----------------------------------------------------------------------
 
-    def on_datagram(self, payload: bytes | memoryview, src: bytes, sport: int, now: int) -> None:
+    def on_datagram(self, payload: bytes | memoryview, src: bytes, sport: int, now: int, tclass: int = 0) -> None:
         packet = decode_udp(payload, src, self.address, sport)
         if isinstance(packet, DropReason):
             self.drops[packet.value] += 1
@@ -166,6 +169,18 @@ class Requester:
         elif isinstance(packet, ProbePacket):
             if not self.prober.on_probe(packet, now):
                 self.drops["unknown_probe"] += 1
+        elif isinstance(packet, (TrimNackPacket, CnpPacket)):
+            if packet.dest_qp != self.qpn or packet.pkey != self.config.pkey:
+                self.drops["unknown_qp" if packet.dest_qp != self.qpn else "bad_pkey"] += 1
+            elif isinstance(packet, CnpPacket):
+                self.cnps += 1
+                self.cc.on_cnp(now)
+            elif packet.ev not in self.profile.evs:
+                self.drops["trim_unknown_ev"] += 1
+            elif self.recovery.on_trimmed(packet, now):
+                self.trim_nacks += 1
+            else:
+                self.drops["trim_unknown_psn"] += 1
         else:
             self.drops["unexpected_data"] += 1
 
@@ -360,7 +375,8 @@ class Requester:
         rec = self.recovery
         return {"packets_sent": self.packets_sent, "retransmits": self.retransmits, "bytes_acked": rec.bytes_acked,
                 "duplicates_acked": rec.duplicates_acked, "naks": self.naks, "timeouts": rec.timeouts,
-                "send_failures": self.send_failures, "probes_sent": self.prober.probes_sent,
+                "send_failures": self.send_failures, "trim_nacks": self.trim_nacks, "cnps": self.cnps,
+                "probes_sent": self.prober.probes_sent,
                 "probes_returned": self.prober.probes_returned, "probes_paced": self.prober.probes_paced,
                 "cwnd": int(self.cc.cwnd), "cc_decreases": self.cc.decreases, "stalled": self.stalled, "timers_deferred": rec.deferred,
                 "psns_sent": rec.next_psn - self.start_psn, "psns_acked": rec.una - self.start_psn}

@@ -8,6 +8,11 @@ each with its own attributes (QpConfig): MRC QPs (selective) and go-back-N QPs (
 which accept only the expected PSN) side by side. A sans-IO state machine: datagrams in
 (`on_datagram`), ACK frames out (`pump`), time passed in as `now` (ns); R_Keys come from an
 injected random source.
+
+It also hears congestion: each datagram's traffic class says whether a switch CE-marked it
+(counted per EV and reported in the ACKs' SACK extension; with `QpConfig.cnp`, DCQCN's CNP at
+most once per `cnp_interval_ns`) or trimmed it (the DSCP; then it is not placed, and a TRIM
+NACK for its PSN leaves at the next pump, or a plain ACK when the PSN had arrived already).
 """
 
 from __future__ import annotations
@@ -17,8 +22,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..topology.evs import UDP_SPORT_BASE, ev_of_sport
-from ..wire.decoder import decode_udp
-from ..wire.format import ROCE_UDP_PORT, AckPacket, DataPacket, DropReason, Syndrome
+from ..wire import format as fmt
+from ..wire.decoder import decode_trimmed, decode_udp
+from ..wire.format import ROCE_UDP_PORT, AckPacket, CnpPacket, DataPacket, DropReason, Syndrome, TrimNackPacket
 from .config import PSN_MOD, QpConfig, RandomBits, RecoveryMode, psn_abs
 from .paths import Path, Send
 
@@ -61,8 +67,11 @@ class ImmCompletion:
 
 # A responder QP's state: the fields the C placement (_place.c) reads and writes, and those only Python uses
 _SHARED = ("peer", "epsn", "pd", "window", "pkey", "in_order_only", "received", "pending_imm", "since_ack",
-           "ack_every", "unacked_since", "ack_due", "echo_psn", "echo_ev", "echo_at", "ecn")
-_PYTHON_ONLY = ("qpn", "peer_qpn", "start_psn", "paths_back", "config", "nak", "nak_sent_at", "nak_psn")
+           "ack_every", "unacked_since", "ack_due", "echo_psn", "echo_ev", "echo_at", "ecn", "ce_counts", "cnp",
+           "cnp_due", "cnp_last", "cnp_interval")
+_PYTHON_ONLY = ("qpn", "peer_qpn", "start_psn", "paths_back", "config", "nak", "nak_sent_at", "nak_psn", "trims")
+_TRIMMED_DSCPS = (fmt.DSCP_TRIMMED, fmt.DSCP_TRIMMED_LASTHOP)
+MAX_PENDING_TRIMS = 1024  # TRIM NACKs a QP holds between two pumps (more: counted drops)
 
 
 class _QpFields:
@@ -74,7 +83,9 @@ class _QpFields:
     accepted; unacked_since: arrival of the first packet not yet acknowledged (-1: none);
     nak: the syndrome to send with the next ACK; nak_sent_at: go-back-N, the expected PSN a
     sequence NAK was sent for (one per gap); echo_at: when the echoed packet arrived (the ACK
-    says how long it was held since)."""
+    says how long it was held since); ce_counts: EV -> CE-marked data packets not yet reported;
+    cnp: send DCQCN CNPs (cnp_due: one is to leave; cnp_last: when the last was due); trims: the
+    TRIM NACKs to send at the next pump."""
 
     __slots__ = ()
 
@@ -90,6 +101,9 @@ class _QpFields:
         self.nak: Syndrome | None = None
         self.nak_sent_at, self.nak_psn = -1, 0
         self.echo_psn, self.echo_ev, self.echo_at, self.ecn = 0, 0, 0, False
+        self.ce_counts: dict[int, int] = {}
+        self.cnp, self.cnp_interval, self.cnp_due, self.cnp_last = config.cnp, config.cnp_interval_ns, False, -(1 << 62)
+        self.trims: list[TrimNackPacket] = []
 
 
 class _PyQp(_QpFields):
@@ -117,7 +131,9 @@ class Responder:
         self.regions: dict[int, MemoryRegion] = {}
         self.qps: dict[int, _PyQp | _CQp] = {}
         self.completions: list[ImmCompletion] = []
-        self.stats = {"packets_placed": 0, "bytes_placed": 0, "duplicates": 0, "acks_sent": 0, "naks_sent": 0}
+        self.stats = {"packets_placed": 0, "bytes_placed": 0, "duplicates": 0, "acks_sent": 0, "naks_sent": 0,
+                      "ce_received": 0, "trimmed_received": 0, "trims_of_received": 0, "trim_nacks_sent": 0,
+                      "cnps_sent": 0}
         self._qp_class = _CQp if c_path and _CQp is not None else _PyQp
         self._place = (_place.Placer(self.qps, self.regions, self.stats, address, ROCE_UDP_PORT, UDP_SPORT_BASE).place
                        if self._qp_class is _CQp else None)
@@ -143,9 +159,14 @@ class Responder:
             raise ValueError("a responder QP needs at least one path back to the requester")
         self.qps[qpn] = self._qp_class(qpn, peer_qpn, peer, start_psn, paths_back, config or self.config, pd)
 
-    def on_datagram(self, payload: bytes | memoryview, src: bytes, sport: int, now: int) -> None:
-        if self._place is not None and self._place(payload, src, sport, now):
+    def on_datagram(self, payload: bytes | memoryview, src: bytes, sport: int, now: int, tclass: int = 0) -> None:
+        if self._place is not None and self._place(payload, src, sport, now, tclass):
             return  # the common case, checked and placed in C exactly as below
+        if tclass >> 2 in _TRIMMED_DSCPS:  # a trim, unless it is whole or no data packet
+            trimmed = decode_trimmed(payload)
+            if trimmed is not DropReason.NOT_TRIMMED:
+                self._on_trimmed(trimmed, src, sport, now, tclass)
+                return
         packet = decode_udp(payload, src, self.address, sport)
         if isinstance(packet, DropReason):
             self.drops[packet.value] += 1
@@ -162,7 +183,13 @@ class Responder:
             return
         psn = psn_abs(packet.psn, qp.epsn)
         offset = psn - qp.epsn
-        qp.echo_psn, qp.echo_ev, qp.echo_at, qp.ecn = packet.psn, ev_of_sport(sport), now, packet.ecn_ce
+        ev = ev_of_sport(sport)
+        ce = tclass & fmt.ECN_MASK == fmt.ECN_CE
+        qp.echo_psn, qp.echo_ev, qp.echo_at, qp.ecn = packet.psn, ev, now, ce
+        if ce:
+            qp.ce_counts[ev] = qp.ce_counts.get(ev, 0) + 1
+            self.stats["ce_received"] += 1
+            self._maybe_cnp(qp, now)
         if offset < 0 or (offset < qp.window and qp.received >> (qp.window - 1 - offset) & 1):
             self.stats["duplicates"] += 1
             qp.ack_due = True
@@ -209,6 +236,74 @@ class Responder:
         if packet.ack_req or qp.since_ack >= qp.ack_every:
             qp.ack_due = True
 
+    def _maybe_cnp(self, qp: _PyQp | _CQp, now: int) -> None:
+        """DCQCN's NP: a CE mark makes a CNP due, unless one was due less than the interval ago."""
+        if qp.cnp and now - qp.cnp_last >= qp.cnp_interval:
+            qp.cnp_due, qp.cnp_last = True, now
+
+    def _on_trimmed(self, trimmed, src: bytes, sport: int, now: int, tclass: int) -> None:
+        """A data packet a switch trimmed: not placed; a TRIM NACK for its PSN, or, if that PSN
+        arrived already (the trim was of a copy), a plain ACK."""
+        if isinstance(trimmed, DropReason):
+            self.drops[f"trimmed_{trimmed.value}"] += 1
+            return
+        qp = self.qps.get(trimmed.dest_qp)
+        if qp is None or (qp.peer is not None and qp.peer != src):
+            self.drops["unknown_qp"] += 1
+            return
+        if trimmed.pkey != qp.pkey:
+            self.drops["bad_pkey"] += 1
+            return
+        self.stats["trimmed_received"] += 1
+        ce = tclass & fmt.ECN_MASK == fmt.ECN_CE
+        if ce:
+            self._maybe_cnp(qp, now)  # the NACK itself echoes the mark to an MRC requester
+        offset = psn_abs(trimmed.psn, qp.epsn) - qp.epsn
+        if offset < 0 or (offset < qp.window and qp.received >> (qp.window - 1 - offset) & 1):
+            self.stats["trims_of_received"] += 1
+            qp.ack_due = True
+            return
+        if offset >= qp.window:
+            self.drops["trim_out_of_window"] += 1
+            return
+        if len(qp.trims) >= MAX_PENDING_TRIMS:
+            self.drops["trim_nack_overflow"] += 1
+            return
+        qp.trims.append(TrimNackPacket(qp.peer_qpn, trimmed.psn, ev_of_sport(sport) & 0xFFFF,
+                                       tclass >> 2 == fmt.DSCP_TRIMMED_LASTHOP, ce,
+                                       (qp.epsn - qp.start_psn) & (PSN_MOD - 1), qp.pkey))
+
+    def _signal(self, qp: _PyQp | _CQp, send: Send) -> None:
+        """Send the QP's pending TRIM NACKs (each back along the trimmed packet's EV) and CNP."""
+        first = next(iter(qp.paths_back.values()))
+        for nack in qp.trims:
+            path = qp.paths_back.get(nack.ev) or first
+            if send(path.template.encode(nack), path):
+                self.stats["trim_nacks_sent"] += 1
+            else:
+                self.drops["trim_nack_not_sent"] += 1
+        qp.trims.clear()
+        if qp.cnp_due:
+            qp.cnp_due = False
+            path = qp.paths_back.get(qp.echo_ev) or first
+            if send(path.template.encode(CnpPacket(qp.peer_qpn, qp.pkey)), path):
+                self.stats["cnps_sent"] += 1
+            else:
+                self.drops["cnp_not_sent"] += 1
+
+    @staticmethod
+    def _take_ce(counts: dict[int, int]) -> tuple[tuple[int, int], ...]:
+        """The CE counts one ACK reports (up to MAX_CE_ENTRIES EVs, each up to 0xFFFF); what does
+        not fit stays for the next ACK."""
+        taken = []
+        for ev in sorted(counts)[:fmt.MAX_CE_ENTRIES]:
+            n = counts.pop(ev)
+            sent = min(n, fmt.MAX_CE_COUNT)
+            if n > sent:
+                counts[ev] = n - sent
+            taken.append((ev & 0xFFFF, sent))
+        return tuple(taken)
+
     def _nak(self, qp: _PyQp | _CQp, syndrome: Syndrome, psn: int) -> None:
         qp.nak, qp.nak_psn, qp.ack_due = syndrome, psn, True
 
@@ -224,11 +319,13 @@ class Responder:
             syndrome, psn = Syndrome.ACK, qp.epsn - 1
         return AckPacket(qp.peer_qpn, psn & (PSN_MOD - 1), syndrome, (qp.epsn - qp.start_psn) & (PSN_MOD - 1),
                          qp.epsn & (PSN_MOD - 1), qp.echo_psn, qp.echo_ev & 0xFFFF, qp.ecn, bitmap, qp.pkey,
-                         now - qp.echo_at)
+                         now - qp.echo_at, self._take_ce(qp.ce_counts) if qp.ce_counts else ())
 
     def pump(self, now: int, send: Send, clock: Callable[[], int] | None = None, horizon: int | None = None) -> None:
         self._last_now = now
         for qp in self.qps.values():
+            if qp.trims or qp.cnp_due:
+                self._signal(qp, send)
             if not qp.ack_due and not (qp.unacked_since >= 0 and now >= qp.unacked_since + qp.config.ack_delay_ns):
                 continue
             path = qp.paths_back.get(qp.echo_ev) or next(iter(qp.paths_back.values()))
@@ -242,7 +339,7 @@ class Responder:
     def next_wakeup(self) -> int | None:
         wakes = []
         for qp in self.qps.values():
-            if qp.ack_due:
+            if qp.ack_due or qp.trims or qp.cnp_due:
                 return self._last_now
             if qp.unacked_since >= 0:
                 wakes.append(qp.unacked_since + qp.config.ack_delay_ns)

@@ -13,11 +13,23 @@ import zlib
 from dataclasses import dataclass
 
 from . import format as fmt
-from .format import AckPacket, DataPacket, DropReason, Endpoints, ProbePacket, RocePacket
+from .format import (
+    AckPacket,
+    CnpPacket,
+    DataPacket,
+    DropReason,
+    Endpoints,
+    ProbePacket,
+    RocePacket,
+    TrimmedPacket,
+    TrimNackPacket,
+)
 from .headers import (
     ACK,
     AETH_HDR,
     BTH_HDR,
+    CE_BLOCK_HDR,
+    CE_ENTRY,
     ICRC,
     IMM_HDR,
     IPV6_HDR,
@@ -29,6 +41,7 @@ from .headers import (
     RETH_HDR,
     SACK_HDR,
     SRH_HDR,
+    TRIM_HDR,
     UDP_HDR,
     WRITE_IMM,
     WRITE_ONLY,
@@ -99,14 +112,55 @@ def _decode_roce(payload: bytes | memoryview, src: bytes, dst: bytes, sport: int
             return DropReason.BAD_EXTENSION
         if ext_type == fmt.MrcxType.SACK and ext_len >= fmt.SACK_FIXED_LEN and ext_len % 4 == 0:
             base, echo, echo_ev, service = SACK_HDR.unpack_from(body, offset + fmt.MRCX_HEADER_LEN)
-            bitmap = bytes(body[offset + fmt.SACK_FIXED_LEN:])
+            at = offset + fmt.SACK_FIXED_LEN
+            ce_counts: tuple[tuple[int, int], ...] = ()
+            if ext_flags & fmt.SACK_CE_COUNTS:
+                if end < at + CE_BLOCK_HDR.size:
+                    return DropReason.BAD_EXTENSION
+                entries = CE_BLOCK_HDR.unpack_from(body, at)[0]
+                at += CE_BLOCK_HDR.size
+                if entries > fmt.MAX_CE_ENTRIES or end < at + entries * fmt.CE_ENTRY_LEN:
+                    return DropReason.BAD_EXTENSION
+                ce_counts = tuple(CE_ENTRY.unpack_from(body, at + i * fmt.CE_ENTRY_LEN) for i in range(entries))
+                at += entries * fmt.CE_ENTRY_LEN
             return AckPacket(dest_qp, psn, syndrome, msn, base & fmt.PSN_MASK, echo & fmt.PSN_MASK, echo_ev,
-                             bool(ext_flags & 1), bitmap, pkey, fmt.decode_service(service))
+                             bool(ext_flags & 1), bytes(body[at:]), pkey, fmt.decode_service(service), ce_counts)
         if ext_type == fmt.MrcxType.PROBE and ext_len == fmt.PROBE_LEN:
             probe_id, ev, _, send_time = PROBE_HDR.unpack_from(body, offset + fmt.MRCX_HEADER_LEN)
             return ProbePacket(dest_qp, probe_id, ev, send_time, pkey)
+        if ext_type == fmt.MrcxType.TRIM and ext_len == fmt.TRIM_EXT_LEN and syndrome == fmt.Syndrome.NAK_TRIMMED:
+            ev = TRIM_HDR.unpack_from(body, offset + fmt.MRCX_HEADER_LEN)[0]
+            return TrimNackPacket(dest_qp, psn, ev, bool(ext_flags & fmt.TRIM_FLAG_LAST_HOP),
+                                  bool(ext_flags & fmt.TRIM_FLAG_CE), msn, pkey)
         return DropReason.BAD_EXTENSION
+    if opcode == fmt.Opcode.CNP:
+        if end != fmt.BTH_LEN + fmt.CNP_PAD_LEN:
+            return DropReason.BAD_LENGTH
+        return CnpPacket(qp_word & fmt.QPN_MASK, pkey)
     return DropReason.UNKNOWN_OPCODE
+
+
+def decode_trimmed(payload: bytes | memoryview) -> TrimmedPacket | DropReason:
+    """A data packet a switch trimmed, as the responder's socket receives it (the caller saw a
+    trimmed DSCP, `fmt.is_trimmed`): BTH and RETH survive, payload and ICRC are gone, so no ICRC
+    is checked; the kernel checked the UDP checksum the switch recomputed. NOT_TRIMMED: not a
+    data opcode, or not shorter than the packet its RETH describes (then it is decoded as any
+    packet). A trimmed packet that lost part of BTH or RETH is TRUNCATED."""
+    n = len(payload)
+    if n < fmt.BTH_LEN:
+        return DropReason.TRUNCATED
+    opcode, flags, pkey, qp_word, psn_word = BTH_HDR.unpack_from(payload, 0)
+    if opcode != WRITE_ONLY and opcode != WRITE_IMM:
+        return DropReason.NOT_TRIMMED
+    if flags & 0x0F:
+        return DropReason.BAD_VERSION
+    if n < fmt.TRIMMED_LEN:
+        return DropReason.TRUNCATED
+    va, rkey, dma_len = RETH_HDR.unpack_from(payload, fmt.BTH_LEN)
+    whole = fmt.TRIMMED_LEN + (fmt.IMMDT_LEN if opcode == WRITE_IMM else 0) + dma_len + ((flags >> 4) & 3) + fmt.ICRC_LEN
+    if n >= whole:
+        return DropReason.NOT_TRIMMED
+    return TrimmedPacket(qp_word & fmt.QPN_MASK, psn_word & fmt.PSN_MASK, va, rkey, dma_len, bool(psn_word >> 31), pkey)
 
 
 @dataclass(frozen=True)
@@ -118,8 +172,12 @@ class Opened:
     dst: bytes
     sport: int
     dport: int
-    ecn_ce: bool
+    tclass: int  # the inner IPv6 header's traffic class (what IPV6_RECVTCLASS reports)
     segments_left: int | None
+
+    @property
+    def ecn_ce(self) -> bool:
+        return self.tclass & fmt.ECN_MASK == fmt.ECN_CE
 
 
 def open_frame(frame: bytes | memoryview) -> Opened | DropReason:
@@ -171,7 +229,7 @@ def open_frame(frame: bytes | memoryview) -> Opened | DropReason:
     total = int.from_bytes(src + dst, "big") + ulen + NH_UDP + ones_sum_of(segment)
     if csum == 0 or ones_sum(total) != 0xFFFF:
         return DropReason.BAD_UDP_CHECKSUM
-    return Opened(segment[fmt.UDP_LEN:], src, dst, sport, dport, (word0 >> 20) & 0x3 == 0x3, segments_left)
+    return Opened(segment[fmt.UDP_LEN:], src, dst, sport, dport, (word0 >> 20) & 0xFF, segments_left)
 
 
 def decode_udp(payload: bytes | memoryview, src: bytes, dst: bytes, sport: int,

@@ -24,10 +24,12 @@ except ImportError:
     _fastpath = _patch = None
 
 from . import format as fmt
-from .format import AckPacket, DataPacket, Endpoints, ProbePacket, RocePacket
+from .format import AckPacket, CnpPacket, DataPacket, Endpoints, ProbePacket, RocePacket, TrimNackPacket
 from .headers import (
     AETH_HDR,
     BTH_HDR,
+    CE_BLOCK_HDR,
+    CE_ENTRY,
     CSUM,
     ICRC,
     IMM_HDR,
@@ -42,6 +44,7 @@ from .headers import (
     RETH_HDR,
     SACK_HDR,
     SRH_HDR,
+    TRIM_HDR,
     UDP_HDR,
     WRITE_IMM,
     WRITE_ONLY,
@@ -63,15 +66,15 @@ def _srh(segments: list[str] | tuple[str, ...]) -> bytes:
 
 def _outer_ipv6(src: str, dst: str, flow_label: int) -> bytes:
     """The outer IPv6 header, followed by an SRH; payload length zero (patched per frame)."""
-    return IPV6_HDR.pack((6 << 28) | (fmt.TRAFFIC_CLASS << 20) | flow_label, 0, NH_ROUTING, fmt.OUTER_HOP_LIMIT,
-                      packed(src), packed(dst))
+    return IPV6_HDR.pack((6 << 28) | (fmt.TCLASS_DATA << 20) | flow_label, 0, NH_ROUTING, fmt.OUTER_HOP_LIMIT,
+                         packed(src), packed(dst))
 
 
 @dataclass(frozen=True)
 class Encap:
     """The outer headers of one EV format for one path (empty for the UDP format)."""
 
-    outer: bytes  # outer IPv6 (+ SRH), payload length field zero
+    outer: bytes  # outer IPv6 (+ SRH), payload length field zero, data's traffic class (a frame sets its own)
     extra: int  # bytes of outer payload before the inner IPv6 header (SRH size)
 
     @classmethod
@@ -130,35 +133,37 @@ class FrameTemplate:
         self.encap = encap
         self.src = packed(ends.src)
         self.dst = packed(ends.dst)
-        self._inner_word0 = (6 << 28) | (fmt.TRAFFIC_CLASS << 20) | flow_label
+        self._inner_word0 = (6 << 28) | flow_label  # | traffic class << 20, per frame kind
         self._pseudo_base = int.from_bytes(self.src + self.dst, "big") + NH_UDP + ends.sport + ends.dport
         self._outer = bytearray(encap.outer)
+        self._outer_word0 = (6 << 28) | (int.from_bytes(encap.outer[:4], "big") & 0xFFFFF) if encap.outer else 0
         self._cache: dict[tuple[int, int, int, int], _Prepared] = {}
 
-    def _headers(self, udp_len: int, csum: int, word0: int) -> bytes:
-        inner = IPV6_HDR.pack(word0, udp_len, NH_UDP, fmt.INNER_HOP_LIMIT, self.src, self.dst) + UDP_HDR.pack(
-            self.ends.sport, self.ends.dport, udp_len, csum)
+    def _headers(self, udp_len: int, csum: int, tclass: int) -> bytes:
+        """Outer (if any) and inner IPv6 and UDP headers, both IPv6 headers with `tclass`."""
+        inner = (IPV6_HDR.pack(self._inner_word0 | (tclass << 20), udp_len, NH_UDP, fmt.INNER_HOP_LIMIT, self.src, self.dst)
+                 + UDP_HDR.pack(self.ends.sport, self.ends.dport, udp_len, csum))
         if not self._outer:
             return inner
         outer = self._outer
-        struct.pack_into("!H", outer, 4, self.encap.extra + fmt.IPV6_LEN + udp_len)
+        struct.pack_into("!IH", outer, 0, self._outer_word0 | (tclass << 20), self.encap.extra + fmt.IPV6_LEN + udp_len)
         return bytes(outer) + inner
 
-    def frame(self, roce: bytes, ecn_ce: bool = False) -> bytes:
-        """A full frame around BTH+rest (`roce`, without ICRC): the general, slower path."""
+    def frame(self, roce: bytes, tclass: int = fmt.TCLASS_CONTROL) -> bytes:
+        """A full frame around BTH+rest (`roce`, without ICRC): the general, slower path. Control
+        packets travel as TCLASS_CONTROL; a data packet's frame says TCLASS_DATA (| CE)."""
         udp_len = fmt.UDP_LEN + len(roce) + fmt.ICRC_LEN
         body = roce + ICRC.pack(icrc(self.src, self.dst, self.ends.sport, self.ends.dport, roce))
         data = body + (b"\0" if len(body) & 1 else b"")
         total = self._pseudo_base + 2 * udp_len + int.from_bytes(data, "big")
         csum = (0xFFFF - ones_sum(total)) or 0xFFFF
-        word0 = self._inner_word0 | (0x300000 if ecn_ce else 0)
-        return self._headers(udp_len, csum, word0) + body
+        return self._headers(udp_len, csum, tclass) + body
 
     def _prepared(self, opcode: int, length: int, pkey: int, dest_qp: int) -> _Prepared:
         pad = -length % 4
         extra = fmt.IMMDT_LEN if opcode == WRITE_IMM else 0
         udp_len = fmt.UDP_LEN + fmt.BTH_LEN + fmt.RETH_LEN + extra + length + pad + fmt.ICRC_LEN
-        headers = self._headers(udp_len, 0, self._inner_word0)
+        headers = self._headers(udp_len, 0, fmt.TCLASS_DATA)
         bth8 = BTH_HDR.pack(opcode, pad << 4, pkey, dest_qp & fmt.QPN_MASK, 0)[:8]
         words = (self._pseudo_base + 2 * udp_len + int.from_bytes(bth8, "big") + length) % 0xFFFF
         scratch = bytearray(headers + bth8 + bytes(udp_len - fmt.UDP_LEN - 8))
@@ -227,12 +232,13 @@ class FrameTemplate:
         return write_one
 
     def data(self, packet: DataPacket) -> bytes:
-        if packet.ecn_ce:
-            return self.frame(encode_roce(packet), True)
+        if packet.ecn_ce:  # as a marking switch leaves it: CE in the outer and the inner header
+            return self.frame(encode_roce(packet), fmt.TCLASS_DATA | fmt.ECN_CE)
         return bytes(self.write(packet.dest_qp, packet.psn, packet.va, packet.rkey, packet.payload, None,
                                 packet.ack_req, packet.imm, packet.pkey))
 
     def encode(self, packet: RocePacket) -> bytes:
+        """Any packet's frame: data as TCLASS_DATA, every other packet as TCLASS_CONTROL."""
         if isinstance(packet, DataPacket):
             return self.data(packet)
         return self.frame(encode_roce(packet))
@@ -278,14 +284,32 @@ def encode_roce(packet: RocePacket) -> bytes:
         bitmap = packet.sack_bitmap
         if len(bitmap) % 4:
             raise ValueError(f"SACK bitmap is {len(bitmap)} bytes: it must be whole 32-bit words")
+        flags, ce = int(packet.ecn_echo), b""
+        if packet.ce_counts:
+            if len(packet.ce_counts) > fmt.MAX_CE_ENTRIES:
+                raise ValueError(f"{len(packet.ce_counts)} CE counts: at most {fmt.MAX_CE_ENTRIES} per ACK")
+            flags |= fmt.SACK_CE_COUNTS
+            ce = CE_BLOCK_HDR.pack(len(packet.ce_counts), 0) + b"".join(
+                CE_ENTRY.pack(ev, count) for ev, count in packet.ce_counts)
         return (
             _bth(fmt.Opcode.ACKNOWLEDGE, 0, packet.pkey, packet.dest_qp, False, packet.psn)
             + AETH_HDR.pack((packet.syndrome << 24) | (packet.msn & 0xFFFFFF))
-            + MRCX_HDR.pack(fmt.MrcxType.SACK, int(packet.ecn_echo), fmt.SACK_FIXED_LEN + len(bitmap))
+            + MRCX_HDR.pack(fmt.MrcxType.SACK, flags, fmt.SACK_FIXED_LEN + len(ce) + len(bitmap))
             + SACK_HDR.pack(packet.sack_base & fmt.PSN_MASK, packet.echo_psn & fmt.PSN_MASK, packet.echo_ev,
                            fmt.encode_service(packet.service_ns))
-            + bitmap
+            + ce + bitmap
         )
+    if isinstance(packet, TrimNackPacket):
+        flags = (fmt.TRIM_FLAG_CE if packet.ecn_ce else 0) | (fmt.TRIM_FLAG_LAST_HOP if packet.last_hop else 0)
+        return (
+            _bth(fmt.Opcode.ACKNOWLEDGE, 0, packet.pkey, packet.dest_qp, False, packet.psn)
+            + AETH_HDR.pack((fmt.Syndrome.NAK_TRIMMED << 24) | (packet.msn & 0xFFFFFF))
+            + MRCX_HDR.pack(fmt.MrcxType.TRIM, flags, fmt.TRIM_EXT_LEN)
+            + TRIM_HDR.pack(packet.ev, 0)
+        )
+    if isinstance(packet, CnpPacket):
+        return (BTH_HDR.pack(fmt.Opcode.CNP, 0, packet.pkey, (fmt.BTH_BECN << 24) | (packet.dest_qp & fmt.QPN_MASK), 0)
+                + bytes(fmt.CNP_PAD_LEN))
     if isinstance(packet, ProbePacket):
         return (
             _bth(fmt.Opcode.ACKNOWLEDGE, 0, packet.pkey, packet.dest_qp, False, 0)

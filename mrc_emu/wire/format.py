@@ -43,7 +43,29 @@ PSN_MASK = 0xFFFFFF
 QPN_MASK = 0xFFFFFF
 INNER_HOP_LIMIT = 64
 OUTER_HOP_LIMIT = 64
-TRAFFIC_CLASS = 0x02  # ECN ECT(0): RoCEv2 traffic is ECN-capable
+# Traffic classes (the IPv6 traffic class byte is DSCP << 2 | ECN), in the outer and the inner header alike
+DSCP_TRIMMABLE = 26  # data: ECN-markable and trimmable by a congested switch port
+DSCP_CONTROL = 48  # ACK/NAK/SACK, probes, TRIM NACK, CNP: high priority, never marked or trimmed
+DSCP_TRIMMED = 10  # set by a switch port that trimmed a data packet
+DSCP_TRIMMED_LASTHOP = 11  # ... when that port faces the destination host
+ECN_NOT_ECT, ECN_ECT0, ECN_CE = 0, 2, 3
+ECN_MASK = 3
+TCLASS_DATA = DSCP_TRIMMABLE << 2 | ECN_ECT0  # 0x6A
+TCLASS_CONTROL = DSCP_CONTROL << 2 | ECN_NOT_ECT  # 0xC0
+TRIMMED_LEN = BTH_LEN + RETH_LEN  # what a trimmed data packet keeps of its UDP payload, at least
+SACK_CE_COUNTS = 0x02  # MRCX SACK flag: a CE-count block follows the fixed part
+CE_ENTRY_LEN = 4  # one CE count: EV (16) | packets (16); the block starts with one more word (entries)
+MAX_CE_ENTRIES = 64  # EVs one ACK reports CE counts for (the rest wait for the next ACK)
+MAX_CE_COUNT = 0xFFFF
+TRIM_EXT_LEN = 8  # MRCX TRIM: header and EV (16) | resv (16)
+TRIM_FLAG_CE, TRIM_FLAG_LAST_HOP = 0x01, 0x02
+CNP_PAD_LEN = 16  # a CNP's reserved bytes after BTH
+BTH_BECN = 0x40  # BTH byte 4: FECN (0x80), BECN (0x40), then reserved
+
+
+def is_trimmed(tclass: int) -> bool:
+    """Whether a datagram's traffic class says a switch trimmed it (either trimmed DSCP)."""
+    return (tclass >> 2) in (DSCP_TRIMMED, DSCP_TRIMMED_LASTHOP)
 
 
 class Opcode(IntEnum):
@@ -63,6 +85,7 @@ class Syndrome(IntEnum):
     NAK_INVALID_REQUEST = 0x61
     NAK_REMOTE_ACCESS = 0x62
     NAK_REMOTE_OPERATIONAL = 0x63
+    NAK_TRIMMED = 0x65  # MRC: a switch trimmed this PSN (IBA reserves NAK codes 5-31); with an MRCX TRIM
 
 
 class MrcxType(IntEnum):
@@ -70,6 +93,7 @@ class MrcxType(IntEnum):
 
     SACK = 1
     PROBE = 2
+    TRIM = 3
 
 
 class DropReason(str, Enum):
@@ -88,6 +112,7 @@ class DropReason(str, Enum):
     BAD_VERSION = "bad_transport_version"
     BAD_LENGTH = "bad_length"
     BAD_EXTENSION = "bad_extension"
+    NOT_TRIMMED = "not_a_trimmed_data_packet"
 
 
 @dataclass(frozen=True)
@@ -146,10 +171,48 @@ class AckPacket:
     sack_bitmap: bytes = b""
     pkey: int = DEFAULT_PKEY
     service_ns: int = 0
+    ce_counts: tuple[tuple[int, int], ...] = ()  # (EV, CE-marked data packets since the last ACK)
 
     @property
     def is_nak(self) -> bool:
         return (self.syndrome & 0x60) == 0x60
+
+
+@dataclass(slots=True)
+class TrimNackPacket:
+    """A TRIM NACK: a switch trimmed data packet `psn` on `ev`; resend it (docs/wire-format.md).
+
+    last_hop: the trimming port faced the responder (DSCP_TRIMMED_LASTHOP); ecn_ce: the trimmed
+    packet was CE-marked as well; msn as in the responder's ACKs."""
+
+    dest_qp: int
+    psn: int
+    ev: int
+    last_hop: bool = False
+    ecn_ce: bool = False
+    msn: int = 0
+    pkey: int = DEFAULT_PKEY
+
+
+@dataclass(slots=True)
+class CnpPacket:
+    """A RoCEv2 congestion notification packet (DCQCN's NP to its RP): a CE mark reached the QP."""
+
+    dest_qp: int
+    pkey: int = DEFAULT_PKEY
+
+
+@dataclass(slots=True)
+class TrimmedPacket:
+    """What is left of a data packet a switch trimmed: BTH and RETH (no payload, no ICRC)."""
+
+    dest_qp: int
+    psn: int
+    va: int
+    rkey: int
+    dma_len: int
+    ack_req: bool = False
+    pkey: int = DEFAULT_PKEY
 
 
 @dataclass(slots=True)
@@ -163,4 +226,4 @@ class ProbePacket:
     pkey: int = DEFAULT_PKEY
 
 
-RocePacket = DataPacket | AckPacket | ProbePacket
+RocePacket = DataPacket | AckPacket | ProbePacket | TrimNackPacket | CnpPacket

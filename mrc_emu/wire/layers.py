@@ -10,12 +10,15 @@ Slow (about 1k packets/s): never on the data path.
 
 from __future__ import annotations
 
-from scapy.contrib.roce import AETH, BTH
+from scapy.contrib.roce import AETH, BTH, CNPPadding
 from scapy.fields import (
     BitField,
     ByteEnumField,
     ByteField,
+    ConditionalField,
+    FieldLenField,
     IntField,
+    PacketListField,
     ShortField,
     StrLenField,
     XIntField,
@@ -58,7 +61,30 @@ class MRCX(Packet):
         return p + pay
 
     def guess_payload_class(self, payload: bytes):
-        return {fmt.MrcxType.SACK: MRCXSack, fmt.MrcxType.PROBE: MRCXProbe}.get(self.ext_type, Packet)
+        return {fmt.MrcxType.SACK: MRCXSack, fmt.MrcxType.PROBE: MRCXProbe,
+                fmt.MrcxType.TRIM: MRCXTrim}.get(self.ext_type, Packet)
+
+
+class MRCXCeCount(Packet):
+    """One entry of a SACK's CE-count block: CE-marked data packets of one EV since the last ACK."""
+
+    name = "MRCX CE count"
+    fields_desc = [ShortField("ev", 0), ShortField("count", 0)]
+
+    def extract_padding(self, s: bytes):
+        return b"", s
+
+
+def _has_ce_block(pkt: Packet) -> bool:
+    return pkt.underlayer is not None and bool(pkt.underlayer.flags & fmt.SACK_CE_COUNTS)
+
+
+def _bitmap_len(pkt: Packet) -> int:
+    mrcx = pkt.underlayer
+    if mrcx is None or not mrcx.length:
+        return 0
+    ce = 4 + fmt.CE_ENTRY_LEN * (pkt.ce_entries or 0) if _has_ce_block(pkt) else 0
+    return mrcx.length - fmt.SACK_FIXED_LEN - ce
 
 
 class MRCXSack(Packet):
@@ -70,9 +96,20 @@ class MRCXSack(Packet):
         BitField("echo_psn", 0, 24),
         ShortField("echo_ev", 0),
         ShortField("service", 0),  # the responder's service time of the echoed packet (format.encode_service)
-        StrLenField("bitmap", b"", length_from=lambda pkt: pkt.underlayer.length - fmt.SACK_FIXED_LEN
-                    if pkt.underlayer is not None and pkt.underlayer.length else 0),
+        # with MRCX flag SACK_CE_COUNTS: CE-marked packets per EV since the last ACK
+        ConditionalField(FieldLenField("ce_entries", None, count_of="ce_counts"), _has_ce_block),
+        ConditionalField(ShortField("ce_resv", 0), _has_ce_block),
+        ConditionalField(PacketListField("ce_counts", [], MRCXCeCount, count_from=lambda pkt: pkt.ce_entries),
+                         _has_ce_block),
+        StrLenField("bitmap", b"", length_from=_bitmap_len),
     ]
+
+
+class MRCXTrim(Packet):
+    """A TRIM NACK's extension: the EV the trimmed packet came by (flags: CE, last hop)."""
+
+    name = "MRCX Trim"
+    fields_desc = [ShortField("ev", 0), ShortField("resv", 0)]
 
 
 class MRCXProbe(Packet):
@@ -112,14 +149,25 @@ def roce_layers(packet: fmt.RocePacket) -> Packet:
         padded = packet.payload + b"\0" * pad
         return body / Raw(padded) if padded else body
     if isinstance(packet, fmt.AckPacket):
+        flags = int(packet.ecn_echo) | (fmt.SACK_CE_COUNTS if packet.ce_counts else 0)
+        mrcx = MRCX(ext_type=fmt.MrcxType.SACK, flags=flags)
+        sack = MRCXSack(sack_base=packet.sack_base, echo_psn=packet.echo_psn, echo_ev=packet.echo_ev,
+                        service=fmt.encode_service(packet.service_ns), bitmap=packet.sack_bitmap)
+        if packet.ce_counts:
+            sack.ce_counts = [MRCXCeCount(ev=ev, count=count) for ev, count in packet.ce_counts]
         return (
             BTH(opcode=fmt.Opcode.ACKNOWLEDGE, pkey=packet.pkey, dqpn=packet.dest_qp, psn=packet.psn)
-            / AETH(syndrome=packet.syndrome, msn=packet.msn)
-            / MRCX(ext_type=fmt.MrcxType.SACK, flags=int(packet.ecn_echo))
-            / MRCXSack(sack_base=packet.sack_base, echo_psn=packet.echo_psn, echo_ev=packet.echo_ev,
-                       service=fmt.encode_service(packet.service_ns),
-                       bitmap=packet.sack_bitmap)
+            / AETH(syndrome=packet.syndrome, msn=packet.msn) / mrcx / sack
         )
+    if isinstance(packet, fmt.TrimNackPacket):
+        flags = (fmt.TRIM_FLAG_CE if packet.ecn_ce else 0) | (fmt.TRIM_FLAG_LAST_HOP if packet.last_hop else 0)
+        return (
+            BTH(opcode=fmt.Opcode.ACKNOWLEDGE, pkey=packet.pkey, dqpn=packet.dest_qp, psn=packet.psn)
+            / AETH(syndrome=fmt.Syndrome.NAK_TRIMMED, msn=packet.msn)
+            / MRCX(ext_type=fmt.MrcxType.TRIM, flags=flags) / MRCXTrim(ev=packet.ev)
+        )
+    if isinstance(packet, fmt.CnpPacket):  # scapy's own CNP (contrib.roce.cnp), with our P_Key
+        return BTH(opcode=fmt.Opcode.CNP, becn=1, pkey=packet.pkey, dqpn=packet.dest_qp, psn=0) / CNPPadding()
     if isinstance(packet, fmt.ProbePacket):
         return (
             BTH(opcode=fmt.Opcode.ACKNOWLEDGE, pkey=packet.pkey, dqpn=packet.dest_qp, psn=0)
@@ -130,11 +178,17 @@ def roce_layers(packet: fmt.RocePacket) -> Packet:
     raise TypeError(f"not a packet record: {packet!r}")
 
 
+def traffic_class(packet: fmt.RocePacket) -> int:
+    """Data: DSCP_TRIMMABLE, ECT(0) (CE when marked); everything else: DSCP_CONTROL, Not-ECT."""
+    if isinstance(packet, fmt.DataPacket):
+        return fmt.TCLASS_DATA | (fmt.ECN_CE if packet.ecn_ce else 0)
+    return fmt.TCLASS_CONTROL
+
+
 def inner(packet: fmt.RocePacket, ends: fmt.Endpoints, flow_label: int = 0) -> Packet:
     """Inner IPv6 / UDP / RoCE: what the ICRC covers and the destination host receives."""
     return (
-        IPv6(src=ends.src, dst=ends.dst, tc=fmt.TRAFFIC_CLASS | (3 if getattr(packet, "ecn_ce", False) else 0),
-             fl=flow_label, hlim=fmt.INNER_HOP_LIMIT)
+        IPv6(src=ends.src, dst=ends.dst, tc=traffic_class(packet), fl=flow_label, hlim=fmt.INNER_HOP_LIMIT)
         / UDP(sport=ends.sport, dport=ends.dport)
         / roce_layers(packet)
     )
@@ -143,7 +197,7 @@ def inner(packet: fmt.RocePacket, ends: fmt.Endpoints, flow_label: int = 0) -> P
 def srv6_frame(packet: fmt.RocePacket, ends: fmt.Endpoints, segments: list[str], flow_label: int = 0) -> Packet:
     """SRV6 EV format: outer IPv6 + SRH (segments in path order; the SRH stores them reversed)."""
     return (
-        IPv6(src=ends.src, dst=segments[0], tc=fmt.TRAFFIC_CLASS, fl=flow_label, hlim=fmt.OUTER_HOP_LIMIT)
+        IPv6(src=ends.src, dst=segments[0], tc=traffic_class(packet), fl=flow_label, hlim=fmt.OUTER_HOP_LIMIT)
         / IPv6ExtHdrSegmentRouting(addresses=list(reversed(segments)), segleft=len(segments) - 1,
                                    lastentry=len(segments) - 1, nh=41)
         / inner(packet, ends, flow_label)
@@ -155,7 +209,7 @@ def usid_frame(packet: fmt.RocePacket, ends: fmt.Endpoints, carrier: str, final:
     """SRV6_USID EV format: the outer destination is the NEXT-C-SID carrier, plus the optional
     single-segment SRH (Segments Left 0) that lets the last host decapsulate natively."""
     return (
-        IPv6(src=ends.src, dst=carrier, tc=fmt.TRAFFIC_CLASS, fl=flow_label, hlim=fmt.OUTER_HOP_LIMIT)
+        IPv6(src=ends.src, dst=carrier, tc=traffic_class(packet), fl=flow_label, hlim=fmt.OUTER_HOP_LIMIT)
         / IPv6ExtHdrSegmentRouting(addresses=[final], segleft=0, lastentry=0, nh=41)
         / inner(packet, ends, flow_label)
     )
