@@ -23,14 +23,6 @@ def test_percentiles_are_values_that_occurred():
         cg.percentile(xs, 101)
 
 
-def test_histogram_percentile_is_the_upper_bound_of_the_bucket_holding_the_rank():
-    buckets = [(1024, 90), (2048, 9), (4096, 1)]
-    assert cg.histogram_percentile(buckets, 50) == 1024
-    assert cg.histogram_percentile(buckets, 99) == 2048
-    assert cg.histogram_percentile(buckets, 100) == 4096
-    assert cg.histogram_percentile([(1024, 0)], 50) is None
-
-
 def test_utilisation_of_a_link_full_for_a_second():
     assert cg.utilisation(50_000_000, 1_000_000_000, 400e6) == pytest.approx(1.0)
     assert cg.utilisation(1, 0, 400e6) is None
@@ -53,3 +45,12 @@ def test_flows_add_up_a_run():
     assert f["jain"] == pytest.approx(cg.jain([0.8, 0.4]), rel=1e-3)
     assert f["fct_ms"]["p99"] == 20.0 and f["fct_ms"]["p50"] == 10.0
     assert (f["timeouts"], f["retransmits"], f["trim_nacks"]) == (2, 4, 4)
+
+
+def test_port_figures_from_a_delta_of_the_port_counters():
+    counters = {"bytes": 25_000_000, "packets": 6000, "ce_marked": 40, "trimmed": 3, "dropped": 0,
+                "queue_p50": 4096, "queue_p99": 32768, "max_queue": 65536}
+    f = cg.port_figures(counters, 1_000_000_000, 400e6)
+    assert f["utilisation"] == pytest.approx(0.5)
+    assert (f["ce_marked"], f["trimmed"], f["dropped"]) == (40, 3, 0)
+    assert f["queue_bytes"] == {"p50": 4096, "p99": 32768, "max": 65536}

@@ -34,23 +34,6 @@ def percentile(values: Iterable[float], p: float) -> float | None:
     return xs[rank - 1]
 
 
-def histogram_percentile(buckets: Sequence[tuple[float, int]], p: float) -> float | None:
-    """The p-th percentile of a histogram given as (upper bound, count) in ascending bounds: the
-    upper bound of the bucket that holds the nearest-rank sample (an upper estimate)."""
-    total = sum(count for _, count in buckets)
-    if total == 0:
-        return None
-    if not 0 <= p <= 100:
-        raise ValueError(f"a percentile is between 0 and 100, not {p}")
-    rank = max(1, math.ceil(p / 100 * total))
-    seen = 0
-    for bound, count in buckets:
-        seen += count
-        if seen >= rank:
-            return bound
-    return buckets[-1][0]
-
-
 def utilisation(wire_bytes: int, span_ns: int, capacity_bps: float) -> float | None:
     """The fraction of `capacity_bps` that `wire_bytes` (on the wire, headers included) fill over
     `span_ns`."""
@@ -84,15 +67,15 @@ def flows(results: Sequence[Any]) -> dict[str, Any]:
 
 
 def port_figures(counters: Mapping[str, Any], span_ns: int, rate_bps: float) -> dict[str, Any]:
-    """One egress port's counters over a run (a delta of fabric.ports counters) as figures: its
-    utilisation, marks, trims, drops, and its queue's percentiles from the histogram."""
-    hist = counters.get("queue_hist") or []
+    """One egress port's counters over a run (an entry of fabric.ports.delta) as figures: its
+    utilisation, marks, trims, drops, and the queue its arrivals found (p50/p99 from the port
+    program's histogram: upper bucket edges; max: the highest bucket reached)."""
     return {
         "utilisation": _round(utilisation(counters.get("bytes", 0), span_ns, rate_bps), 4),
         "packets": counters.get("packets", 0), "ce_marked": counters.get("ce_marked", 0),
         "trimmed": counters.get("trimmed", 0), "dropped": counters.get("dropped", 0),
-        "max_queue_bytes": counters.get("max_queue", 0),
-        "queue_bytes": {"p50": histogram_percentile(hist, 50), "p99": histogram_percentile(hist, 99)},
+        "queue_bytes": {"p50": counters.get("queue_p50"), "p99": counters.get("queue_p99"),
+                        "max": counters.get("max_queue")},
     }
 
 

@@ -91,7 +91,7 @@ def run_transport(scn: Scenario, fabric: Fabric, transport: Transport, baseline_
                   out_dir: Path, progress: Progress = _quiet,
                   on_bytes: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     topo = fabric.topology
-    specs = [transport.spec(s, d, n, scn.mtu, label=f"{s}->{d}") for s, d, n in scn.transfers()]
+    specs = [transport.spec(s, d, n, scn.mtu, label=f"{s}->{d}", topology=scn.topology) for s, d, n in scn.transfers()]
     runs: list[FaultRun] = []
     agents: list[tuple[FaultRun, LinkFaultAgent | None]] = []
     control = Control()
@@ -100,7 +100,7 @@ def run_transport(scn: Scenario, fabric: Fabric, transport: Transport, baseline_
             link = baseline_link if fault.link == "baseline-path" else fault.link
             fr = FaultRun(fault, link if isinstance(link, tuple) else None)
             runs.append(fr)
-            specs += [Transport.MRC.spec(a, b, fault.size, scn.mtu, evs, start_at=fault.at,
+            specs += [Transport.MRC.spec(a, b, fault.size, scn.mtu, evs, start_at=fault.at, topology=topo,
                                          label=f"competing flow {a}->{b} over {'-'.join(fr.link)}")
                       for a, b, evs in fault.competing(topo, fr.link)]
             targets = fault.agent_links(topo, fr.link)

@@ -349,8 +349,14 @@ def send(fabric: Fabric, src: str, dst: str, size: int, evs: list[int] | None = 
          imm: int | None = None, config: QpConfig | None = None, control: Control | None = None,
          on_progress: Callable[[int, int], None] | None = None, linger_s: float = 0.0,
          workers: int | None = None, dilation: float = 1.0) -> TransferResult:
-    """WRITE `size` random bytes from host `src` to a buffer registered at host `dst`."""
-    spec = TransferSpec(src, dst, size, evs, ev_format, config or QpConfig(mtu=mtu), cc, ev_min_active, imm)
+    """WRITE `size` random bytes from host `src` to a buffer registered at host `dst`. Without a
+    `config`, the QP learns the fabric's link rate and base RTT (its CC's BDP) from the topology,
+    and a DCQCN QP's responder answers CE marks with CNPs."""
+    if config is None:
+        topo = fabric.topology
+        config = QpConfig(mtu=mtu, link_rate_bps=topo.link_rate_bps, base_rtt_ns=topo.ports.base_rtt_ns,
+                          cnp=cc == "dcqcn")
+    spec = TransferSpec(src, dst, size, evs, ev_format, config, cc, ev_min_active, imm)
     run = run_transfers(fabric, [spec], control, on_progress, linger_s, workers=workers, dilation=dilation)
     result = run[0]
     result.emulation = run.emulation.to_dict()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from enum import Enum
 
+from ..topology import Topology
 from ..topology.evs import EvFormat
 from ..transport.config import QpConfig
 from .transfer import TransferSpec
@@ -21,12 +22,18 @@ class Transport(str, Enum):
     BASELINE = "baseline"  # RoCEv2 as deployed: one ECMP-hashed path (plain UDP/IPv6), go-back-N
 
     def spec(self, src: str, dst: str, size: int, mtu: int, evs: list[int] | None = None,
-             start_at: float | None = None, label: str = "") -> TransferSpec:
-        """One WRITE of this transport (`evs`: MRC's EVs to spray over; the baseline has its one path)."""
+             start_at: float | None = None, label: str = "", topology: Topology | None = None) -> TransferSpec:
+        """One WRITE of this transport (`evs`: MRC's EVs to spray over; the baseline has its one path).
+
+        MRC runs UEC's NSCC; the baseline runs DCQCN, as RoCEv2 is deployed, with its responder
+        answering CE marks with CNPs. Both learn the fabric's link rate and base RTT from
+        `topology` (the emulated ones: under time dilation the topology's rate, not the shaped one)."""
+        fabric = {} if topology is None else {"link_rate_bps": topology.link_rate_bps,
+                                              "base_rtt_ns": topology.ports.base_rtt_ns}
         if self is Transport.BASELINE:
-            return TransferSpec(src, dst, size, [0], EvFormat.UDP, QpConfig.baseline(mtu=mtu), "nscc", label=label,
-                                start_at=start_at)
-        return TransferSpec(src, dst, size, evs, EvFormat.SRV6, QpConfig(mtu=mtu), "nscc", label=label,
+            return TransferSpec(src, dst, size, [0], EvFormat.UDP, QpConfig.baseline(mtu=mtu, cnp=True, **fabric),
+                                "dcqcn", label=label, start_at=start_at)
+        return TransferSpec(src, dst, size, evs, EvFormat.SRV6, QpConfig(mtu=mtu, **fabric), "nscc", label=label,
                             start_at=start_at)
 
     @property

@@ -1,0 +1,133 @@
+#!/usr/bin/env python3
+"""Congestion benchmark: incasts of degree 2..16 into one host, MRC/NSCC against baseline/DCQCN,
+side by side in one run. Needs root.
+
+Usage: sudo .venv/bin/python scripts/bench_congestion.py [--degrees 2,4,8,16] [--size-mib 2]
+       [--trim] [--transports mrc,baseline]
+
+Brings up the `incast` topology (every link shaped to 400 Mbit/s by TBF, ECN marking and trimming
+on every switch port by the fabric's egress BPF programs, fabric/ports.py) with static routes for
+the baseline, then for each degree N: N hosts on the other leaves each WRITE `size` to h0 at once,
+first over MRC (sprayed over every EV, selective repeat, NSCC), then over the baseline (one
+ECMP-hashed path per QP, go-back-N, DCQCN with CNPs from the responder). `--trim` turns ECN off
+and makes the buffers shallow, so the fabric trims instead of marking.
+
+For each point and transport: WRITEs verified; bottleneck utilisation (bytes leaving leaf 0
+towards h0 on every plane, from the port counters, against planes x 400 Mbit/s over the span of
+the incast); queue p50/p99 and max at those ports (from the BPF histogram: an upper estimate);
+CE marks, trims and drops there; Jain fairness of the flows' goodput; FCT p50/p99/max; ACK
+timeouts, retransmits, trim NACKs and CNPs; the emulation verdict. Prints one JSON object on
+stdout; progress on stderr. Traffic stays inside the fabric's namespaces.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+from mrc_emu.experiments import congestion
+from mrc_emu.experiments.transfer import Run, run_transfers
+from mrc_emu.experiments.transports import Transport
+from mrc_emu.fabric import build, static_routes
+from mrc_emu.fabric.running import Fabric
+from mrc_emu.topology import Topology, builtin, from_dict
+
+MiB = 1024 * 1024
+MTU = 4096
+DST = "h0"
+TRIM_PORT = {"ecn": "off", "trim": {"threshold": "1bdp"}}  # --trim: the fabric trims instead of marking
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def senders(topo: Topology, n: int) -> list[str]:
+    """N hosts on leaves other than DST's, taken leaf by leaf so that every leaf sends alike."""
+    dst_leaf = topo.leaf_of(DST, 0)
+    by_leaf: dict[str, list[str]] = {}
+    for host in topo.hosts:
+        leaf = topo.leaf_of(host.name, 0)
+        if leaf != dst_leaf:
+            by_leaf.setdefault(leaf, []).append(host.name)
+    order = [h for group in zip(*by_leaf.values()) for h in group]
+    if n > len(order):
+        raise SystemExit(f"bench_congestion.py: degree {n} needs {n} hosts off {dst_leaf}; the topology has {len(order)}")
+    return order[:n]
+
+
+def bottleneck(topo: Topology) -> list[tuple[str, str]]:
+    """(node, interface) of every port towards DST: one per plane, on DST's leaves."""
+    return [(peer, peer_intf) for link in topo.links_of(DST) for peer, _, peer_intf in [topo.peer(link, DST)]]
+
+
+def point(fabric: Fabric, transport: Transport, hosts: list[str], size: int, ports_module) -> dict:
+    topo = fabric.topology
+    specs = []
+    for src in hosts:
+        spec = transport.spec(src, DST, size, MTU, label=f"{src}->{DST}")
+        specs.append(spec)
+    before = ports_module.counters(fabric)
+    run: Run = run_transfers(fabric, specs)
+    after = ports_module.counters(fabric)
+    start, end = min(r.start_ns for r in run), max(r.end_ns for r in run)
+    span = end - start  # the transport's clock: wall time (no time dilation here)
+    delta = ports_module.delta(before, after)
+    ports = {f"{node}:{intf}": congestion.port_figures(delta[node][intf], span, topo.link_rate_bps)
+             for node, intf in bottleneck(topo)}
+    flows = congestion.flows(list(run))
+    util = [p["utilisation"] for p in ports.values() if p["utilisation"] is not None]
+    emu = run.emulation
+    return {"transport": transport.value, "cc": specs[0].cc, "degree": len(hosts), **flows,
+            "bottleneck_utilisation": round(sum(util) / len(util), 4) if util else None,
+            "bottleneck": ports,
+            "emulation": {"verdict": emu.verdict, "reasons": emu.reasons, "loop_lag_us": emu.loop_lag_us,
+                          "cpu_busy": emu.cpu_busy}}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser.add_argument("--degrees", default="2,4,8,16", help="incast degrees, comma-separated (default 2,4,8,16)")
+    parser.add_argument("--size-mib", type=float, default=2.0, help="bytes each sender WRITEs (default 2 MiB)")
+    parser.add_argument("--trim", action="store_true", help="ECN off and shallow buffers: trimming instead of marking")
+    parser.add_argument("--transports", default="mrc,baseline", help="which to run (default mrc,baseline)")
+    args = parser.parse_args()
+    try:
+        degrees = [int(x) for x in args.degrees.split(",")]
+        transports = [Transport(x) for x in args.transports.split(",")]
+    except ValueError as exc:
+        parser.error(str(exc))
+    from mrc_emu.fabric import ports as ports_module  # the fabric's egress port programs (issue 12)
+
+    topo = builtin("incast")
+    if args.trim:
+        topo = from_dict({**topo.to_dict(), "port": TRIM_PORT}, "<bench_congestion --trim>")
+    name = f"bcg{os.getpid() % 100000}"
+    began = time.monotonic()
+    build.up(topo, name)
+    log(f"{topo.name} up as {name!r} in {time.monotonic() - began:.1f} s")
+    points = []
+    try:
+        with Fabric.open(name) as fabric:
+            if Transport.BASELINE in transports:
+                static_routes.install(fabric)
+            for n in degrees:
+                hosts = senders(topo, n)
+                for transport in transports:
+                    log(f"incast {n} -> {DST}, {transport.value} ...")
+                    p = point(fabric, transport, hosts, int(args.size_mib * MiB), ports_module)
+                    log(f"  {p['verified']}/{n} verified, utilisation {p['bottleneck_utilisation']}, Jain {p['jain']}, "
+                        f"FCT p99 {p['fct_ms']['p99']} ms, timeouts {p['timeouts']}, {p['emulation']['verdict']}")
+                    points.append(p)
+    finally:
+        build.down(name)
+    print(json.dumps({"topology": topo.name, "link_rate_bps": topo.link_rate_bps, "mtu": MTU, "trim": args.trim,
+                      "size_bytes": int(args.size_mib * MiB), "points": points}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
