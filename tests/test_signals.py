@@ -338,3 +338,24 @@ def test_the_baseline_with_dcqcn_slows_down_on_cnps():
     assert requester.error is None and bytes(buffer) == data
     assert responder.stats["cnps_sent"] == requester.cnps == cc.cnps > 0 and cc.decreases > 0
     assert cc.rc < cc.line
+
+
+def test_the_baseline_does_not_understand_trims_and_recovers_them_by_go_back_n():
+    """RoCEv2 RC knows no trimming: its responder drops a trimmed packet as its NIC would (the
+    ICRC is gone) and sends no TRIM NACK; the gap is found by the next packet's sequence NAK and
+    go-back-N resends from it. The WRITE completes and verifies."""
+    config = QpConfig.baseline(mtu=1024)
+    responder = Responder(DST, config, random_bits=bits(1))
+    buffer = bytearray(200_000)
+    mr = responder.register(buffer)
+    responder.accept(0x22, 0x11, 0, {0: PATHS.back[0]}, config=config)
+    requester = Requester(SRC, 0x11, 0x22, {0: PATHS.forward[0]}, None, config, random_bits=bits(2))
+    net = MemoryNetwork(0)
+    net.fault(0).trim = 0.02
+    data = os.urandom(len(buffer))
+    requester.post_write(data, mr.va, mr.rkey)
+    assert net.run([requester, responder], lambda: requester.done, limit_ns=60_000_000_000)
+    assert requester.error is None and bytes(buffer) == data
+    assert responder.drops["trimmed_not_understood"] > 0
+    assert responder.stats["trim_nacks_sent"] == 0 and requester.trim_nacks == 0
+    assert requester.naks > 0  # sequence NAKs did the repair

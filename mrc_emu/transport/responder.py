@@ -258,6 +258,11 @@ class Responder:
         ce = tclass & fmt.ECN_MASK == fmt.ECN_CE
         if ce:
             self._maybe_cnp(qp, now)  # the NACK itself echoes the mark to an MRC requester
+        if qp.in_order_only:
+            # RoCEv2 RC (the baseline) knows no trimming: its NIC drops a packet whose ICRC is
+            # missing, and the gap it leaves is found by the next packet's sequence NAK
+            self.drops["trimmed_not_understood"] += 1
+            return
         offset = psn_abs(trimmed.psn, qp.epsn) - qp.epsn
         if offset < 0 or (offset < qp.window and qp.received >> (qp.window - 1 - offset) & 1):
             self.stats["trims_of_received"] += 1
