@@ -3,7 +3,7 @@
 side by side in one run. Needs root.
 
 Usage: sudo .venv/bin/python scripts/bench_congestion.py [--degrees 2,4,8,16] [--size-mib 2]
-       [--trim] [--transports mrc,baseline]
+       [--trim] [--transports mrc,baseline] [--dilation K]
 
 Brings up the `incast` topology (every link shaped to 400 Mbit/s by TBF, ECN marking and trimming
 on every switch port by the fabric's egress BPF programs, fabric/ports.py) with static routes for
@@ -64,17 +64,17 @@ def bottleneck(topo: Topology) -> list[tuple[str, str]]:
     return [(peer, peer_intf) for link in topo.links_of(DST) for peer, _, peer_intf in [topo.peer(link, DST)]]
 
 
-def point(fabric: Fabric, transport: Transport, hosts: list[str], size: int, ports_module) -> dict:
+def point(fabric: Fabric, transport: Transport, hosts: list[str], size: int, ports_module, dilation: float) -> dict:
     topo = fabric.topology
     specs = []
     for src in hosts:
-        spec = transport.spec(src, DST, size, MTU, label=f"{src}->{DST}")
+        spec = transport.spec(src, DST, size, MTU, label=f"{src}->{DST}", topology=topo)
         specs.append(spec)
     before = ports_module.counters(fabric)
-    run: Run = run_transfers(fabric, specs)
+    run: Run = run_transfers(fabric, specs, dilation=dilation)
     after = ports_module.counters(fabric)
     start, end = min(r.start_ns for r in run), max(r.end_ns for r in run)
-    span = end - start  # the transport's clock: wall time (no time dilation here)
+    span = end - start  # the transport's (emulated) clock: bytes over it against the topology's rate
     delta = ports_module.delta(before, after)
     ports = {f"{node}:{intf}": congestion.port_figures(delta[node][intf], span, topo.link_rate_bps)
              for node, intf in bottleneck(topo)}
@@ -95,6 +95,8 @@ def main() -> None:
     parser.add_argument("--size-mib", type=float, default=2.0, help="bytes each sender WRITEs (default 2 MiB)")
     parser.add_argument("--trim", action="store_true", help="ECN off and shallow buffers: trimming instead of marking")
     parser.add_argument("--transports", default="mrc,baseline", help="which to run (default mrc,baseline)")
+    parser.add_argument("--dilation", type=float, default=1.0,
+                        help="time dilation K: links run at rate / K, the transport's clock K times slower (default 1)")
     args = parser.parse_args()
     try:
         degrees = [int(x) for x in args.degrees.split(",")]
@@ -119,13 +121,14 @@ def main() -> None:
                 hosts = senders(topo, n)
                 for transport in transports:
                     log(f"incast {n} -> {DST}, {transport.value} ...")
-                    p = point(fabric, transport, hosts, int(args.size_mib * MiB), ports_module)
+                    p = point(fabric, transport, hosts, int(args.size_mib * MiB), ports_module, args.dilation)
                     log(f"  {p['verified']}/{n} verified, utilisation {p['bottleneck_utilisation']}, Jain {p['jain']}, "
                         f"FCT p99 {p['fct_ms']['p99']} ms, timeouts {p['timeouts']}, {p['emulation']['verdict']}")
                     points.append(p)
     finally:
         build.down(name)
     print(json.dumps({"topology": topo.name, "link_rate_bps": topo.link_rate_bps, "mtu": MTU, "trim": args.trim,
+                      "time_dilation": args.dilation,
                       "size_bytes": int(args.size_mib * MiB), "points": points}, indent=2))
 
 
