@@ -168,6 +168,8 @@ def test_a_trimmed_packet_is_resent_at_once_on_another_ev():
         assert again_at - first_at <= 2 * delay + 1_000  # out, NACK back, resent: no timer involved
     best = min(s.srtt_ns for s in requester.profile.evs.values())
     assert requester.profile.weight(3, best) < 0.5 * requester.profile.weight(0, best)
+    repair = requester.summary()["trim_repair"]  # each trim repaired: out, NACK back, resent, ACKed
+    assert repair["count"] == trimmed and repair["max_us"] <= 4 * delay / 1e3 + 300
 
 
 def test_a_last_hop_trim_is_an_ecn_echo_not_a_weight_cut():

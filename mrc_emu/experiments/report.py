@@ -232,6 +232,20 @@ def flow_rows(results: dict[str, Any]) -> list[list[str]]:
     return rows if len(rows) > 1 else []
 
 
+def port_rows(results: dict[str, Any], shown: int = 8) -> list[list[str]]:
+    """Per transport, the switch ports that signalled congestion (CE, trims, drops), or the busiest."""
+    rows = [["transport", "port", "packets", "CE marked", "trimmed", "dropped", "queue p50", "queue p99", "queue max"]]
+    for transport, run in results["runs"].items():
+        entries = [(f"{node}:{ifname}", c) for node, ifaces in (run.get("ports") or {}).items() for ifname, c in ifaces.items()]
+        signalled = [e for e in entries if e[1]["ce_marked"] or e[1]["trimmed"] or e[1]["dropped"]]
+        picked = sorted(signalled or entries, key=lambda e: -(e[1]["ce_marked"] + e[1]["trimmed"] + e[1]["dropped"]
+                                                              + e[1]["packets"] * (not signalled)))[:shown]
+        for port, c in picked:
+            rows.append([transport, port, f"{c['packets']:,}", f"{c['ce_marked']:,}", f"{c['trimmed']:,}", f"{c['dropped']:,}",
+                         *("-" if c.get(k) is None else f"{c[k] / 1024:.1f} KiB" for k in ("queue_p50", "queue_p99", "max_queue"))])
+    return rows if len(rows) > 1 else []
+
+
 def table(rows: list[list[str]]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows)
@@ -268,6 +282,11 @@ def markdown(results: dict[str, Any]) -> str:
         lines += ["", "## Flows", "", "| " + " | ".join(flows[0]) + " |", "|" + "---|" * len(flows[0])]
         lines += ["| " + " | ".join(r) + " |" for r in flows[1:]]
         lines += ["", "FCT: each WRITE's completion time; Jain: fairness of the flows' goodput (1 = equal shares)."]
+    if prt := port_rows(results):
+        lines += ["", "## Switch ports", "", "| " + " | ".join(prt[0]) + " |", "|" + "---|" * len(prt[0])]
+        lines += ["| " + " | ".join(r) + " |" for r in prt[1:]]
+        lines += ["", "The ports that marked, trimmed or dropped, else the busiest (counters of the fabric's port "
+                  "programs over each run; queue: what arriving packets found, upper histogram edges; docs/fabric.md)."]
     if emu := emulation_lines(results):
         lines += ["", "## Emulation", "", *[line if line.startswith("  ") else f"- {line}" for line in emu]]
     for what in ("goodput", "spray_share", "recovery"):

@@ -18,7 +18,7 @@ from typing import Any
 
 from pyroute2 import IPRoute
 
-from ..fabric import build, netns, ops, routing, static_routes
+from ..fabric import build, netns, ops, ports, routing, static_routes
 from ..fabric.running import Fabric
 from ..topology import Role, evs_between
 from . import congestion, metrics
@@ -114,12 +114,15 @@ def run_transport(scn: Scenario, fabric: Fabric, transport: Transport, baseline_
             capture = ops.Capture(fabric, scn.transfers()[0][0], str(out_dir / f"{transport}.pcap"), snaplen=0,
                                   count=PCAP_PACKETS)
         progress(f"{transport}: {len(specs)} WRITE(s), faults: {', '.join(f.describe() for f in scn.faults) or 'none'}")
+        port_counters = ports.attached(fabric)
+        before = ports.counters(fabric) if port_counters else None
         try:
             results = run_transfers(fabric, specs, control, on_bytes, linger_s=transport.linger_s,
                                     timeout_s=scn.timeout_s, workers=scn.workers, dilation=scn.time_dilation)
         finally:
             if capture is not None:
                 capture.stop()
+        port_delta = _busy_ports(ports.delta(before, ports.counters(fabric))) if port_counters else None
         # each fault's timeline, then revert what is still applied
         for fr, agent in agents:
             fr.events += fr.fault.events_without_agent()
@@ -137,7 +140,17 @@ def run_transport(scn: Scenario, fabric: Fabric, transport: Transport, baseline_
                 agent.close()
     if scn.routing == "bgp" and routing.frr_missing() is None:
         routing.wait_converged(fabric, 60)  # the next run starts on a repaired fabric
-    return _summarise(transport, results, runs, str(capture.path) if scn.capture and capture else None)
+    summary = _summarise(transport, results, runs, str(capture.path) if scn.capture and capture else None)
+    summary["ports"] = port_delta  # the switch ports' counters over the run (fabric/ports.py), those that passed packets
+    return summary
+
+
+def _busy_ports(delta: dict) -> dict:
+    """The ports of a counters delta that passed packets, without their configuration (the
+    topology's `port:` block says it once)."""
+    return {node: {ifname: {k: v for k, v in entry.items() if k != "config"} for ifname, entry in ifaces.items()
+                   if entry.get("packets")}
+            for node, ifaces in delta.items() if any(e.get("packets") for e in ifaces.values())}
 
 
 def _trigger(agent: LinkFaultAgent, fault: Fault) -> Callable[[], None]:

@@ -50,6 +50,9 @@ class Recovery:
         self.duplicates_acked = 0
         self.trims = 0  # TRIM NACKs for known packets
         self.trims_resent = 0  # ... whose packet left flight to be resent at once
+        # trimmed packets resent and not yet acknowledged: PSN -> (trimmed copy's send time, the QP's RTT then)
+        self._trimmed: dict[int, tuple[int, float]] = {}
+        self.trim_repairs: list[tuple[int, float]] = []  # (trimmed copy sent -> acknowledged, ns; srtt then)
         self._window_mask = (1 << config.window) - 1
         self._loss_check_at = 0
         # The driver's horizon: the time up to which every datagram that reached the sockets of
@@ -112,6 +115,8 @@ class Recovery:
         if acked == 0:
             self.duplicates_acked += 1
         self._credit(seen, now, sampled, rtt, ce, echo_sent, heard)
+        if self._trimmed:
+            self._repaired(now)
         self.policy.detect_losses(self, now, seen)
 
     def on_trimmed(self, nack: TrimNackPacket, now: int) -> bool:
@@ -131,7 +136,16 @@ class Recovery:
             self.sent.out_of_flight(pkt)
             self.sent.retx.appendleft(psn)
             self.trims_resent += 1
+            rtts = [e.rtt.srtt_ns for e in self.profile.evs.values() if e.rtt.srtt_ns]
+            self._trimmed.setdefault(psn, (pkt.sent_ns, min(rtts) if rtts else 0.0))
         return True
+
+    def _repaired(self, now: int) -> None:
+        """Trimmed packets acknowledged since: how long each took from its trimmed copy's send."""
+        pkts = self.sent.pkts
+        for psn in [p for p in self._trimmed if p not in pkts]:
+            sent_ns, srtt = self._trimmed.pop(psn)
+            self.trim_repairs.append((now - sent_ns, srtt))
 
     def _newly_sacked(self, ack: AckPacket, una: int) -> list[int]:
         """PSNs the ACK's bitmap marks that were not known delivered; the bitmap joins `sacked`.

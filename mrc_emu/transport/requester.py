@@ -47,6 +47,22 @@ _FATAL_NAKS = {
 }
 
 
+def trim_repair(repairs: list[tuple[int, float]]) -> dict | None:
+    """How fast trimmed packets were repaired: from the trimmed copy's send until the resent one
+    was acknowledged (p50/p99/max, us), and the share within two RTTs (the QP's shortest EV srtt
+    when the TRIM NACK came). None: no trim."""
+    if not repairs:
+        return None
+    times = sorted(t for t, _ in repairs)
+
+    def rank(p: int) -> int:  # nearest rank
+        return times[max(1, -(-len(times) * p // 100)) - 1]
+
+    within = sum(1 for t, rtt in repairs if rtt and t <= 2 * rtt)
+    return {"count": len(times), "p50_us": round(rank(50) / 1e3, 1), "p99_us": round(rank(99) / 1e3, 1),
+            "max_us": round(times[-1] / 1e3, 1), "within_2_rtt": round(within / len(repairs), 4)}
+
+
 @dataclass
 class WriteRequest:
     wr_id: int
@@ -376,6 +392,7 @@ class Requester:
         return {"packets_sent": self.packets_sent, "retransmits": self.retransmits, "bytes_acked": rec.bytes_acked,
                 "duplicates_acked": rec.duplicates_acked, "naks": self.naks, "timeouts": rec.timeouts,
                 "send_failures": self.send_failures, "trim_nacks": self.trim_nacks, "cnps": self.cnps,
+                "trim_repair": trim_repair(rec.trim_repairs),
                 "probes_sent": self.prober.probes_sent,
                 "probes_returned": self.prober.probes_returned, "probes_paced": self.prober.probes_paced,
                 "cwnd": int(self.cc.cwnd), "cc_decreases": self.cc.decreases, "stalled": self.stalled, "timers_deferred": rec.deferred,
