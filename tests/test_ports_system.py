@@ -22,6 +22,7 @@ from mrc_emu.fabric import build, netns, ops, ports
 from mrc_emu.fabric.running import Fabric
 from mrc_emu.topology import EvFormat, from_dict
 from mrc_emu.transport.paths import qp_paths
+from mrc_emu.wire import format as fmt
 from mrc_emu.wire.format import DataPacket
 
 pytestmark = pytest.mark.system
@@ -45,8 +46,8 @@ def _fabric(name: str, **extra) -> Fabric:
 
 
 def _frames(fabric: Fabric, src: str, ev: int, count: int, control_every: int = 0,
-            ev_format: EvFormat = EvFormat.SRV6) -> list[tuple[bytes, str]]:
-    path = qp_paths(fabric.topology, src, "h2", ev_format, ev_indexes=[ev]).forward[ev]
+            ev_format: EvFormat = EvFormat.SRV6, trimmable: bool = True) -> list[tuple[bytes, str]]:
+    path = qp_paths(fabric.topology, src, "h2", ev_format, ev_indexes=[ev], trimmable=trimmable).forward[ev]
     out = []
     for psn in range(count):
         frame = bytearray(path.template.data(DataPacket(5, psn, 0x1000 + psn * PAYLOAD, 7, bytes(PAYLOAD))))
@@ -86,9 +87,10 @@ def _receiver(fabric: Fabric) -> tuple[socket.socket, socket.socket]:
     return udp, cap
 
 
-def _burst(fabric: Fabric, per_sender: int, control_every: int = 0, ev_format: EvFormat = EvFormat.SRV6) -> int:
-    streams = [_frames(fabric, "h0", 0, per_sender, control_every, ev_format),
-               _frames(fabric, "h1", 1, per_sender, control_every, ev_format)]
+def _burst(fabric: Fabric, per_sender: int, control_every: int = 0, ev_format: EvFormat = EvFormat.SRV6,
+           trimmable: bool = True) -> int:
+    streams = [_frames(fabric, "h0", 0, per_sender, control_every, ev_format, trimmable),
+               _frames(fabric, "h1", 1, per_sender, control_every, ev_format, trimmable)]
     socks = []
     for host in ("h0", "h1"):
         raw, unused = ops.host_sockets(fabric, host)
@@ -152,13 +154,14 @@ def test_a_queue_marks_ce_and_trims_to_dscp_lasthop_with_a_valid_checksum(fabric
 
     data = [(p, tc) for p, tc in got if p[0] != OP_ACK]
     control = [(p, tc) for p, tc in got if p[0] == OP_ACK]
-    ce = [p for p, tc in data if tc & 3 == 3 and tc >> 2 == 0]
+    ce = [p for p, tc in data if tc & 3 == 3 and tc >> 2 == fmt.DSCP_TRIMMABLE]
     trimmed = [(p, tc) for p, tc in data if tc >> 2 == ports.DSCP_TRIMMED_LASTHOP]
     assert ce, f"no CE-marked data packet among {len(data)}: {port}"
     assert trimmed, f"no trimmed packet among {len(data)}: {port}"
     assert all(len(p) == 28 for p, _ in trimmed)  # BTH + RETH
-    assert all(len(p) == 12 + 16 + PAYLOAD + 4 for p, tc in data if tc >> 2 == 0)
-    assert len(control) == sent // 5 and all(tc == 0x02 and len(p) > 28 for p, tc in control), "control was touched"
+    assert all(len(p) == 12 + 16 + PAYLOAD + 4 for p, tc in data if tc >> 2 == fmt.DSCP_TRIMMABLE)
+    # control: an ACK's opcode in a data packet's class: the opcode decides
+    assert len(control) == sent // 5 and all(tc == fmt.TCLASS_DATA and len(p) > 28 for p, tc in control), "control was touched"
     # the counters say what the receiver saw
     assert port["ce_marked"] == len(ce) and port["trimmed"] == len(trimmed)
     assert port["packets"] - len(got) in (0, 1, 2)  # a stray MLD report may pass the port too
@@ -186,7 +189,7 @@ def test_usid_frames_without_an_srh_are_marked_and_trimmed_too(fabric_name):
         got = _drain(udp, sent)
         port = _port(fabric, "p0l1", "h2")
     build.down(fabric_name)
-    ce = sum(1 for _, tc in got if tc == 0x03)
+    ce = sum(1 for _, tc in got if tc == fmt.TCLASS_DATA | fmt.ECN_CE)
     trimmed = [p for p, tc in got if tc >> 2 == ports.DSCP_TRIMMED_LASTHOP]
     assert ce and trimmed and all(len(p) == 28 for p in trimmed)
     assert (port["ce_marked"], port["trimmed"], port["dropped"]) == (ce, len(trimmed), sent - len(got))
@@ -204,7 +207,7 @@ def test_ecn_off_and_trim_off_drop_above_the_buffer_and_down_removes_the_pins(fa
     build.down(fabric_name)
     assert not pins.exists(), "down left the pinned program and maps behind"
     assert port["dropped"] > 0 and port["ce_marked"] == 0 and port["trimmed"] == 0
-    assert all(tc == 0x02 for _, tc in got)
+    assert all(tc == fmt.TCLASS_DATA for _, tc in got)
     assert port["dropped"] == sent - len(got)
     assert port["max_queue"] <= 100_000
 
@@ -272,3 +275,18 @@ def test_a_reshaped_port_drains_its_virtual_queue_at_the_new_rate(fabric_name):
         build.shape_node(fabric, "p0l1", 400e6)
         assert ports._CFG.unpack(ports._maps_of(fabric).cfg.get(index))[0] == 50_000_000
     build.down(fabric_name)
+
+
+def test_data_that_must_not_be_trimmed_is_marked_and_dropped_never_trimmed(fabric_name):
+    """RoCEv2 RC (the baseline) sends DSCP_NO_TRIM: its NIC knows no trims, so a switch marks
+    such packets and drops them above the buffer, as a RoCE fabric without PFC would."""
+    with _fabric(fabric_name) as fabric:
+        udp, _ = _receiver(fabric)
+        ports.reset(fabric)
+        sent = _burst(fabric, 80, trimmable=False)
+        got = _drain(udp, sent)
+        port = _port(fabric, "p0l1", "h2")
+    build.down(fabric_name)
+    assert port["trimmed"] == 0 and port["ce_marked"] > 0
+    assert all(tc >> 2 == fmt.DSCP_NO_TRIM and len(p) == 12 + 16 + PAYLOAD + 4 for p, tc in got)
+    assert port["dropped"] == sent - len(got)

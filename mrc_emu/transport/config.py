@@ -44,6 +44,7 @@ class QpConfig:
     pkey: int = fmt.DEFAULT_PKEY
     path_avoidance: bool = True  # False for the single-path baseline: no EV states, no probes
     recovery: RecoveryMode = RecoveryMode.SACK  # a RecoveryMode or its value ("sack", "go-back-n")
+    trimmable: bool = True  # data packets as DSCP_TRIMMABLE; False: DSCP_NO_TRIM (RoCEv2 RC: a switch drops, never trims)
     cnp: bool = False  # DCQCN's notification point: the responder answers CE marks with CNPs ...
     cnp_interval_ns: int = 50_000  # ... at most one per this long per QP
     # for the CC profile (cc.make_cc), in the transport's (emulated) time: under time dilation K the
@@ -77,7 +78,7 @@ class QpConfig:
         timeout and retry count of a typical RoCE NIC set-up (t=15: 33.5 ms; 7 retries, then
         6 doubling ones: a budget of about 4.4 s, so that routing can repair the path)."""
         return cls(**{"path_avoidance": False, "recovery": RecoveryMode.GO_BACK_N, "ack_timeout_exp": 15,
-                      "retry_exp": 6, **kw})
+                      "retry_exp": 6, "trimmable": False, **kw})
 
     @property
     def ack_timeout_ns(self) -> int:

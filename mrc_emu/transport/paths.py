@@ -17,6 +17,7 @@ from typing import Protocol
 from ..topology import Topology, evs_between, probe_segments
 from ..topology import addressing as ad
 from ..topology.evs import Ev, EvFormat
+from ..wire import format as fmt
 from ..wire.encoder import Encap, FrameTemplate
 from ..wire.format import Endpoints
 
@@ -56,18 +57,21 @@ class QpPaths:
     dst_address: str
 
 
-def _path(ev: Ev, src: str, dst: str, ev_format: EvFormat, sport: int) -> Path:
+def _path(ev: Ev, src: str, dst: str, ev_format: EvFormat, sport: int, tclass: int = fmt.TCLASS_DATA) -> Path:
     ends = Endpoints(src, dst, sport)
     if ev_format is EvFormat.SRV6:
-        return Path(ev.index, ev.segments[0], FrameTemplate(ends, Encap.srv6(src, ev.segments)))
+        return Path(ev.index, ev.segments[0], FrameTemplate(ends, Encap.srv6(src, ev.segments), data_tclass=tclass))
     if ev_format is EvFormat.SRV6_USID:
-        return Path(ev.index, ev.usid_carrier, FrameTemplate(ends, Encap.usid(src, ev.usid_carrier, ev.segments[-1])))
-    return Path(ev.index, dst, FrameTemplate(ends, Encap.udp()))
+        return Path(ev.index, ev.usid_carrier, FrameTemplate(ends, Encap.usid(src, ev.usid_carrier, ev.segments[-1]),
+                                                             data_tclass=tclass))
+    return Path(ev.index, dst, FrameTemplate(ends, Encap.udp(), data_tclass=tclass))
 
 
 def qp_paths(topo: Topology, src: str, dst: str, ev_format: EvFormat = EvFormat.SRV6,
-             ev_indexes: list[int] | None = None) -> QpPaths:
-    """Every path a QP from host `src` to host `dst` uses (all EVs, or those in `ev_indexes`)."""
+             ev_indexes: list[int] | None = None, trimmable: bool = True) -> QpPaths:
+    """Every path a QP from host `src` to host `dst` uses (all EVs, or those in `ev_indexes`).
+    `trimmable`: its data packets say DSCP_TRIMMABLE (MRC), else DSCP_NO_TRIM (RoCEv2 RC)."""
+    tclass = fmt.TCLASS_DATA if trimmable else fmt.TCLASS_DATA_NO_TRIM
     evs = evs_between(topo, src, dst)
     if ev_indexes is not None:
         unknown = [k for k in ev_indexes if not 0 <= k < len(evs)]
@@ -78,7 +82,7 @@ def qp_paths(topo: Topology, src: str, dst: str, ev_format: EvFormat = EvFormat.
     me, peer = ad.host_address(topo, src), ad.host_address(topo, dst)
     forward, probes, back = {}, {}, {}
     for ev in evs:
-        forward[ev.index] = _path(ev, me, peer, ev_format, ev.udp_sport)
+        forward[ev.index] = _path(ev, me, peer, ev_format, ev.udp_sport, tclass)
         rev = reverse[(ev.plane, ev.spine)]
         back_path = _path(rev, peer, me, ev_format, ev.udp_sport)
         back[ev.index] = Path(ev.index, back_path.first_hop, back_path.template)

@@ -127,10 +127,12 @@ class FrameTemplate:
 
     _CACHE_LIMIT = 1024
 
-    def __init__(self, ends: Endpoints, encap: Encap, flow_label: int = 0, native: bool | None = None) -> None:
+    def __init__(self, ends: Endpoints, encap: Encap, flow_label: int = 0, native: bool | None = None,
+                 data_tclass: int = fmt.TCLASS_DATA) -> None:
         self.native = _fastpath is not None if native is None else (native and _fastpath is not None)
         self.ends = ends
         self.encap = encap
+        self.data_tclass = data_tclass  # TCLASS_DATA (trimmable), or TCLASS_DATA_NO_TRIM (the baseline)
         self.src = packed(ends.src)
         self.dst = packed(ends.dst)
         self._inner_word0 = (6 << 28) | flow_label  # | traffic class << 20, per frame kind
@@ -163,7 +165,7 @@ class FrameTemplate:
         pad = -length % 4
         extra = fmt.IMMDT_LEN if opcode == WRITE_IMM else 0
         udp_len = fmt.UDP_LEN + fmt.BTH_LEN + fmt.RETH_LEN + extra + length + pad + fmt.ICRC_LEN
-        headers = self._headers(udp_len, 0, fmt.TCLASS_DATA)
+        headers = self._headers(udp_len, 0, self.data_tclass)
         bth8 = BTH_HDR.pack(opcode, pad << 4, pkey, dest_qp & fmt.QPN_MASK, 0)[:8]
         words = (self._pseudo_base + 2 * udp_len + int.from_bytes(bth8, "big") + length) % 0xFFFF
         scratch = bytearray(headers + bth8 + bytes(udp_len - fmt.UDP_LEN - 8))
@@ -233,7 +235,7 @@ class FrameTemplate:
 
     def data(self, packet: DataPacket) -> bytes:
         if packet.ecn_ce:  # as a marking switch leaves it: CE in the outer and the inner header
-            return self.frame(encode_roce(packet), fmt.TCLASS_DATA | fmt.ECN_CE)
+            return self.frame(encode_roce(packet), self.data_tclass | fmt.ECN_CE)
         return bytes(self.write(packet.dest_qp, packet.psn, packet.va, packet.rkey, packet.payload, None,
                                 packet.ack_req, packet.imm, packet.pkey))
 

@@ -45,12 +45,14 @@ INNER_HOP_LIMIT = 64
 OUTER_HOP_LIMIT = 64
 # Traffic classes (the IPv6 traffic class byte is DSCP << 2 | ECN), in the outer and the inner header alike
 DSCP_TRIMMABLE = 26  # data: ECN-markable and trimmable by a congested switch port
+DSCP_NO_TRIM = 24  # data that must not be trimmed (RoCEv2 RC, the baseline: its NIC knows no trims): markable, dropped
 DSCP_CONTROL = 48  # ACK/NAK/SACK, probes, TRIM NACK, CNP: high priority, never marked or trimmed
 DSCP_TRIMMED = 10  # set by a switch port that trimmed a data packet
 DSCP_TRIMMED_LASTHOP = 11  # ... when that port faces the destination host
 ECN_NOT_ECT, ECN_ECT0, ECN_CE = 0, 2, 3
 ECN_MASK = 3
 TCLASS_DATA = DSCP_TRIMMABLE << 2 | ECN_ECT0  # 0x6A
+TCLASS_DATA_NO_TRIM = DSCP_NO_TRIM << 2 | ECN_ECT0  # 0x62
 TCLASS_CONTROL = DSCP_CONTROL << 2 | ECN_NOT_ECT  # 0xC0
 TRIMMED_LEN = BTH_LEN + RETH_LEN  # what a trimmed data packet keeps of its UDP payload, at least
 SACK_CE_COUNTS = 0x02  # MRCX SACK flag: a CE-count block follows the fixed part

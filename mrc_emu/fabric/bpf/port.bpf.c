@@ -33,6 +33,7 @@
 #define ROCE_PORT 4791
 #define OP_WRITE_ONLY 0x0A
 #define OP_WRITE_ONLY_IMM 0x0B
+#define DSCP_TRIMMABLE 26        /* only these data packets are trimmed (wire/format.py) */
 #define DSCP_TRIMMED 10          /* the same numbers as mrc_emu/fabric/ports.py */
 #define DSCP_TRIMMED_LASTHOP 11
 #define ECN_CE 3
@@ -96,7 +97,8 @@ struct {
 struct pkt {
 	__u32 inner;             /* offset of the innermost IPv6 header (the one the receiver sees) */
 	__u32 udp;               /* offset of the UDP header */
-	__u8 data;               /* markable, trimmable */
+	__u8 data;               /* markable */
+	__u8 trim_ok;            /* DSCP_TRIMMABLE: may be trimmed (RoCEv2's DSCP_NO_TRIM is dropped instead) */
 	__u8 ect;
 };
 
@@ -140,6 +142,7 @@ static __always_inline void classify(struct __sk_buff *skb, struct pkt *p)
 		return;          /* trimmed already: never marked or trimmed again */
 	p->udp = off;
 	p->data = udp[8] == OP_WRITE_ONLY || udp[8] == OP_WRITE_ONLY_IMM;
+	p->trim_ok = dscp == DSCP_TRIMMABLE;
 	p->ect = (tc & 3) == 1 || (tc & 3) == 2;
 }
 
@@ -235,7 +238,7 @@ int port_egress(struct __sk_buff *skb)
 	__u32 random = bpf_get_prandom_u32(), epoch = cfg->epoch;
 	__u64 burst = cfg->burst, buffer = cfg->buffer, kmin = cfg->kmin, kmax = cfg->kmax;
 	__u64 pmax = cfg->pmax, threshold = cfg->trim_threshold;
-	int trimmable = p.data && (flags & PORT_TRIM) && trim_len < len;
+	int trimmable = p.data && p.trim_ok && (flags & PORT_TRIM) && trim_len < len;
 	int markable = p.data && p.ect && (flags & PORT_ECN);
 	enum verdict verdict = PASS;
 
