@@ -31,14 +31,18 @@ class BpfError(OSError):
     """A BPF object could not be loaded, pinned or read; the message says what to do."""
 
 
-def _bpf(cmd: int, attr: ctypes.Array) -> int:
+def bpf_syscall(cmd: int, attr: ctypes.Array, error: type[OSError] = BpfError) -> int:
+    """bpf(2) with `attr`; a refusal raises `error` (errno, what failed). Also xdp.py's."""
     if _SYS_BPF is None:
-        raise BpfError(0, f"bpf(2) syscall number unknown on {platform.machine()}")
+        raise error(0, f"bpf(2) syscall number unknown on {platform.machine()}")
     result = _libc.syscall(_SYS_BPF, cmd, attr, len(attr))
     if result < 0:
         err = ctypes.get_errno()
-        raise BpfError(err, f"bpf({cmd}) failed: {os.strerror(err)}")
+        raise error(err, f"bpf({cmd}) failed: {os.strerror(err)}")
     return int(result)
+
+
+_bpf = bpf_syscall
 
 
 def ensure_bpffs() -> bool:

@@ -16,19 +16,16 @@ from __future__ import annotations
 
 import ctypes
 import os
-import platform
 import struct
+
+from .bpfobj import BpfError, bpf_syscall
 
 BPF_PROG_LOAD = 5
 BPF_PROG_TYPE_XDP = 6
 XDP_DROP, XDP_PASS = 1, 2
-_SYS_BPF = {"x86_64": 321, "aarch64": 280}.get(platform.machine())
-
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.syscall.restype = ctypes.c_long
 
 
-class XdpError(OSError):
+class XdpError(BpfError):
     """The kernel refused to load or attach an XDP program."""
 
 
@@ -42,13 +39,7 @@ BPF_PSEUDO_MAP_FD = 1
 
 
 def _bpf(cmd: int, attr: ctypes.Array) -> int:
-    if _SYS_BPF is None:
-        raise XdpError(0, f"bpf(2) syscall number unknown on {platform.machine()}")
-    result = _libc.syscall(_SYS_BPF, cmd, attr, len(attr))
-    if result < 0:
-        err = ctypes.get_errno()
-        raise XdpError(err, f"bpf({cmd}) failed: {os.strerror(err)}")
-    return int(result)
+    return bpf_syscall(cmd, attr, XdpError)
 
 
 def dropper_program(map_fd: int) -> list[bytes]:
