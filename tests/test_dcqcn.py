@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from mrc_emu.transport.cc import make_cc
-from mrc_emu.transport.dcqcn import DEFAULT_WINDOW, Dcqcn, DcqcnParams
+from mrc_emu.transport.dcqcn import DEFAULT_WINDOW, MIN_WINDOW_PACKETS, Dcqcn, DcqcnParams
 
 US = 1000
 LINE = 400e6
@@ -110,3 +110,17 @@ def test_parameters_are_checked_by_name():
     assert Dcqcn(DcqcnParams(line_rate_bps=1e9)).line == 1e9
     with pytest.raises(TypeError, match="no parameter 'beta'"):
         dcqcn(beta=1)
+
+
+def test_with_a_base_rtt_the_window_is_one_bdp():
+    """A go-back-N QP resends everything in flight after a loss: its window is one BDP of the
+    fabric (line rate x base RTT), not the 2 MiB it keeps when the BDP is unknown."""
+    assert make_cc("dcqcn", 4096, LINE, 1_000_000).cwnd == 50_000  # 400 Mbit/s x 1 ms
+    assert make_cc("dcqcn", 4096, None, 1_000_000).cwnd == DEFAULT_WINDOW  # no line rate: no BDP
+    assert make_cc("dcqcn", 4096, LINE, 10_000).cwnd == MIN_WINDOW_PACKETS * 4096  # 500 bytes: at least two packets
+    assert make_cc("dcqcn", 4096, LINE, 1_000_000, window=300_000).cwnd == 300_000  # a window given wins
+    cc = make_cc("dcqcn", 4096, LINE, 1_000_000)
+    for i in range(40):
+        cc.on_cnp(i)
+    cc.advance(10**9)
+    assert cc.cwnd == 50_000  # the rate moves, the window does not

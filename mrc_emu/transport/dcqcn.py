@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from .cc import CongestionControl, register
 
 DEFAULT_LINE_RATE_BPS = 10e9  # no link rate known: above anything one QP pushes through this emulator
-DEFAULT_WINDOW = 2 * 1024 * 1024  # bytes: large, so that the rate, not the window, limits the QP
+DEFAULT_WINDOW = 2 * 1024 * 1024  # bytes, when the fabric's BDP is unknown: large, so that the rate limits the QP
+MIN_WINDOW_PACKETS = 2  # a BDP window is never below this many full packets
 
 
 @dataclass
@@ -37,7 +38,15 @@ class DcqcnParams:
     rate_ai_bps: float | None = None  # R_AI (uet-htsim: line/20)
     rate_hai_bps: float | None = None  # R_HAI (uet-htsim: line/10)
     min_rate_bps: float | None = None  # floor of the rate (a NIC's RPG_MIN_RATE; the paper model has none)
-    window: int = DEFAULT_WINDOW
+    window: int | None = None  # bytes in flight; None: one BDP (line rate x base RTT) if both are known, else DEFAULT_WINDOW
+
+
+def bdp_window(line_rate_bps: float | None, base_rtt_ns: int | None, mtu: int) -> int:
+    """The QP's window: one BDP of the fabric (at least MIN_WINDOW_PACKETS packets), or
+    DEFAULT_WINDOW when the line rate or the base RTT is unknown."""
+    if line_rate_bps is None or base_rtt_ns is None:
+        return DEFAULT_WINDOW
+    return max(MIN_WINDOW_PACKETS * mtu, int(line_rate_bps * base_rtt_ns / 8e9))
 
 
 @register
@@ -59,8 +68,8 @@ class Dcqcn(CongestionControl):
 
     def __init__(self, params: DcqcnParams | None = None, mtu: int = 4096, link_rate_bps: float | None = None,
                  base_rtt_ns: int | None = None, **options) -> None:
-        """`link_rate_bps`: the QP's line rate (None: unknown; `base_rtt_ns` is not used);
-        `options`: DcqcnParams fields."""
+        """`link_rate_bps`: the QP's line rate (None: unknown); `base_rtt_ns`: the fabric's
+        unloaded RTT, for the window (one BDP); `options`: DcqcnParams fields."""
         p = params or DcqcnParams()
         for key, value in options.items():
             if not hasattr(p, key):
@@ -73,7 +82,8 @@ class Dcqcn(CongestionControl):
         self.rate_ai = p.rate_ai_bps if p.rate_ai_bps is not None else self.line / 20
         self.rate_hai = p.rate_hai_bps if p.rate_hai_bps is not None else self.line / 10
         self.min_rate = p.min_rate_bps if p.min_rate_bps is not None else self.line / 100
-        self.cwnd = float(p.window)
+        self.cwnd = float(p.window if p.window is not None else bdp_window(self.line if self.line_known else None,
+                                                                            base_rtt_ns, mtu))
         self.rc = self.rt = self.line
         self.alpha = 1.0
         self.t_count = self.bc_count = 0
