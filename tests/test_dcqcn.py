@@ -14,7 +14,8 @@ G = 1 / 256
 
 
 def dcqcn(**params) -> Dcqcn:
-    return make_cc("dcqcn", 4096, LINE, **params)
+    """The paper model with uet-htsim's increase (T = 55 us, R_AI = line/20, R_HAI = line/10)."""
+    return Dcqcn(DcqcnParams.uet_htsim(), 4096, LINE, **params)
 
 
 def test_before_any_cnp_it_sends_at_line_rate_with_a_large_window():
@@ -24,6 +25,21 @@ def test_before_any_cnp_it_sends_at_line_rate_with_a_large_window():
     cc.on_lost(10**9, 0, 4096, 10 * US, True)
     assert cc.pacing_rate_bps == LINE
     assert (cc.rate_ai, cc.rate_hai, cc.min_rate) == (LINE / 20, LINE / 10, LINE / 100)
+
+
+def test_the_defaults_increase_with_hpccs_timer_and_steps():
+    """By default the increase timer and steps are HPCC's NIC model's (1.5 ms, 5 and 50 Mbit/s),
+    everything else uet-htsim's."""
+    cc = make_cc("dcqcn", 4096, LINE)
+    assert (cc.p.increase_timer_ns, cc.rate_ai, cc.rate_hai, cc.min_rate) == (1_500_000, 5e6, 50e6, LINE / 100)
+    assert (cc.p.g, cc.p.alpha_timer_ns, cc.p.byte_counter, cc.p.fast_recovery_steps) == (G, K, 10_000_000, 5)
+    cc.on_cnp(0)
+    cc.on_cnp(0)  # RC 100, RT 200 (Mb/s)
+    assert cc.next_timer() == 1_500_000
+    cc.advance(5 * 1_500_000)  # five fast recovery steps
+    assert cc.rc == pytest.approx(200e6 - 100e6 / 32) and cc.rt == 200e6
+    cc.advance(6 * 1_500_000)  # then additive increase by 5 Mbit/s
+    assert cc.rt == 205e6
 
 
 def test_without_a_link_rate_it_does_not_pace_until_a_cnp():
