@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from mrc_emu.transport.cc import make_cc
-from mrc_emu.transport.dcqcn import DEFAULT_WINDOW, Dcqcn, DcqcnParams
+from mrc_emu.transport.dcqcn import DEFAULT_WINDOW, MIN_WINDOW_PACKETS, Dcqcn, DcqcnParams
 
 US = 1000
 LINE = 400e6
@@ -14,7 +14,8 @@ G = 1 / 256
 
 
 def dcqcn(**params) -> Dcqcn:
-    return make_cc("dcqcn", 4096, LINE, **params)
+    """The paper model with uet-htsim's increase (T = 55 us, R_AI = line/20, R_HAI = line/10)."""
+    return Dcqcn(DcqcnParams.uet_htsim(), 4096, LINE, **params)
 
 
 def test_before_any_cnp_it_sends_at_line_rate_with_a_large_window():
@@ -24,6 +25,21 @@ def test_before_any_cnp_it_sends_at_line_rate_with_a_large_window():
     cc.on_lost(10**9, 0, 4096, 10 * US, True)
     assert cc.pacing_rate_bps == LINE
     assert (cc.rate_ai, cc.rate_hai, cc.min_rate) == (LINE / 20, LINE / 10, LINE / 100)
+
+
+def test_the_defaults_increase_with_hpccs_timer_and_steps():
+    """By default the increase timer and steps are HPCC's NIC model's (1.5 ms, 5 and 50 Mbit/s),
+    everything else uet-htsim's."""
+    cc = make_cc("dcqcn", 4096, LINE)
+    assert (cc.p.increase_timer_ns, cc.rate_ai, cc.rate_hai, cc.min_rate) == (1_500_000, 5e6, 50e6, LINE / 100)
+    assert (cc.p.g, cc.p.alpha_timer_ns, cc.p.byte_counter, cc.p.fast_recovery_steps) == (G, K, 10_000_000, 5)
+    cc.on_cnp(0)
+    cc.on_cnp(0)  # RC 100, RT 200 (Mb/s)
+    assert cc.next_timer() == 1_500_000
+    cc.advance(5 * 1_500_000)  # five fast recovery steps
+    assert cc.rc == pytest.approx(200e6 - 100e6 / 32) and cc.rt == 200e6
+    cc.advance(6 * 1_500_000)  # then additive increase by 5 Mbit/s
+    assert cc.rt == 205e6
 
 
 def test_without_a_link_rate_it_does_not_pace_until_a_cnp():
@@ -110,3 +126,17 @@ def test_parameters_are_checked_by_name():
     assert Dcqcn(DcqcnParams(line_rate_bps=1e9)).line == 1e9
     with pytest.raises(TypeError, match="no parameter 'beta'"):
         dcqcn(beta=1)
+
+
+def test_with_a_base_rtt_the_window_is_one_bdp():
+    """A go-back-N QP resends everything in flight after a loss: its window is one BDP of the
+    fabric (line rate x base RTT), not the 2 MiB it keeps when the BDP is unknown."""
+    assert make_cc("dcqcn", 4096, LINE, 1_000_000).cwnd == 50_000  # 400 Mbit/s x 1 ms
+    assert make_cc("dcqcn", 4096, None, 1_000_000).cwnd == DEFAULT_WINDOW  # no line rate: no BDP
+    assert make_cc("dcqcn", 4096, LINE, 10_000).cwnd == MIN_WINDOW_PACKETS * 4096  # 500 bytes: at least two packets
+    assert make_cc("dcqcn", 4096, LINE, 1_000_000, window=300_000).cwnd == 300_000  # a window given wins
+    cc = make_cc("dcqcn", 4096, LINE, 1_000_000)
+    for i in range(40):
+        cc.on_cnp(i)
+    cc.advance(10**9)
+    assert cc.cwnd == 50_000  # the rate moves, the window does not

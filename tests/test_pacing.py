@@ -94,3 +94,39 @@ def test_a_window_only_profile_is_not_paced():
     sent = []
     requester.pump(0, lambda frame, path: sent.append(frame) or True)
     assert len(sent) == requester.config.burst and requester.next_wakeup() == 0
+
+
+def test_a_go_back_n_rewind_resends_one_window_at_the_paced_rate():
+    """The baseline QP (go-back-N, DCQCN on a line of known rate and base RTT) has one BDP in
+    flight; its ACK timeout rewinds, and the rewind resends that window, no more, through the
+    same pacing bucket as first transmissions."""
+    rate, base_rtt = 100e6, 1 * MS
+    config = QpConfig.baseline(mtu=MTU, link_rate_bps=rate, base_rtt_ns=base_rtt)
+    cc = make_cc("dcqcn", MTU, rate, base_rtt)
+    assert cc.cwnd == rate * base_rtt / 8e9  # one BDP: 12,500 bytes
+    requester = Requester(socket.inet_pton(socket.AF_INET6, PATHS.src_address), 0x11, 0x22, {0: PATHS.forward[0]},
+                          None, config, cc, random_bits=random.Random(2).getrandbits)
+    requester.post_write(os.urandom(200_000), 0x1000_0000, 0x1234)
+    sends: list[int] = []  # send times
+    now = 0
+
+    def send(frame, path) -> bool:
+        sends.append(now)
+        return True
+
+    def run_until(stop: int) -> None:
+        nonlocal now
+        while now < stop:
+            requester.pump(now, send)
+            now = requester.next_wakeup()
+
+    run_until(5 * MS)  # no ACK ever comes: the window fills, then the QP waits for its ACK timeout
+    window = len(sends)
+    assert window == -(-int(cc.cwnd) // MTU) and now >= config.ack_timeout_ns  # as many packets as the window holds
+    per_packet = (MTU + requester._frame_overhead) * 8e9 / rate
+    assert sends[-1] >= (window - 2) * per_packet  # paced: the bucket lets two go at once, no more
+    first = sends[-1]
+    run_until(now + 5 * MS)  # the timeout rewinds: everything from the oldest unacknowledged PSN again
+    resent = [t for t in sends if t > first]
+    assert requester.recovery.timeouts == 1 and requester.retransmits == len(resent) == window
+    assert resent[-1] - resent[0] >= (window - 2) * per_packet

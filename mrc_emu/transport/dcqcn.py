@@ -5,12 +5,15 @@ MRC/NSCC is compared with DCQCN and not with no congestion control at all. DCQCN
 a CNP from the responder (sent for CE-marked arrivals, at most one per interval) cuts the
 sending rate by α/2 and raises α; with no CNP, α decays every K, and the rate climbs back
 towards its target in fast recovery, additive and hyper increase, stepped by a timer and a byte
-counter. The paper model, as uet-htsim's dcqcn.cpp implements it (../shared/ref/FABRIC-CC.md §4).
+counter. The paper model, as uet-htsim's dcqcn.cpp implements it (../shared/ref/FABRIC-CC.md §4),
+with the increase timer and steps of HPCC's NIC model (rdma-hw.cc's attribute defaults): the
+paper's 55 us timer is less than one packet time of a 400 Mbit/s emulated link, and it climbed
+back between two CNPs (docs/transport.md says what was measured).
 
 What it must never do: keep a clock. Its timers run on the `now` of every call (`advance`); a
 long quiet spell is caught up at the next call, and the requester asks `next_timer` when it is
-waiting to send, so a paced QP's rate climbs even when no ACK arrives. The window it keeps is
-large on purpose: the rate governs.
+waiting to send, so a paced QP's rate climbs even when no ACK arrives. Its window is one BDP of
+the fabric when that is known: a go-back-N QP resends all it has in flight after one loss.
 """
 
 from __future__ import annotations
@@ -20,24 +23,41 @@ from dataclasses import dataclass
 from .cc import CongestionControl, register
 
 DEFAULT_LINE_RATE_BPS = 10e9  # no link rate known: above anything one QP pushes through this emulator
-DEFAULT_WINDOW = 2 * 1024 * 1024  # bytes: large, so that the rate, not the window, limits the QP
+DEFAULT_WINDOW = 2 * 1024 * 1024  # bytes, when the fabric's BDP is unknown: large, so that the rate limits the QP
+MIN_WINDOW_PACKETS = 2  # a BDP window is never below this many full packets
 
 
 @dataclass
 class DcqcnParams:
     """DCQCN RP parameters (the paper model's names; times in ns, rates in bit/s). None: derived
-    from the line rate (R_AI = line/20, R_HAI = line/10, min rate = line/100)."""
+    from the line rate (R_AI = line/20, R_HAI = line/10 as uet-htsim; min rate = line/100).
+    The increase timer and steps are HPCC's attribute defaults (FABRIC-CC.md §4), the rest
+    uet-htsim's; `uet_htsim()` is uet-htsim's choice throughout."""
 
     line_rate_bps: float | None = None  # None: the link rate given to the profile, else DEFAULT_LINE_RATE_BPS
     g: float = 1 / 256  # α gain
     alpha_timer_ns: int = 55_000  # K: α decays once per K without a CNP
-    increase_timer_ns: int = 55_000  # T: one increase event per T
+    increase_timer_ns: int = 1_500_000  # T: one increase event per T (HPCC's default; uet-htsim: 55 us)
     byte_counter: int = 10_000_000  # B: one increase event per B bytes sent
     fast_recovery_steps: int = 5  # F
-    rate_ai_bps: float | None = None  # R_AI (uet-htsim: line/20)
-    rate_hai_bps: float | None = None  # R_HAI (uet-htsim: line/10)
+    rate_ai_bps: float | None = 5e6  # R_AI (HPCC's default; uet-htsim: line/20)
+    rate_hai_bps: float | None = 50e6  # R_HAI (HPCC's default; uet-htsim: line/10)
     min_rate_bps: float | None = None  # floor of the rate (a NIC's RPG_MIN_RATE; the paper model has none)
-    window: int = DEFAULT_WINDOW
+    window: int | None = None  # bytes in flight; None: one BDP (line rate x base RTT) if both are known, else DEFAULT_WINDOW
+
+    @classmethod
+    def uet_htsim(cls, **overrides) -> DcqcnParams:
+        """The paper model's increase as uet-htsim's dcqcn.cpp runs it: T = 55 us, R_AI = line/20,
+        R_HAI = line/10 (for a fabric whose RTT is a few microseconds)."""
+        return cls(**{"increase_timer_ns": 55_000, "rate_ai_bps": None, "rate_hai_bps": None, **overrides})
+
+
+def bdp_window(line_rate_bps: float | None, base_rtt_ns: int | None, mtu: int) -> int:
+    """The QP's window: one BDP of the fabric (at least MIN_WINDOW_PACKETS packets), or
+    DEFAULT_WINDOW when the line rate or the base RTT is unknown."""
+    if line_rate_bps is None or base_rtt_ns is None:
+        return DEFAULT_WINDOW
+    return max(MIN_WINDOW_PACKETS * mtu, int(line_rate_bps * base_rtt_ns / 8e9))
 
 
 @register
@@ -59,8 +79,8 @@ class Dcqcn(CongestionControl):
 
     def __init__(self, params: DcqcnParams | None = None, mtu: int = 4096, link_rate_bps: float | None = None,
                  base_rtt_ns: int | None = None, **options) -> None:
-        """`link_rate_bps`: the QP's line rate (None: unknown; `base_rtt_ns` is not used);
-        `options`: DcqcnParams fields."""
+        """`link_rate_bps`: the QP's line rate (None: unknown); `base_rtt_ns`: the fabric's
+        unloaded RTT, for the window (one BDP); `options`: DcqcnParams fields."""
         p = params or DcqcnParams()
         for key, value in options.items():
             if not hasattr(p, key):
@@ -73,7 +93,8 @@ class Dcqcn(CongestionControl):
         self.rate_ai = p.rate_ai_bps if p.rate_ai_bps is not None else self.line / 20
         self.rate_hai = p.rate_hai_bps if p.rate_hai_bps is not None else self.line / 10
         self.min_rate = p.min_rate_bps if p.min_rate_bps is not None else self.line / 100
-        self.cwnd = float(p.window)
+        self.cwnd = float(p.window if p.window is not None else bdp_window(self.line if self.line_known else None,
+                                                                            base_rtt_ns, mtu))
         self.rc = self.rt = self.line
         self.alpha = 1.0
         self.t_count = self.bc_count = 0
