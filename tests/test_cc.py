@@ -304,3 +304,11 @@ def test_a_profile_must_handle_every_event():
 
     with pytest.raises(TypeError, match="on_trimmed"):
         Partial()
+
+
+def test_a_tiny_rtt_sample_never_takes_max_wnd_under_one_packet():
+    """An idle shaped port passes a frame unserialized (5 us on the incast fabric): UEC's rescale,
+    max_wnd = 1.5 link x rtt, would be 375 B at 400 Mbit/s, a window no packet fits in."""
+    cc = Nscc(mtu=4096, link_rate_bps=400e6, base_rtt_ns=1_000_000)
+    cc.on_acked(0, 0, 4096, 5_000, 0.0, False)
+    assert cc.base_rtt == 5_000 and cc.max_wnd == 4096 and cc.cwnd == 4096

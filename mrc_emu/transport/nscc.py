@@ -209,10 +209,13 @@ class Nscc(CongestionControl):
         return False
 
     def _update_base_rtt(self, rtt: int) -> None:
-        """A sample below base_rtt is the new base_rtt (the caller checked)."""
+        """A sample below base_rtt is the new base_rtt (the caller checked). max_wnd never falls
+        under one packet: an idle shaped port passes a frame within its TBF bucket unserialized
+        (RTT samples of 5-25 us on the incast fabric), and UEC's rescale would leave a window no
+        packet fits in."""
         self.base_rtt = rtt
         if self._rescale:
-            self.max_wnd = 1.5 * self.link_rate_bps / 8 * rtt / 1e9
+            self.max_wnd = max(1.5 * self.link_rate_bps / 8 * rtt / 1e9, float(self.mtu))
             if self.cwnd > self.max_wnd:
                 self.cwnd = self.max_wnd
 
