@@ -361,3 +361,22 @@ def test_the_baseline_does_not_understand_trims_and_recovers_them_by_go_back_n()
     assert responder.drops["trimmed_not_understood"] > 0
     assert responder.stats["trim_nacks_sent"] == 0 and requester.trim_nacks == 0
     assert requester.naks > 0  # sequence NAKs did the repair
+
+
+def test_a_trimmed_packet_is_resent_at_once_even_with_the_window_full():
+    """'At once': the resend of a trimmed packet does not wait for window space (the trim itself
+    just cut the window, so it would wait an ACK or more and then queue behind the data again)."""
+    config = QpConfig(mtu=1024)
+    requester = Requester(SRC, 0x11, 0x22, PATHS.forward, PATHS.probes, config, cc=FixedWindow(2 * 1024, 1024),
+                          random_bits=bits(2))
+    requester.post_write(os.urandom(8 * 1024), 0x1000, 7)
+    sent: list = []
+    requester.pump(1_000, lambda frame, path: sent.append(path.ev) or True)
+    assert len(sent) == 2  # the window is full
+    first = requester.recovery.sent.pkts[min(requester.recovery.sent.pkts)]
+    nack = fmt.TrimNackPacket(0x11, first.psn, first.ev)
+    opened = open_frame(PATHS.back[first.ev].template.encode(nack))
+    requester.on_datagram(bytes(opened.payload), DST, opened.sport, 2_000, fmt.TCLASS_CONTROL)
+    requester.pump(2_000, lambda frame, path: sent.append(path.ev) or True)
+    assert len(sent) == 3 and requester.retransmits == 1  # resent, though in flight + it > the window
+    assert not requester._can_send()  # and nothing else goes until the window has room

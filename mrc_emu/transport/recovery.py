@@ -135,6 +135,7 @@ class Recovery:
         if pkt.ev == nack.ev and psn in self.sent.flight:
             self.sent.out_of_flight(pkt)
             self.sent.retx.appendleft(psn)
+            self.sent.urgent.add(psn)  # "at once": it does not wait for the window the trim just cut
             self.trims_resent += 1
             rtts = [e.rtt.srtt_ns for e in self.profile.evs.values() if e.rtt.srtt_ns]
             self._trimmed.setdefault(psn, (pkt.sent_ns, min(rtts) if rtts else 0.0))
@@ -409,6 +410,7 @@ class GoBackN:
                 evs[pkt.ev].packets_lost += 1
                 lost[pkt.ev] += pkt.length
         sent.retx.clear()
+        sent.urgent.clear()
         sent.retx.extend(psns)
         for ev, nbytes in lost.items():
             if why is ACK_TIMEOUT:

@@ -258,9 +258,12 @@ class Requester:
         evs, queue, writers, heads, spray = self.profile.evs, self.queue, self._writers, self._heads, self._spray
         sent = 0
         next_psn = rec.next_psn
-        while sent < burst and table.bytes_in_flight < cwnd and tokens >= 0:
+        urgent = table.urgent
+        while sent < burst and tokens >= 0 and (table.bytes_in_flight < cwnd or (retx and retx[0] in urgent)):
             if retx:
-                pkt = pkts.get(retx.popleft())
+                psn = retx.popleft()
+                urgent.discard(psn)
+                pkt = pkts.get(psn)
                 if pkt is None or pkt.psn in flight:
                     continue  # delivered after all, or already resent
                 ev = pick(pkt.ev)
@@ -349,8 +352,10 @@ class Requester:
             self.profile.on_lost(ev, now, "no route out of the host")
 
     def _can_send(self) -> bool:
-        if self.error is not None or self.profile.stalled or self.sent.bytes_in_flight >= self.cc.cwnd:
+        if self.error is not None or self.profile.stalled:
             return False
+        if self.sent.bytes_in_flight >= self.cc.cwnd:
+            return bool(self.sent.retx) and self.sent.retx[0] in self.sent.urgent  # a trimmed packet goes at once
         rec = self.recovery
         return bool(self.sent.retx) or (bool(self.queue) and rec.next_psn < rec.una + self.config.window)
 

@@ -54,6 +54,7 @@ class SentPackets:
         self.ev_flight: dict[int, int] = dict.fromkeys(evs, 0)
         self.bytes_in_flight = 0
         self.retx: deque[int] = deque()
+        self.urgent: set[int] = set()  # PSNs in `retx` to resend at once, window or not (trimmed packets)
         self.Pkt = Pkt  # the record type, fixed when the table is made (tests swap the module's)
         # delivery in C for a table of C records (None: the Python loop below)
         self._deliver = _spray.deliver if _spray is not None and self.Pkt is _spray.Pkt else None
