@@ -30,26 +30,23 @@ def _frame(dst: str) -> bytes:
         socket.inet_pton(socket.AF_INET6, dst)
 
 
-def _in_own_namespace(c_send: bool) -> dict:
+def _in_child_namespace(body) -> dict:
+    """`body(link_for)` in a forked child, in a network namespace of its own with loopback up; the
+    dict it returns comes back through a pipe. link_for(c_send): a SocketLink over a raw IPv6 socket."""
     read, write = os.pipe()
     pid = os.fork()
-    if pid == 0:  # the child: a namespace of its own, then the sends
+    if pid == 0:
         try:
             os.close(read)
             if ctypes.CDLL(None, use_errno=True).unshare(CLONE_NEWNET) != 0:
                 raise OSError(ctypes.get_errno(), "unshare")
-            raw = socket.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_RAW)
-            link = sockets.SocketLink(raw, socket.socket(socket.AF_INET6, socket.SOCK_DGRAM), c_send=c_send)
             subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
-            path, nowhere = SimpleNamespace(first_hop="::1"), SimpleNamespace(first_hop="2001:db8::1")
-            down = [link.send(_frame("2001:db8::1"), nowhere), link.send(bytearray(_frame("2001:db8::1")), nowhere)]
-            up = [link.send(_frame("::1"), path) for _ in range(3)]
-            out = {"down": down, "up": up, "frames_sent": link.frames_sent, "send_errors": link.send_errors,
-                   "errors": dict(link.errors), "is_c": isinstance(link.send, sockets._sockio.Sender)}
-            try:  # (Python's sendto counts its resolver's error as well; C refuses the hop before any send)
-                link.send(_frame("::1"), SimpleNamespace(first_hop="not-an-address"))
-            except (ValueError, OSError) as e:
-                out["bad"] = type(e).__name__
+
+            def link_for(c_send: bool) -> sockets.SocketLink:
+                raw = socket.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_RAW)
+                return sockets.SocketLink(raw, socket.socket(socket.AF_INET6, socket.SOCK_DGRAM), c_send=c_send)
+
+            out = body(link_for)
         except BaseException as e:  # noqa: BLE001 - reported to the parent
             out = {"failed": repr(e)}
         os.write(write, json.dumps(out).encode())
@@ -59,6 +56,23 @@ def _in_own_namespace(c_send: bool) -> dict:
         out = json.loads(f.read())
     os.waitpid(pid, 0)
     return out
+
+
+def _in_own_namespace(c_send: bool) -> dict:
+    def body(link_for) -> dict:
+        link = link_for(c_send)
+        path, nowhere = SimpleNamespace(first_hop="::1"), SimpleNamespace(first_hop="2001:db8::1")
+        down = [link.send(_frame("2001:db8::1"), nowhere), link.send(bytearray(_frame("2001:db8::1")), nowhere)]
+        up = [link.send(_frame("::1"), path) for _ in range(3)]
+        out = {"down": down, "up": up, "frames_sent": link.frames_sent, "send_errors": link.send_errors,
+               "errors": dict(link.errors), "is_c": isinstance(link.send, sockets._sockio.Sender)}
+        try:  # (Python's sendto counts its resolver's error as well; C refuses the hop before any send)
+            link.send(_frame("::1"), SimpleNamespace(first_hop="not-an-address"))
+        except (ValueError, OSError) as e:
+            out["bad"] = type(e).__name__
+        return out
+
+    return _in_child_namespace(body)
 
 
 def test_the_c_sender_answers_and_counts_as_the_python_send_does():
@@ -84,46 +98,32 @@ def _spray_in_own_namespace(c_send: bool, c_loop: bool) -> dict:
     from mrc_emu.transport.paths import qp_paths
     from mrc_emu.transport.requester import Requester
 
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.close(read)
-            if ctypes.CDLL(None, use_errno=True).unshare(CLONE_NEWNET) != 0:
-                raise OSError(ctypes.get_errno(), "unshare")
-            subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
-            raw = socket.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_RAW)
-            link = sockets.SocketLink(raw, socket.socket(socket.AF_INET6, socket.SOCK_DGRAM), c_send=c_send)
-            qp = qp_paths(builtin(), "h0", "h2")
-            paths = {ev: dataclasses.replace(p, first_hop="2001:db8::1" if ev == 2 else "::1")
-                     for ev, p in qp.forward.items()}
-            src = socket.inet_pton(socket.AF_INET6, qp.src_address)
-            out = {}
-            for clocked in (False, True):
-                requester = Requester(src, 0x11, 0x22, paths, None, QpConfig(mtu=1024), c_loop=c_loop,
-                                      random_bits=random.Random(2).getrandbits)
-                requester.post_write(bytes(range(256)) * 800, 0x1000, 7)
-                clock = itertools.count(5_000_000, 7_000).__next__ if clocked else None
-                for i in range(6):
-                    requester.pump(1_000_000 + i, link.send, clock=clock)
-                table = requester.recovery.sent
-                record = {"pkts": sorted((p.psn, p.ev, p.offset, p.tx, p.sent_ns) for p in table.pkts.values()),
-                          "flight": list(table.flight), "by_ev": {ev: list(q) for ev, q in table.by_ev.items()},
-                          "bytes_in_flight": table.bytes_in_flight, "ev_flight": table.ev_flight,
-                          "summary": requester.summary(), "events": [e.to_dict() for e in requester.ev_events],
-                          "evs": [s.to_dict() for s in requester.profile.evs.values()]}
-                out["clocked" if clocked else "virtual"] = record
-            out.update(frames_sent=link.frames_sent, send_errors=link.send_errors, errors=dict(link.errors),
-                       batched=c_loop and hasattr(link.send, "send_many"))
-        except BaseException as e:  # noqa: BLE001 - reported to the parent
-            out = {"failed": repr(e)}
-        os.write(write, json.dumps(out).encode())
-        os._exit(0)
-    os.close(write)
-    with os.fdopen(read) as f:
-        out = json.loads(f.read())
-    os.waitpid(pid, 0)
-    return out
+    def body(link_for) -> dict:
+        link = link_for(c_send)
+        qp = qp_paths(builtin(), "h0", "h2")
+        paths = {ev: dataclasses.replace(p, first_hop="2001:db8::1" if ev == 2 else "::1")
+                 for ev, p in qp.forward.items()}
+        src = socket.inet_pton(socket.AF_INET6, qp.src_address)
+        out = {}
+        for clocked in (False, True):
+            requester = Requester(src, 0x11, 0x22, paths, None, QpConfig(mtu=1024), c_loop=c_loop,
+                                  random_bits=random.Random(2).getrandbits)
+            requester.post_write(bytes(range(256)) * 800, 0x1000, 7)
+            clock = itertools.count(5_000_000, 7_000).__next__ if clocked else None
+            for i in range(6):
+                requester.pump(1_000_000 + i, link.send, clock=clock)
+            table = requester.recovery.sent
+            record = {"pkts": sorted((p.psn, p.ev, p.offset, p.tx, p.sent_ns) for p in table.pkts.values()),
+                      "flight": list(table.flight), "by_ev": {ev: list(q) for ev, q in table.by_ev.items()},
+                      "bytes_in_flight": table.bytes_in_flight, "ev_flight": table.ev_flight,
+                      "summary": requester.summary(), "events": [e.to_dict() for e in requester.ev_events],
+                      "evs": [s.to_dict() for s in requester.profile.evs.values()]}
+            out["clocked" if clocked else "virtual"] = record
+        out.update(frames_sent=link.frames_sent, send_errors=link.send_errors, errors=dict(link.errors),
+                   batched=c_loop and hasattr(link.send, "send_many"))
+        return out
+
+    return _in_child_namespace(body)
 
 
 def test_the_batched_c_send_loop_leaves_what_sending_frame_by_frame_leaves():
