@@ -34,6 +34,8 @@
 #define OP_WRITE_ONLY 0x0A
 #define OP_WRITE_ONLY_IMM 0x0B
 #define DSCP_TRIMMABLE 26        /* only these data packets are trimmed (wire/format.py) */
+/* skb->mark of a packet this program trimmed and sent round again (see port_egress) */
+#define TRIMMED_HERE 0x6d726331
 #define DSCP_TRIMMED 10          /* the same numbers as mrc_emu/fabric/ports.py */
 #define DSCP_TRIMMED_LASTHOP 11
 #define ECN_CE 3
@@ -228,6 +230,13 @@ int port_egress(struct __sk_buff *skb)
 
 	if (!cfg || !st || !(cfg->flags & PORT_ENABLED))
 		return TC_ACT_OK;
+	/* A packet this program trimmed comes round once more (below): the qdisc had taken its
+	 * length before this hook ran, and TBF would charge the whole packet to the link. It was
+	 * counted at its short length already; into the queue with it. */
+	if (skb->mark == TRIMMED_HERE) {
+		skb->mark = 0;
+		return TC_ACT_OK;
+	}
 
 	struct pkt p = {};
 	classify(skb, &p);
@@ -300,9 +309,13 @@ int port_egress(struct __sk_buff *skb)
 		return TC_ACT_SHOT;
 	if (verdict == MARK)
 		mark_ce(skb, &p);
-	if (verdict == TRIM &&
-	    trim(skb, &p, cfg->trim_bytes, (flags & PORT_LASTHOP) ? DSCP_TRIMMED_LASTHOP : DSCP_TRIMMED) < 0)
-		return TC_ACT_SHOT;  /* half-rewritten: never let it out */
+	if (verdict == TRIM) {
+		if (trim(skb, &p, cfg->trim_bytes, (flags & PORT_LASTHOP) ? DSCP_TRIMMED_LASTHOP : DSCP_TRIMMED) < 0)
+			return TC_ACT_SHOT;  /* half-rewritten: never let it out */
+		/* out through this device again, so that TBF takes it at its trimmed length */
+		skb->mark = TRIMMED_HERE;
+		return bpf_redirect(skb->ifindex, 0);
+	}
 	return TC_ACT_OK;
 }
 
