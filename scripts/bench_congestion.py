@@ -16,7 +16,9 @@ For each point and transport: WRITEs verified; bottleneck utilisation (bytes lea
 towards h0 on every plane, from the port counters, against planes x 400 Mbit/s over the span of
 the incast); queue p50/p99 and max at those ports (from the BPF histogram: an upper estimate);
 CE marks, trims and drops there; Jain fairness of the flows' goodput; FCT p50/p99/max; ACK
-timeouts, retransmits, trim NACKs and CNPs; the emulation verdict. Prints one JSON object on
+timeouts, retransmits, trim NACKs and CNPs; the emulation verdict; and, per bottleneck port, the
+bytes TBF sent against the bytes the port program passed (equal when the virtual queue is charged
+as TBF is; scripts/port_queue.py samples the two backlogs side by side). Prints one JSON object on
 stdout; progress on stderr. Traffic stays inside the fabric's namespaces.
 """
 
@@ -25,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import time
 
@@ -64,6 +67,13 @@ def bottleneck(topo: Topology) -> list[tuple[str, str]]:
     return [(peer, peer_intf) for link in topo.links_of(DST) for peer, _, peer_intf in [topo.peer(link, DST)]]
 
 
+def tbf_sent(fabric: Fabric, node: str, intf: str) -> int:
+    """Bytes the port's TBF has sent (`tc -s qdisc`), to hold against the port program's count."""
+    out = subprocess.run(["tc", "-n", f"{fabric.name}-{node}", "-s", "qdisc", "show", "dev", intf],
+                         capture_output=True, text=True, check=True).stdout
+    return int(out.split("Sent ")[1].split()[0])
+
+
 def point(fabric: Fabric, transport: Transport, hosts: list[str], size: int, ports_module, dilation: float) -> dict:
     topo = fabric.topology
     specs = []
@@ -71,13 +81,21 @@ def point(fabric: Fabric, transport: Transport, hosts: list[str], size: int, por
         spec = transport.spec(src, DST, size, MTU, label=f"{src}->{DST}", topology=topo)
         specs.append(spec)
     before = ports_module.counters(fabric)
+    sent_before = {port: tbf_sent(fabric, *port) for port in bottleneck(topo)}
     run: Run = run_transfers(fabric, specs, dilation=dilation)
     after = ports_module.counters(fabric)
+    sent_after = {port: tbf_sent(fabric, *port) for port in bottleneck(topo)}
     start, end = min(r.start_ns for r in run), max(r.end_ns for r in run)
     span = end - start  # the transport's (emulated) clock: bytes over it against the topology's rate
     delta = ports_module.delta(before, after)
-    ports = {f"{node}:{intf}": congestion.port_figures(delta[node][intf], span, topo.link_rate_bps)
-             for node, intf in bottleneck(topo)}
+    ports = {}
+    for node, intf in bottleneck(topo):
+        figures = congestion.port_figures(delta[node][intf], span, topo.link_rate_bps)
+        # the virtual queue is TBF's only if both were charged the same bytes (trimmed packets at
+        # their trimmed length): what TBF sent against what the program passed, over the point
+        figures["tbf_sent_bytes"] = sent_after[(node, intf)] - sent_before[(node, intf)]
+        figures["tbf_minus_program_bytes"] = figures["tbf_sent_bytes"] - delta[node][intf]["bytes"]
+        ports[f"{node}:{intf}"] = figures
     flows = congestion.flows(list(run))
     util = [p["utilisation"] for p in ports.values() if p["utilisation"] is not None]
     emu = run.emulation
