@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from . import metrics
 from .emulation import Report
 from .faults import FAULT_KINDS
 from .transports import Transport
@@ -187,7 +188,49 @@ def plots(results: dict[str, Any], out_dir: Path) -> dict[str, str]:
         ax2.text(i, v, f"{v:.0f}", ha="center", va="bottom", fontsize=9)
     fig.tight_layout()
     files["recovery"] = _save(plt, fig, out_dir / "recovery.png")
+    if flows_png := _flows_plot(plt, runs, out_dir):
+        files["flows"] = flows_png
     return files
+
+
+BIN_NS = 5_000_000  # the flows plot's bins
+
+
+def _flows_plot(plt, runs: dict[str, Any], out_dir: Path) -> str | None:
+    """A multi-flow run (incast, all-to-all, ring): per transport, every flow's goodput and their sum
+    over time since the first start, and the CDF of the flows' completion times."""
+    multi = {t: [x for x in run["transfers"] if not x["label"].startswith("competing")] for t, run in runs.items()}
+    multi = {t: xs for t, xs in multi.items() if len(xs) > 1}
+    if not multi:
+        return None
+    fig, axes = plt.subplots(len(multi), 2, figsize=(12, 3.2 * len(multi)), squeeze=False,
+                             gridspec_kw={"width_ratios": [3, 1]})
+    for (ax, cdf), (transport, flows) in zip(axes, multi.items()):
+        lines = []
+        for flow in flows:
+            xs, ys = _goodput(flow["timeline"])
+            ax.plot([x + flow["offset_ms"] for x in xs], ys, linewidth=0.7, alpha=0.6)
+            lines.append([(int((t + flow["offset_ms"]) * 1e6), b) for t, b in flow["timeline"]])
+        end = max((line[-1][0] for line in lines if line), default=0)
+        grid = list(range(0, end + BIN_NS, BIN_NS))  # the sum on one grid: every flow's bytes at each edge
+        acked = [sum(metrics.bytes_at(line, t) for line in lines if line) for t in grid]
+        ax.plot([t / 1e6 for t in grid[1:]], [(b1 - b0) * 8 / BIN_NS for b0, b1 in zip(acked, acked[1:])],
+                color="black", linewidth=1.6, label=f"sum of {len(flows)} flows")
+        ax.set_title(f"{transport}: goodput of each flow and their sum", fontsize=10)
+        ax.set_xlabel("ms since the first flow started")
+        ax.set_ylabel("goodput, Gbit/s")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="upper right")
+        fct = sorted(x["completion_ms"] for x in flows if x["completion_ms"] is not None)
+        if fct:
+            cdf.step(fct, [(i + 1) / len(fct) for i in range(len(fct))], where="post", color="black")
+        unfinished = len(flows) - len(fct)
+        cdf.set_title(f"FCT CDF ({unfinished} unfinished)" if unfinished else "FCT CDF", fontsize=10)
+        cdf.set_xlabel("completion, ms")
+        cdf.set_ylim(0, 1.02)
+        cdf.grid(alpha=0.3)
+    fig.tight_layout()
+    return _save(plt, fig, out_dir / "flows.png")
 
 
 def headline(results: dict[str, Any]) -> str | None:
@@ -289,7 +332,7 @@ def markdown(results: dict[str, Any]) -> str:
                   "programs over each run; queue: what arriving packets found, upper histogram edges; docs/fabric.md)."]
     if emu := emulation_lines(results):
         lines += ["", "## Emulation", "", *[line if line.startswith("  ") else f"- {line}" for line in emu]]
-    for what in ("goodput", "spray_share", "recovery"):
+    for what in ("goodput", "flows", "spray_share", "recovery"):
         if what in results.get("plots", {}):
             lines += ["", f"![{what}]({results['plots'][what]})"]
     for transport, run in results["runs"].items():
