@@ -380,3 +380,13 @@ def test_a_trimmed_packet_is_resent_at_once_even_with_the_window_full():
     requester.pump(2_000, lambda frame, path: sent.append(path.ev) or True)
     assert len(sent) == 3 and requester.retransmits == 1  # resent, though in flight + it > the window
     assert not requester._can_send()  # and nothing else goes until the window has room
+
+
+def test_trim_repair_figures_count_trims_before_any_rtt_apart():
+    from mrc_emu.transport.requester import trim_repair
+
+    figures = trim_repair([(5_000_000, 3_000_000.0), (7_000_000, 3_000_000.0), (1_000_000, 0.0)])
+    assert figures["count"] == 3 and figures["before_rtt"] == 1
+    assert figures["within_2_rtt"] == 0.5  # 5 ms within 2 x 3 ms, 7 ms not; the one before any RTT apart
+    assert (figures["p50_us"], figures["max_us"]) == (5000.0, 7000.0)
+    assert trim_repair([]) is None and trim_repair([(1, 0.0)])["within_2_rtt"] is None

@@ -50,7 +50,7 @@ class Recovery:
         self.duplicates_acked = 0
         self.trims = 0  # TRIM NACKs for known packets
         self.trims_resent = 0  # ... whose packet left flight to be resent at once
-        # trimmed packets resent and not yet acknowledged: PSN -> (trimmed copy's send time, the QP's RTT then)
+        # trimmed packets resent and not yet acknowledged: PSN -> (trimmed copy's send time, its RTT then)
         self._trimmed: dict[int, tuple[int, float]] = {}
         self.trim_repairs: list[tuple[int, float]] = []  # (trimmed copy sent -> acknowledged, ns; srtt then)
         self._window_mask = (1 << config.window) - 1
@@ -137,8 +137,10 @@ class Recovery:
             self.sent.retx.appendleft(psn)
             self.sent.urgent.add(psn)  # "at once": it does not wait for the window the trim just cut
             self.trims_resent += 1
-            rtts = [e.rtt.srtt_ns for e in self.profile.evs.values() if e.rtt.srtt_ns]
-            self._trimmed.setdefault(psn, (pkt.sent_ns, min(rtts) if rtts else 0.0))
+            # the RTT its repair is held against: the trimmed EV's srtt (its queue included), else
+            # the longest one the QP knows; 0 before any sample (a trim in the incast's first RTT)
+            rtt = stats.rtt.srtt_ns or max((e.rtt.srtt_ns for e in self.profile.evs.values()), default=0.0)
+            self._trimmed.setdefault(psn, (pkt.sent_ns, rtt))
         return True
 
     def _repaired(self, now: int) -> None:

@@ -49,8 +49,9 @@ _FATAL_NAKS = {
 
 def trim_repair(repairs: list[tuple[int, float]]) -> dict | None:
     """How fast trimmed packets were repaired: from the trimmed copy's send until the resent one
-    was acknowledged (p50/p99/max, us), and the share within two RTTs (the QP's shortest EV srtt
-    when the TRIM NACK came). None: no trim."""
+    was acknowledged (p50/p99/max, us), and, of those whose RTT was known when the TRIM NACK came
+    (the trimmed EV's srtt, else the QP's longest), the share repaired within two of it;
+    `before_rtt`: trims that came before any RTT sample. None: no trim."""
     if not repairs:
         return None
     times = sorted(t for t, _ in repairs)
@@ -58,9 +59,11 @@ def trim_repair(repairs: list[tuple[int, float]]) -> dict | None:
     def rank(p: int) -> int:  # nearest rank
         return times[max(1, -(-len(times) * p // 100)) - 1]
 
-    within = sum(1 for t, rtt in repairs if rtt and t <= 2 * rtt)
+    known = [(t, rtt) for t, rtt in repairs if rtt]
+    within = sum(1 for t, rtt in known if t <= 2 * rtt)
     return {"count": len(times), "p50_us": round(rank(50) / 1e3, 1), "p99_us": round(rank(99) / 1e3, 1),
-            "max_us": round(times[-1] / 1e3, 1), "within_2_rtt": round(within / len(repairs), 4)}
+            "max_us": round(times[-1] / 1e3, 1), "before_rtt": len(repairs) - len(known),
+            "within_2_rtt": round(within / len(known), 4) if known else None}
 
 
 @dataclass
