@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 
@@ -67,13 +66,6 @@ def bottleneck(topo: Topology) -> list[tuple[str, str]]:
     return [(peer, peer_intf) for link in topo.links_of(DST) for peer, _, peer_intf in [topo.peer(link, DST)]]
 
 
-def tbf_sent(fabric: Fabric, node: str, intf: str) -> int:
-    """Bytes the port's TBF has sent (`tc -s qdisc`), to hold against the port program's count."""
-    out = subprocess.run(["tc", "-n", f"{fabric.name}-{node}", "-s", "qdisc", "show", "dev", intf],
-                         capture_output=True, text=True, check=True).stdout
-    return int(out.split("Sent ")[1].split()[0])
-
-
 def point(fabric: Fabric, transport: Transport, hosts: list[str], size: int, ports_module, dilation: float) -> dict:
     topo = fabric.topology
     specs = []
@@ -81,10 +73,10 @@ def point(fabric: Fabric, transport: Transport, hosts: list[str], size: int, por
         spec = transport.spec(src, DST, size, MTU, label=f"{src}->{DST}", topology=topo)
         specs.append(spec)
     before = ports_module.counters(fabric)
-    sent_before = {port: tbf_sent(fabric, *port) for port in bottleneck(topo)}
+    sent_before = {port: ports_module.tbf_counters_of(fabric, *port)[0] for port in bottleneck(topo)}
     run: Run = run_transfers(fabric, specs, dilation=dilation)
     after = ports_module.counters(fabric)
-    sent_after = {port: tbf_sent(fabric, *port) for port in bottleneck(topo)}
+    sent_after = {port: ports_module.tbf_counters_of(fabric, *port)[0] for port in bottleneck(topo)}
     start, end = min(r.start_ns for r in run), max(r.end_ns for r in run)
     span = end - start  # the transport's (emulated) clock: bytes over it against the topology's rate
     delta = ports_module.delta(before, after)

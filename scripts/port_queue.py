@@ -30,11 +30,6 @@ from mrc_emu.transport.paths import qp_paths
 from mrc_emu.wire.format import DataPacket
 
 
-def _tbf_backlog(ipr: IPRoute, index: int) -> int:
-    (qdisc,) = [q for q in ipr.get_qdiscs(index=index) if q.get_attr("TCA_KIND") == "tbf"]
-    return qdisc.get_attr("TCA_STATS2").get_attr("TCA_STATS_QUEUE")["backlog"]
-
-
 def measure(frames: int, payload: int, rate: str, name: str = "pq") -> dict:
     topo = from_dict({"name": "pq", "planes": 1, "spines_per_plane": 2, "leaves_per_plane": 2, "hosts_per_leaf": 2,
                       "mtu": 9000, "link_rate": rate, "port": {"ecn": "off", "trim": "off",
@@ -65,7 +60,7 @@ def measure(frames: int, payload: int, rate: str, name: str = "pq") -> dict:
                 while idle < 20:  # until both queues stayed empty for 20 samples after the burst
                     before = ports.queue_now(fabric, "p0l1", ifname)
                     began = time.monotonic()
-                    tbf = _tbf_backlog(ipr, index)
+                    _, tbf = ports.tbf_counters(ipr, index)
                     took = time.monotonic() - began
                     virtual = (before + ports.queue_now(fabric, "p0l1", ifname)) // 2  # the TBF read sits between
                     if took < 0.005:  # a pair the sending thread split by more than 5 ms says nothing

@@ -24,6 +24,8 @@ import weakref
 from pathlib import Path
 from typing import Any
 
+from pyroute2 import IPRoute
+
 from ..topology import Topology
 from ..topology.port import HIST_BUCKETS, PortConfig, tbf_shape
 from . import bpfobj, cabling, netns
@@ -254,6 +256,25 @@ def queue_now(fabric: Fabric, node: str, ifname: str) -> int:
     _, _, queue, _, last_ns, *_ = _STATE.unpack(maps.state.get(index))
     now = time.monotonic_ns()  # bpf_ktime_get_ns is CLOCK_MONOTONIC
     return max(0, queue - cfg[0] * max(0, now - last_ns) // 1_000_000_000)
+
+
+def tbf_counters(ipr: IPRoute, index: int) -> tuple[int, int]:
+    """(bytes sent, backlog bytes) of the TBF on interface `index`, from its netlink qdisc stats
+    (`ipr`: a pyroute2 IPRoute in the port's namespace): what the virtual queue is held against."""
+    (qdisc,) = [q for q in ipr.get_qdiscs(index=index) if q.get_attr("TCA_KIND") == "tbf"]
+    stats = qdisc.get_attr("TCA_STATS2")
+    return stats.get_attr("TCA_STATS_BASIC")["bytes"], stats.get_attr("TCA_STATS_QUEUE")["backlog"]
+
+
+def tbf_counters_of(fabric: Fabric, node: str, ifname: str) -> tuple[int, int]:
+    """tbf_counters of one port, looked up by name (one netlink socket for the call)."""
+    with netns.entered(fabric.netns(node)):
+        ipr = IPRoute()
+    try:
+        (index,) = ipr.link_lookup(ifname=ifname)
+        return tbf_counters(ipr, index)
+    finally:
+        ipr.close()
 
 
 def quantile(hist: list[int], width: int, q: float) -> int | None:

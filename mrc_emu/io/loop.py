@@ -197,7 +197,9 @@ class EventLoop:
     def _horizon(self, mine: int, now: int) -> int:
         """Publish how far this worker has read and answered, less the kernel slack: a datagram
         the kernel once held back by g (Port.late) says the next may be held as long, so the
-        horizon stays 2 g behind, halving each SLACK_HALF_LIFE_NS without another."""
+        horizon stays 2 g behind, halving each SLACK_HALF_LIFE_NS without another. Beside it goes
+        the lag of its latest late answer not yet read past by every worker (_answered); returns
+        what decisions are judged at (Horizon.min)."""
         if self.horizon is None:
             return mine
         if self.slack_ns and now - self._slack_since >= SLACK_HALF_LIFE_NS:
