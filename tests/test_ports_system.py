@@ -107,14 +107,15 @@ def _burst(fabric: Fabric, per_sender: int, control_every: int = 0, ev_format: E
     return 2 * per_sender
 
 
-def _drain(udp: socket.socket, expected: int, timeout: float = 10.0) -> list[tuple[bytes, int]]:
-    """(payload, traffic class) of each datagram, until `expected` arrived or nothing came for a while."""
+def _drain(udp: socket.socket, expected: int, timeout: float = 10.0, sources: list | None = None) -> list[tuple[bytes, int]]:
+    """(payload, traffic class) of each datagram, in arrival order, until `expected` arrived or
+    nothing came for a while; each one's source address goes to `sources` if given."""
     got: list[tuple[bytes, int]] = []
     deadline = time.monotonic() + timeout
     quiet_until = None
     while len(got) < expected and time.monotonic() < deadline:
         try:
-            data, anc, _, _ = udp.recvmsg(1 << 16, 64)
+            data, anc, _, source = udp.recvmsg(1 << 16, 64)
         except BlockingIOError:
             now = time.monotonic()
             quiet_until = quiet_until or now + 0.5  # dropped packets never come: stop once the port is quiet
@@ -125,6 +126,8 @@ def _drain(udp: socket.socket, expected: int, timeout: float = 10.0) -> list[tup
         quiet_until = None
         tclass = next(struct.unpack("i", d[:4])[0] for lvl, typ, d in anc if typ == IPV6_TCLASS)
         got.append((data, tclass))
+        if sources is not None:
+            sources.append(source[0])
     return got
 
 
@@ -179,6 +182,26 @@ def test_a_queue_marks_ce_and_trims_to_dscp_lasthop_with_a_valid_checksum(fabric
         assert struct.unpack_from("!H", outer, inner + 4)[0] == 8 + 28
         assert struct.unpack_from("!H", frame, udp_at + 4)[0] == 8 + 28
         assert struct.unpack_from("!H", frame, udp_at + 6)[0] == _udp_checksum(frame, udp_at)
+
+
+def test_control_packets_and_trimmed_headers_overtake_the_data_queued_before_them(fabric_name):
+    """HTB under TBF serves the class the program puts them in first: with FIFO service no packet
+    of one sender could arrive before an earlier one of the same sender (one path, FIFO hops)."""
+    with _fabric(fabric_name) as fabric:
+        udp, _ = _receiver(fabric)
+        sent = _burst(fabric, 60, control_every=5)
+        sources: list = []
+        got = _drain(udp, sent, sources=sources)
+    build.down(fabric_name)
+    psn = [struct.unpack_from("!I", p, 8)[0] & 0xFFFFFF for p, _ in got]
+    ahead = {"control": 0, "trimmed": 0}
+    for i, (payload, tc) in enumerate(got):
+        kind = "control" if payload[0] == OP_ACK else "trimmed" if tc >> 2 == ports.DSCP_TRIMMED_LASTHOP else None
+        # overtook: a data packet of the same sender with a lower PSN arrived after it
+        if kind and any(sources[j] == sources[i] and psn[j] < psn[i] and got[j][0][0] != OP_ACK
+                        for j in range(i + 1, len(got))):
+            ahead[kind] += 1
+    assert ahead["control"] > 0 and ahead["trimmed"] > 0, f"nothing went ahead of queued data: {ahead}"
 
 
 def test_usid_frames_without_an_srh_are_marked_and_trimmed_too(fabric_name):

@@ -385,8 +385,11 @@ def test_a_trimmed_packet_is_resent_at_once_even_with_the_window_full():
 def test_trim_repair_figures_count_trims_before_any_rtt_apart():
     from mrc_emu.transport.requester import trim_repair
 
-    figures = trim_repair([(5_000_000, 3_000_000.0), (7_000_000, 3_000_000.0), (1_000_000, 0.0)])
+    figures = trim_repair([(5_000_000, 3_000_000.0, 2_000_000), (7_000_000, 3_000_000.0, 1_000_000),
+                           (1_000_000, 0.0, 400_000)])
     assert figures["count"] == 3 and figures["before_rtt"] == 1
     assert figures["within_2_rtt"] == 0.5  # 5 ms within 2 x 3 ms, 7 ms not; the one before any RTT apart
     assert (figures["p50_us"], figures["max_us"]) == (5000.0, 7000.0)
-    assert trim_repair([]) is None and trim_repair([(1, 0.0)])["within_2_rtt"] is None
+    # split at the NACK: sent -> NACK 0.4, 1, 2 ms; NACK -> acknowledged 0.6, 3, 6 ms
+    assert (figures["nack_p50_us"], figures["after_nack_p50_us"]) == (1000.0, 3000.0)
+    assert trim_repair([]) is None and trim_repair([(1, 0.0, 0)])["within_2_rtt"] is None

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pyroute2 import IPRoute
 
 from ..topology import Topology
-from ..topology.port import TBF_LATENCY_US, tbf_shape
+from ..topology.port import TBF_LATENCY_US, tbf_limit, tbf_shape
 from . import cabling, config, limits, links, namespaces, netns, ports, registry
 from .nodes import check_prerequisites
 from .running import Fabric
@@ -103,16 +103,41 @@ def up(topo: Topology, name: str = "mrc", progress: Progress | None = None) -> U
 def shape_node(fabric: Fabric, node_name: str, rate_bps: float | None = None) -> None:
     """A token bucket on every interface of a node: the link rate of the topology (or `rate_bps`:
     a run under time dilation K shapes links to rate / K, and back afterwards). The port
-    program's virtual queues drain at the same rate."""
+    program's virtual queues drain at the same rate.
+
+    Under each TBF (handle 1:) sits an HTB (2:) that only orders, never shapes: class 2:1
+    (CLASS_AHEAD) before 2:2 (CLASS_DATA, its default), each with a FIFO that holds at least
+    TBF's own limit in bytes (the port program drops at the port's buffer before either fills).
+    The port program puts control packets and trimmed headers in 2:1, so they leave ahead of
+    the data queued at the port. A reshape changes TBF in place and keeps its child."""
     topo = fabric.topology
     rate, burst = tbf_shape(rate_bps or topo.link_rate_bps, topo.mtu)  # pyroute2 takes bytes per second
+    first = rate_bps is None
     with netns.entered(fabric.netns(node_name)), IPRoute() as ipr:
         for link in topo.links_of(node_name):
             _, intf, _ = topo.peer(link, node_name)
             (index,) = ipr.link_lookup(ifname=intf)
-            ipr.tc("replace", "tbf", index, rate=rate, burst=burst, latency=TBF_LATENCY_US)
+            ipr.tc("replace", "tbf", index, TBF_HANDLE, rate=rate, burst=burst, latency=TBF_LATENCY_US)
+            if first:
+                _order_classes(ipr, index, rate, tbf_limit(topo.link_rate_bps, topo.mtu), topo.mtu)
     if rate_bps is not None:
         ports.set_rate(fabric, node_name, rate_bps)
+
+
+TBF_HANDLE = 0x10000  # 1:, the root of a shaped port
+ORDER_HANDLE = 0x20000  # 2:, the HTB under TBF's class 1:1
+
+
+def _order_classes(ipr: IPRoute, index: int, rate: int, limit: int, mtu: int) -> None:
+    """The HTB under a port's TBF: two classes, 2:1 served first, 2:2 the default. Their rate is
+    far above any the port is shaped to (TBF shapes; HTB must never hold a packet back)."""
+    ipr.tc("add", "htb", index, ORDER_HANDLE, parent=TBF_HANDLE | 1, default=ports.CLASS_DATA & 0xFFFF)
+    unlimited = max(rate * 16, 1 << 30)  # bytes per second
+    for classid, prio in ((ports.CLASS_AHEAD, 0), (ports.CLASS_DATA, 1)):
+        ipr.tc("add-class", "htb", index, classid, parent=ORDER_HANDLE, rate=unlimited, ceil=unlimited, prio=prio,
+               quantum=2 * (mtu + 512), burst=64 * mtu, cburst=64 * mtu)
+        # pfifo counts packets: enough that TBF's limit in 256-byte packets fits
+        ipr.tc("add", "pfifo", index, (0x20 + (classid & 0xFFFF)) << 16, parent=classid, limit=max(1000, limit // 256))
 
 
 def down(name: str = "mrc") -> registry.FabricRecord:

@@ -33,6 +33,8 @@ from .netlink import NLM_F_CREATE, NLM_F_EXCL, Batch, _nla
 from .nodes import FabricSetupError
 from .running import Fabric
 
+CLASS_AHEAD = 0x20001  # skb->priority: the HTB class under TBF served first (control, trimmed headers)
+CLASS_DATA = 0x20002  # ... and the one after it (data); port.bpf.c and build.py shape_node use both
 DSCP_TRIMMED = 10  # = mrc_emu.wire.format DSCP_TRIMMED (port.bpf.c has the same numbers)
 DSCP_TRIMMED_LASTHOP = 11
 OBJECT = Path(__file__).resolve().parent / "bpf" / "port.bpf.o"

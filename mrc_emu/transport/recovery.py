@@ -51,8 +51,9 @@ class Recovery:
         self.trims = 0  # TRIM NACKs for known packets
         self.trims_resent = 0  # ... whose packet left flight to be resent at once
         # trimmed packets resent and not yet acknowledged: PSN -> (trimmed copy's send time, its RTT then)
-        self._trimmed: dict[int, tuple[int, float]] = {}
-        self.trim_repairs: list[tuple[int, float]] = []  # (trimmed copy sent -> acknowledged, ns; srtt then)
+        self._trimmed: dict[int, tuple[int, float, int]] = {}
+        # (trimmed copy sent -> acknowledged, ns; srtt then; trimmed copy sent -> its TRIM NACK heard, ns)
+        self.trim_repairs: list[tuple[int, float, int]] = []
         self._window_mask = (1 << config.window) - 1
         self._loss_check_at = 0
         # The driver's horizon: the time up to which every datagram that reached the sockets of
@@ -140,15 +141,15 @@ class Recovery:
             # the RTT its repair is held against: the trimmed EV's srtt (its queue included), else
             # the longest one the QP knows; 0 before any sample (a trim in the incast's first RTT)
             rtt = stats.rtt.srtt_ns or max((e.rtt.srtt_ns for e in self.profile.evs.values()), default=0.0)
-            self._trimmed.setdefault(psn, (pkt.sent_ns, rtt))
+            self._trimmed.setdefault(psn, (pkt.sent_ns, rtt, now))
         return True
 
     def _repaired(self, now: int) -> None:
         """Trimmed packets acknowledged since: how long each took from its trimmed copy's send."""
         pkts = self.sent.pkts
         for psn in [p for p in self._trimmed if p not in pkts]:
-            sent_ns, srtt = self._trimmed.pop(psn)
-            self.trim_repairs.append((now - sent_ns, srtt))
+            sent_ns, srtt, nacked = self._trimmed.pop(psn)
+            self.trim_repairs.append((now - sent_ns, srtt, nacked - sent_ns))
 
     def _newly_sacked(self, ack: AckPacket, una: int) -> list[int]:
         """PSNs the ACK's bitmap marks that were not known delivered; the bitmap joins `sacked`.

@@ -47,22 +47,26 @@ _FATAL_NAKS = {
 }
 
 
-def trim_repair(repairs: list[tuple[int, float]]) -> dict | None:
+def trim_repair(repairs: list[tuple[int, float, int]]) -> dict | None:
     """How fast trimmed packets were repaired: from the trimmed copy's send until the resent one
-    was acknowledged (p50/p99/max, us), and, of those whose RTT was known when the TRIM NACK came
-    (the trimmed EV's srtt, else the QP's longest), the share repaired within two of it;
-    `before_rtt`: trims that came before any RTT sample. None: no trim."""
+    was acknowledged (p50/p99/max, us), split at the TRIM NACK (`nack_p50_us`: send -> NACK
+    heard; `after_nack_p50_us`: NACK -> acknowledged), and, of those whose RTT was known when the
+    TRIM NACK came (the trimmed EV's srtt, else the QP's longest), the share repaired within two
+    of it; `before_rtt`: trims that came before any RTT sample. None: no trim."""
     if not repairs:
         return None
-    times = sorted(t for t, _ in repairs)
 
-    def rank(p: int) -> int:  # nearest rank
-        return times[max(1, -(-len(times) * p // 100)) - 1]
+    def rank(values: list[int], p: int) -> int:  # nearest rank of sorted values
+        return values[max(1, -(-len(values) * p // 100)) - 1]
 
-    known = [(t, rtt) for t, rtt in repairs if rtt]
+    times = sorted(t for t, _, _ in repairs)
+    nacks = sorted(n for _, _, n in repairs)
+    after = sorted(t - n for t, _, n in repairs)
+    known = [(t, rtt) for t, rtt, _ in repairs if rtt]
     within = sum(1 for t, rtt in known if t <= 2 * rtt)
-    return {"count": len(times), "p50_us": round(rank(50) / 1e3, 1), "p99_us": round(rank(99) / 1e3, 1),
-            "max_us": round(times[-1] / 1e3, 1), "before_rtt": len(repairs) - len(known),
+    return {"count": len(times), "p50_us": round(rank(times, 50) / 1e3, 1), "p99_us": round(rank(times, 99) / 1e3, 1),
+            "max_us": round(times[-1] / 1e3, 1), "nack_p50_us": round(rank(nacks, 50) / 1e3, 1),
+            "after_nack_p50_us": round(rank(after, 50) / 1e3, 1), "before_rtt": len(repairs) - len(known),
             "within_2_rtt": round(within / len(known), 4) if known else None}
 
 

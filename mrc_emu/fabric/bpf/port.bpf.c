@@ -13,7 +13,8 @@
  * (in the outer and the inner traffic class), trims a packet that would take the queue over the
  * trim threshold to its headers + trim_bytes of UDP payload (DSCP TRIMMED / TRIMMED_LASTHOP, every
  * length and the UDP checksum fixed), and drops any packet above the buffer. Control packets are
- * never marked or trimmed. One program serves every port of a fabric: ports are told apart by
+ * never marked or trimmed; they and trimmed headers are queued ahead of data (skb->priority picks
+ * the class of the HTB under TBF). One program serves every port of a fabric: ports are told apart by
  * interface index, which cabling.py makes unique across the fabric. Python (fabric/ports.py) sizes
  * the maps, writes each port's configuration and reads the counters; this file must never hold a
  * threshold of its own.
@@ -36,6 +37,10 @@
 #define DSCP_TRIMMABLE 26        /* only these data packets are trimmed (wire/format.py) */
 /* skb->mark of a packet this program trimmed and sent round again (see port_egress) */
 #define TRIMMED_HERE 0x6d726331
+/* the classes of the HTB under each port's TBF (fabric/build.py shape_node; the same numbers as
+ * mrc_emu/fabric/ports.py): skb->priority names one, and HTB serves CLASS_AHEAD first */
+#define CLASS_AHEAD 0x20001      /* control packets and trimmed headers: sent ahead of data */
+#define CLASS_DATA 0x20002       /* data packets, in arrival order */
 #define DSCP_TRIMMED 10          /* the same numbers as mrc_emu/fabric/ports.py */
 #define DSCP_TRIMMED_LASTHOP 11
 #define ECN_CE 3
@@ -235,11 +240,15 @@ int port_egress(struct __sk_buff *skb)
 	 * counted at its short length already; into the queue with it. */
 	if (skb->mark == TRIMMED_HERE) {
 		skb->mark = 0;
+		skb->priority = CLASS_AHEAD;
 		return TC_ACT_OK;
 	}
 
 	struct pkt p = {};
 	classify(skb, &p);
+	/* data waits in arrival order; everything else (ACKs, NAKs, probes, CNPs, headers trimmed
+	 * upstream, routing protocols) goes ahead of it, as a switch's control class does */
+	skb->priority = p.data ? CLASS_DATA : CLASS_AHEAD;
 	__u32 flags = cfg->flags, len = skb->len;
 	__u32 trim_len = p.udp + UDP_LEN + cfg->trim_bytes;
 	__u32 width = cfg->hist_width ? cfg->hist_width : 1;
@@ -314,6 +323,7 @@ int port_egress(struct __sk_buff *skb)
 			return TC_ACT_SHOT;  /* half-rewritten: never let it out */
 		/* out through this device again, so that TBF takes it at its trimmed length */
 		skb->mark = TRIMMED_HERE;
+		skb->priority = CLASS_AHEAD;
 		return bpf_redirect(skb->ifindex, 0);
 	}
 	return TC_ACT_OK;
