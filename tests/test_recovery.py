@@ -297,7 +297,8 @@ def _delivery_table(seed: int, ev_count: int, deliver_in_c: bool):
     for psn in range(1000, 1000 + 300):
         pkt = table.new(psn, wrs[min(2, (psn - 1000) // 120)], (psn - 1000) * 100, rng.choice([100, 100, 37]), False)
         for _ in range(rng.choice([1, 1, 1, 2, 3])):
-            table.record(pkt, rng.randrange(ev_count), rng.randrange(0, 40) * 1000)
+            stamp = rng.randrange(0, 40) * 1000
+            table.record(pkt, rng.randrange(ev_count), stamp, stamp - rng.randrange(0, 5) * 100)
         if rng.random() < 0.2:
             table.out_of_flight(pkt)  # declared lost, not resent yet
     for psn in rng.sample(range(1000, 1300), 30):
@@ -317,7 +318,7 @@ def test_delivery_in_c_leaves_what_the_python_loop_leaves(seed, ev_count):
     for in_c in (True, False):
         table, wrs, rng = _delivery_table(seed, ev_count, in_c)
         assert (table._deliver is not None) == in_c
-        seen = {5 % ev_count: [2, 17_000, 1, 200], 1: [1, 999_000, 2, 100]}
+        seen = {5 % ev_count: [2, 17_000, 1, 200, 16_000], 1: [1, 999_000, 2, 100, 999_000]}
         acked = [table.deliver(range(990, 1100), seen)]
         sacked = rng.sample(range(1100, 1400), 120) + [1150, 1150, 5, 10**9]
         acked.append(table.deliver(sacked, seen))
@@ -362,3 +363,19 @@ def test_ce_counts_reach_the_cc_per_ev_and_marks_on_an_ev_that_delivered_nothing
     evs = rec.profile.evs
     assert (evs[0].ce_marks, evs[1].ce_marks, evs[2].ce_marks) == (1, 0, 3)
     assert evs[2].ecn > evs[0].ecn > 0 == evs[1].ecn
+
+
+def test_an_rtt_sample_is_taken_from_when_the_send_began_and_never_short():
+    """One sendmmsg of 16 frames takes ~160 us here and the kernel forwards each inside it: the
+    first frame's ACK can come back before the call returns. From the call's end that read 3 us
+    for a 1 ms path and pulled NSCC's base RTT (a minimum) down for good; from its start the
+    sample is never short, and one whose send took more than half of it is none."""
+    from mrc_emu.transport.recovery import rtt_sample
+
+    began, done = 1_000_000, 1_160_000  # the call's span
+    assert rtt_sample(done + 3_000, done, began) is None  # 163 us from the start, 160 of them the send's
+    assert rtt_sample(began + 1_000_000, done, began) == 1_000_000  # a 1 ms sample: within 2x of the truth
+    assert rtt_sample(began + 320_000, done, began) == 320_000  # the span is exactly half: still a sample
+    assert rtt_sample(began + 319_999, done, began) is None
+    assert rtt_sample(began + 500, began, began) is None  # under 1 us: the service time's rounding
+    assert rtt_sample(done - 10_000, done, began) is None  # heard before the call returned

@@ -363,23 +363,31 @@ def test_the_baseline_does_not_understand_trims_and_recovers_them_by_go_back_n()
     assert requester.naks > 0  # sequence NAKs did the repair
 
 
-def test_a_trimmed_packet_is_resent_at_once_even_with_the_window_full():
-    """'At once': the resend of a trimmed packet does not wait for window space (the trim itself
-    just cut the window, so it would wait an ACK or more and then queue behind the data again)."""
+def test_a_trimmed_packet_is_resent_first_once_the_window_has_room():
+    """The resend of a trimmed packet goes ahead of new data, but inside the window: the trim took
+    its bytes out of flight, and a window cut by as much (NSCC) makes it wait for an ACK."""
     config = QpConfig(mtu=1024)
-    requester = Requester(SRC, 0x11, 0x22, PATHS.forward, PATHS.probes, config, cc=FixedWindow(2 * 1024, 1024),
-                          random_bits=bits(2))
+    window = FixedWindow(2 * 1024, 1024)
+    requester = Requester(SRC, 0x11, 0x22, PATHS.forward, PATHS.probes, config, cc=window, random_bits=bits(2))
     requester.post_write(os.urandom(8 * 1024), 0x1000, 7)
     sent: list = []
     requester.pump(1_000, lambda frame, path: sent.append(path.ev) or True)
     assert len(sent) == 2  # the window is full
-    first = requester.recovery.sent.pkts[min(requester.recovery.sent.pkts)]
-    nack = fmt.TrimNackPacket(0x11, first.psn, first.ev)
-    opened = open_frame(PATHS.back[first.ev].template.encode(nack))
+    pkts = requester.recovery.sent.pkts
+    first, second = sorted(pkts)[:2]
+    window.cwnd = 1024  # as NSCC's OnNACK cuts it: by the trimmed packet's size
+    nack = fmt.TrimNackPacket(0x11, first, pkts[first].ev)
+    opened = open_frame(PATHS.back[pkts[first].ev].template.encode(nack))
     requester.on_datagram(bytes(opened.payload), DST, opened.sport, 2_000, fmt.TCLASS_CONTROL)
     requester.pump(2_000, lambda frame, path: sent.append(path.ev) or True)
-    assert len(sent) == 3 and requester.retransmits == 1  # resent, though in flight + it > the window
-    assert not requester._can_send()  # and nothing else goes until the window has room
+    assert len(sent) == 2 and not requester._can_send()  # 1 KiB in flight: a 1 KiB window is full
+    ack = fmt.AckPacket(0x11, (first - 1) % (1 << 24), sack_base=second, sack_bitmap=b"\x80\0\0\0", echo_psn=second,
+                        echo_ev=pkts[second].ev)  # the second arrived; the first's resend is what is missing
+    opened = open_frame(PATHS.back[pkts[second].ev].template.encode(ack))
+    requester.on_datagram(bytes(opened.payload), DST, opened.sport, 3_000, fmt.TCLASS_CONTROL)
+    requester.pump(3_000, lambda frame, path: sent.append(path.ev) or True)
+    assert len(sent) == 3 and requester.retransmits == 1  # the trimmed packet went first, new data waits
+    assert first in requester.recovery.sent.flight and len(requester.recovery.sent.flight) == 1
 
 
 def test_trim_repair_figures_count_trims_before_any_rtt_apart():

@@ -146,7 +146,8 @@ def test_every_ev_gets_rtt_samples_that_follow_its_delay():
 
 @pytest.mark.parametrize("c_loop", [True, False])
 def test_each_packet_is_stamped_with_its_own_send_time(c_loop):
-    """Over sockets a burst of 32 packets takes about 0.4 ms: given a clock, pump stamps each one."""
+    """Over sockets a burst of 32 packets takes about 0.4 ms: given a clock, pump stamps each one,
+    read when its send began (left_ns: its RTT is taken from there) and once it was done (sent_ns)."""
     requester, responder, mr, buffer = pair(64 * 1024, c_loop=c_loop)
     requester.post_write(os.urandom(64 * 1024), mr.va, mr.rkey)
     ticks = itertools.count(1_000_000, 7_000)
@@ -155,7 +156,8 @@ def test_each_packet_is_stamped_with_its_own_send_time(c_loop):
     table = requester.recovery.sent
     stamps = [table.pkts[psn].sent_ns for psn in table.flight]
     assert len(stamps) == len(sent) == requester.config.burst
-    assert stamps == list(range(1_000_000, 1_000_000 + 7_000 * len(stamps), 7_000))
+    assert stamps == list(range(1_007_000, 1_007_000 + 14_000 * len(stamps), 14_000))
+    assert [table.pkts[psn].left_ns for psn in table.flight] == [t - 7_000 for t in stamps]
     for ev, queue in table.by_ev.items():  # the per-EV order that loss detection walks
         assert all(table.pkts[psn].sent_ns == t and table.pkts[psn].ev == ev for psn, t in queue)
 

@@ -26,8 +26,10 @@ from ..fabric.procs import Child, Stop
 from ..fabric.running import Fabric
 from ..fabric.waiting import WaitTimeout, until
 from ..io.clock import Clock, Horizon
+from ..topology import Topology
 from ..topology.evs import EvFormat
 from ..transport.config import QpConfig
+from ..transport.nscc import max_wnd_for
 from ..transport.paths import QpPaths, qp_paths
 from . import emulation
 from .worker import Accept, Accepted, Final, Hash, Hashed, HostSpec, JobProgress, Prepare, Prepared, Progress, Start, Started, serve_hosts
@@ -344,6 +346,20 @@ def _result(spec: TransferSpec, paths: QpPaths, req: dict, dst: Final, key: int,
     )
 
 
+def cc_options_for(cc: str, topo: Topology) -> dict | None:
+    """What a QP's CC profile is configured with on this fabric, beyond its link rate and base RTT.
+
+    NSCC gets its MaxWnd configured (1.5 BDP of the topology's link rate and base RTT), so that
+    it stays put when RTT samples fall under that base RTT. UEC rescales MaxWnd to a new base RTT
+    (and leaves a configured one open, NSCC.md), but here the samples are the network's alone (the
+    responder's service time taken off): 10-60 us at time dilation 4, while the topology's base
+    RTT (1 ms by default) is what the endpoints need to close their loop; a window rescaled to
+    the samples was one packet, and four senders filled half the bottleneck."""
+    if cc != "nscc" or not topo.link_rate_bps:
+        return None
+    return {"max_cwnd": max_wnd_for(topo.link_rate_bps, topo.ports.base_rtt_ns)}
+
+
 def send(fabric: Fabric, src: str, dst: str, size: int, evs: list[int] | None = None, cc: str = "nscc",
          mtu: int = 4096, ev_format: EvFormat = EvFormat.SRV6, ev_min_active: int = 1,
          imm: int | None = None, config: QpConfig | None = None, control: Control | None = None,
@@ -355,7 +371,7 @@ def send(fabric: Fabric, src: str, dst: str, size: int, evs: list[int] | None = 
     if config is None:
         topo = fabric.topology
         config = QpConfig(mtu=mtu, link_rate_bps=topo.link_rate_bps, base_rtt_ns=topo.ports.base_rtt_ns,
-                          cnp=cc == "dcqcn")
+                          cnp=cc == "dcqcn", cc_options=cc_options_for(cc, topo))
     spec = TransferSpec(src, dst, size, evs, ev_format, config, cc, ev_min_active, imm)
     run = run_transfers(fabric, [spec], control, on_progress, linger_s, workers=workers, dilation=dilation)
     result = run[0]

@@ -12,7 +12,7 @@ from enum import Enum
 from ..topology import Topology
 from ..topology.evs import EvFormat
 from ..transport.config import QpConfig
-from .transfer import TransferSpec
+from .transfer import TransferSpec, cc_options_for
 
 
 class Transport(str, Enum):
@@ -33,8 +33,9 @@ class Transport(str, Enum):
         if self is Transport.BASELINE:
             return TransferSpec(src, dst, size, [0], EvFormat.UDP, QpConfig.baseline(mtu=mtu, cnp=True, **fabric),
                                 "dcqcn", label=label, start_at=start_at)
-        return TransferSpec(src, dst, size, evs, EvFormat.SRV6, QpConfig(mtu=mtu, **fabric), "nscc", label=label,
-                            start_at=start_at)
+        options = None if topology is None else cc_options_for("nscc", topology)
+        return TransferSpec(src, dst, size, evs, EvFormat.SRV6, QpConfig(mtu=mtu, cc_options=options, **fabric), "nscc",
+                            label=label, start_at=start_at)
 
     @property
     def linger_s(self) -> float:

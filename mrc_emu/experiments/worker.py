@@ -233,7 +233,8 @@ class _Worker:
         data = os.urandom(msg.size)
         digest = hashlib.sha256(data).hexdigest()  # before the clock starts: hashing is not the transfer
         requester = Requester(port.mux.address, msg.qpn, msg.dest_qp, msg.forward, msg.probes, msg.config,
-                              make_cc(msg.cc, msg.config.mtu, msg.config.link_rate_bps, msg.config.base_rtt_ns), start_psn=msg.start_psn,
+                              make_cc(msg.cc, msg.config.mtu, msg.config.link_rate_bps, msg.config.base_rtt_ns,
+                                      **(msg.config.cc_options or {})), start_psn=msg.start_psn,
                               ev_min_active=msg.ev_min_active, random_bits=secrets.randbits,
                               probe_budget=port.mux.probe_budget)
         self.jobs[msg.key] = _Job(msg.key, requester, port, data, msg.region, msg.imm, digest)

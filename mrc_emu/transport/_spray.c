@@ -62,7 +62,7 @@
 typedef struct {
     PyObject_HEAD
     PyObject *wr;
-    long long psn, offset, length, ev, sent_ns, tx;
+    long long psn, offset, length, ev, sent_ns, left_ns, tx;
     char last;
 } Pkt;
 
@@ -80,6 +80,7 @@ static Pkt *pkt_make(long long psn, PyObject *wr, long long offset, long long le
     p->last = (char)(last != 0);
     p->ev = -1;
     p->sent_ns = 0;
+    p->left_ns = 0;
     p->tx = 0;
     PyObject_GC_Track(p);
     return p;
@@ -118,7 +119,8 @@ static PyMemberDef pkt_members[] = {
     {"length", T_LONGLONG, offsetof(Pkt, length), READONLY, "payload bytes"},
     {"last", T_BOOL, offsetof(Pkt, last), READONLY, "the WRITE's last packet"},
     {"ev", T_LONGLONG, offsetof(Pkt, ev), 0, "EV of the latest transmission (-1: not sent)"},
-    {"sent_ns", T_LONGLONG, offsetof(Pkt, sent_ns), 0, "time of the latest transmission"},
+    {"sent_ns", T_LONGLONG, offsetof(Pkt, sent_ns), 0, "time of the latest transmission (once the kernel had it)"},
+    {"left_ns", T_LONGLONG, offsetof(Pkt, left_ns), 0, "when that transmission's send began (the earliest it left)"},
     {"tx", T_LONGLONG, offsetof(Pkt, tx), 0, "transmissions so far"},
     {NULL},
 };
@@ -211,7 +213,7 @@ static EvEntry *ev_entry(EvEntry *cache, int *cached, EvEntry *scratch, PyObject
 
 /* the packet's record in the table, as SentPackets.record leaves it; 0, or -1 with an exception */
 static int record(PyObject *pkts, PyObject *flight, PyObject *by_ev, PyObject *wr, const Planned *p, long long mtu,
-                  PyObject *stamp_obj, long long stamp) {
+                  PyObject *stamp_obj, long long stamp, long long left) {
     int result = -1;
     Pkt *pkt = pkt_make(p->psn, wr, p->offset, mtu, p->last);
     PyObject *psn_obj = PyLong_FromLongLong(p->psn), *entry = NULL, *appended = NULL;
@@ -219,6 +221,7 @@ static int record(PyObject *pkts, PyObject *flight, PyObject *by_ev, PyObject *w
         goto done;
     pkt->ev = p->entry->value;
     pkt->sent_ns = stamp;
+    pkt->left_ns = left;
     pkt->tx = 1;
     if (PyDict_SetItem(pkts, psn_obj, (PyObject *)pkt) < 0 || PyDict_SetItem(flight, psn_obj, Py_None) < 0)
         goto done;
@@ -261,6 +264,16 @@ static int read_clock(PyObject *clock, PyObject *now_obj, long long now, PyObjec
     return 0;
 }
 
+/* the clock's time into *t: 0, or -1 with an exception */
+static int read_time(PyObject *clock, long long *t) {
+    PyObject *obj = PyObject_CallNoArgs(clock);
+    if (obj == NULL)
+        return -1;
+    *t = PyLong_AsLongLong(obj);
+    Py_DECREF(obj);
+    return (*t == -1 && PyErr_Occurred()) ? -1 : 0;
+}
+
 /* frame by frame through the Python `send`, each stamped and recorded once `send` has returned,
    as the Python loop does (a refused frame too: it stays in flight). A stamp read before the send
    would age the packet by however long the worker was off the CPU inside it. Returns the frames
@@ -272,6 +285,12 @@ static Py_ssize_t send_each(PyObject *send, PyObject *pkts, PyObject *flight, Py
     for (Py_ssize_t j = 0; j < k; j++) {
         PyObject *view = PyMemoryView_FromMemory((char *)iov[j].iov_base, (Py_ssize_t)iov[j].iov_len, PyBUF_READ);
         if (view == NULL) {
+            *status = -1;
+            return j;
+        }
+        long long left = now;
+        if (clock != Py_None && read_time(clock, &left) < 0) {
+            Py_DECREF(view);
             *status = -1;
             return j;
         }
@@ -300,7 +319,7 @@ static Py_ssize_t send_each(PyObject *send, PyObject *pkts, PyObject *flight, Py
             *status = -1;
             return j;
         }
-        int r = record(pkts, flight, by_ev, wr, &plan[j], mtu, stamp_obj, stamp);
+        int r = record(pkts, flight, by_ev, wr, &plan[j], mtu, stamp_obj, stamp, left);
         Py_DECREF(stamp_obj);
         if (r < 0) {
             *status = -1;
@@ -425,6 +444,9 @@ static PyObject *spray_on(PyObject *pkts, PyObject *flight, PyObject *by_ev, PyO
             /* one system call for the batch: every packet of it is stamped with the moment the
                kernel returned from it (a stamp read before would age the batch by however long
                the worker was off the CPU inside the call), and recorded once its answer is known */
+            long long left = now;  /* when the call began: no packet of the batch left before */
+            if (clock != Py_None && read_time(clock, &left) < 0)
+                goto done;
             handled = send_many(send, iov, batch_paths, k, &status);
             recorded = handled + (status == 1);  /* a refused frame stays in flight, as the Python loop leaves it */
             PyObject *type, *value, *traceback;
@@ -439,7 +461,7 @@ static PyObject *spray_on(PyObject *pkts, PyObject *flight, PyObject *by_ev, PyO
             }
             int r = 0;
             for (Py_ssize_t j = 0; j < recorded && r == 0; j++)
-                r = record(pkts, flight, by_ev, wr, &plan[j], mtu, stamp_obj, stamp);
+                r = record(pkts, flight, by_ev, wr, &plan[j], mtu, stamp_obj, stamp, left);
             Py_DECREF(stamp_obj);
             if (type != NULL) {
                 PyErr_Clear();
@@ -503,11 +525,11 @@ done:
 #define MAX_SEEN 64 /* EVs aggregated before they are merged into `seen` */
 
 typedef struct {
-    long long ev, count, latest, tx, nbytes, in_flight;
+    long long ev, count, latest, tx, nbytes, in_flight, left;
     PyObject *ev_obj;
 } EvSeen;
 
-/* seen[ev] (a list [packets, latest send time, its transmissions, bytes]) and ev_flight[ev]
+/* seen[ev] (a list [packets, latest send time, its transmissions, bytes, when its send began]) and ev_flight[ev]
    take what the aggregate holds, as if each packet had been added in turn */
 static int merge_seen(EvSeen *agg, int n, PyObject *seen, PyObject *ev_flight) {
     int result = 0;
@@ -518,36 +540,39 @@ static int merge_seen(EvSeen *agg, int n, PyObject *seen, PyObject *ev_flight) {
             if (entry == NULL && PyErr_Occurred()) {
                 result = -1;
             } else if (entry == NULL) {
-                PyObject *fresh = Py_BuildValue("[LLLL]", a->count, a->latest, a->tx, a->nbytes);
+                PyObject *fresh = Py_BuildValue("[LLLLL]", a->count, a->latest, a->tx, a->nbytes, a->left);
                 if (fresh == NULL || PyDict_SetItem(seen, a->ev_obj, fresh) < 0)
                     result = -1;
                 Py_XDECREF(fresh);
-            } else if (!PyList_Check(entry) || PyList_GET_SIZE(entry) != 4) {
-                PyErr_SetString(PyExc_TypeError, "a seen entry is a list of four");
+            } else if (!PyList_Check(entry) || PyList_GET_SIZE(entry) != 5) {
+                PyErr_SetString(PyExc_TypeError, "a seen entry is a list of five");
                 result = -1;
             } else {
                 long long count = PyLong_AsLongLong(PyList_GET_ITEM(entry, 0)),
                           latest = PyLong_AsLongLong(PyList_GET_ITEM(entry, 1)),
                           nbytes = PyLong_AsLongLong(PyList_GET_ITEM(entry, 3));
-                /* a list of four (checked above): PyList_SetItem cannot fail, and takes each new value */
+                /* a list of five (checked above): PyList_SetItem cannot fail, and takes each new value */
                 PyObject *c = PyErr_Occurred() ? NULL : PyLong_FromLongLong(count + a->count),
                          *b = c == NULL ? NULL : PyLong_FromLongLong(nbytes + a->nbytes);
-                PyObject *sent = NULL, *tx = NULL;
+                PyObject *sent = NULL, *tx = NULL, *left = NULL;
                 if (b != NULL && a->latest > latest) {  /* a later send; ties keep the earlier packet's */
                     sent = PyLong_FromLongLong(a->latest);
                     tx = sent == NULL ? NULL : PyLong_FromLongLong(a->tx);
+                    left = tx == NULL ? NULL : PyLong_FromLongLong(a->left);
                 }
-                if (b == NULL || (a->latest > latest && tx == NULL)) {
+                if (b == NULL || (a->latest > latest && left == NULL)) {
                     Py_XDECREF(c);
                     Py_XDECREF(b);
                     Py_XDECREF(sent);
+                    Py_XDECREF(tx);
                     result = -1;
                 } else {
                     PyList_SetItem(entry, 0, c);
                     PyList_SetItem(entry, 3, b);
-                    if (tx != NULL) {
+                    if (left != NULL) {
                         PyList_SetItem(entry, 1, sent);
                         PyList_SetItem(entry, 2, tx);
+                        PyList_SetItem(entry, 4, left);
                     }
                 }
             }
@@ -658,9 +683,11 @@ static PyObject *deliver(PyObject *self, PyObject *const *args, Py_ssize_t nargs
             a->count = a->nbytes = a->in_flight = 0;
             a->latest = pkt->sent_ns;
             a->tx = pkt->tx;
+            a->left = pkt->left_ns;
         } else if (pkt->sent_ns > a->latest) {
             a->latest = pkt->sent_ns;
             a->tx = pkt->tx;
+            a->left = pkt->left_ns;
         }
         a->count += 1;
         a->nbytes += length;

@@ -51,6 +51,7 @@ class QpConfig:
     # topology's rate, not the rate / K the links are shaped to; None: unknown (an unshaped fabric)
     link_rate_bps: float | None = None  # the slower end's link rate (NSCC's BDP, DCQCN's line rate)
     base_rtt_ns: int | None = None  # the fabric's unloaded RTT over its longest path (NSCC's config_base_rtt)
+    cc_options: dict | None = None  # the CC profile's own configuration (make_cc's options, e.g. NSCC's max_cwnd)
 
     def __post_init__(self) -> None:
         if not 64 <= self.mtu <= 8192 or self.mtu % 4:
@@ -65,6 +66,8 @@ class QpConfig:
             raise ValueError(f"CNP interval {self.cnp_interval_ns} ns: must be >= 0")
         if self.link_rate_bps is not None and self.link_rate_bps <= 0:
             raise ValueError(f"link rate {self.link_rate_bps}: must be positive (or None: unknown)")
+        if self.cc_options is not None and not isinstance(self.cc_options, dict):
+            raise ValueError(f"CC options {self.cc_options!r}: a mapping of the profile's fields (or None)")
         if self.base_rtt_ns is not None and self.base_rtt_ns <= 0:
             raise ValueError(f"base RTT {self.base_rtt_ns} ns: must be positive (or None: unknown)")
         try:

@@ -52,7 +52,7 @@ class NsccParams:
         base_rtt = self.base_rtt if self.base_rtt is not None else DEFAULT_BASE_RTT_NS
         if link_rate_bps:
             bdp = link_rate_bps / 8 * base_rtt / 1e9
-            max_cwnd = self.max_cwnd if self.max_cwnd is not None else int(1.5 * bdp)
+            max_cwnd = self.max_cwnd if self.max_cwnd is not None else max_wnd_for(link_rate_bps, base_rtt)
         else:
             max_cwnd = self.max_cwnd if self.max_cwnd is not None else DEFAULT_MAX_CWND
             bdp = max_cwnd / 1.5
@@ -65,6 +65,11 @@ class NsccParams:
             "max_cwnd": max_cwnd, "qa_threshold": QA_THRESHOLD_OFF if trimming else 4 * target, "target_delay": target,
         }
         return replace(self, **{**derived, **given}), bdp
+
+
+def max_wnd_for(link_rate_bps: float, base_rtt_ns: int) -> int:
+    """UEC's MaxWnd: 1.5 BDP of a link at this rate and base RTT, bytes."""
+    return int(1.5 * link_rate_bps / 8 * base_rtt_ns / 1e9)
 
 
 @register

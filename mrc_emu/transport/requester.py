@@ -112,7 +112,8 @@ class Requester:
         self.dest_qp = dest_qp
         self.paths = paths
         self.config = config or QpConfig()
-        self.cc = cc or make_cc("nscc", self.config.mtu, self.config.link_rate_bps, self.config.base_rtt_ns)
+        self.cc = cc or make_cc("nscc", self.config.mtu, self.config.link_rate_bps, self.config.base_rtt_ns,
+                                **(self.config.cc_options or {}))
         self.profile = EvProfile(sorted(paths), ev_min_active=ev_min_active)
         self.recovery = Recovery(self.config, self.profile, self.cc, start_psn)
         self.sent = self.recovery.sent
@@ -265,11 +266,9 @@ class Requester:
         evs, queue, writers, heads, spray = self.profile.evs, self.queue, self._writers, self._heads, self._spray
         sent = 0
         next_psn = rec.next_psn
-        urgent = table.urgent
-        while sent < burst and tokens >= 0 and (table.bytes_in_flight < cwnd or (retx and retx[0] in urgent)):
+        while sent < burst and tokens >= 0 and table.bytes_in_flight < cwnd:
             if retx:
                 psn = retx.popleft()
-                urgent.discard(psn)
                 pkt = pkts.get(psn)
                 if pkt is None or pkt.psn in flight:
                     continue  # delivered after all, or already resent
@@ -324,16 +323,18 @@ class Requester:
                                             wr.local[offset:offset + length],
                                             None if wr.sums is None else wr.sums[offset // mtu], ack_req,
                                             wr.imm if last else None, pkey)
-            left = send(frame, path)
+            began = now if clock is None else clock()
+            accepted = send(frame, path)
             # stamped once the kernel has it: a worker taken off the CPU inside the send would
-            # otherwise age the packet by as long, and its ACK timeout would fire on the emulator's wait
+            # otherwise age the packet by as long, and its ACK timeout would fire on the emulator's
+            # wait; its RTT is taken from when the send began (recovery.rtt_sample)
             stamp = now if clock is None else clock()
-            record(pkt, ev, stamp)
+            record(pkt, ev, stamp, began)
             evs[ev].packets_sent += 1
             cc_sent(stamp, ev, length)
             sent += 1
             tokens -= length + overhead
-            if not left:
+            if not accepted:
                 self._send_failed(ev, stamp)
         rec.next_psn = next_psn
         self._pace_tokens = tokens
@@ -362,7 +363,7 @@ class Requester:
         if self.error is not None or self.profile.stalled:
             return False
         if self.sent.bytes_in_flight >= self.cc.cwnd:
-            return bool(self.sent.retx) and self.sent.retx[0] in self.sent.urgent  # a trimmed packet goes at once
+            return False  # a trimmed packet's resend too: it goes first once the window has room
         rec = self.recovery
         return bool(self.sent.retx) or (bool(self.queue) and rec.next_psn < rec.una + self.config.window)
 

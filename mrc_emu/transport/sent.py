@@ -19,7 +19,7 @@ except ImportError:  # pragma: no cover - the extension was not built
 class PyPkt:
     """One packet of a WRITE, as the requester tracks it (_spray.Pkt is the same in C)."""
 
-    __slots__ = ("psn", "wr", "offset", "length", "ev", "sent_ns", "tx", "last")
+    __slots__ = ("psn", "wr", "offset", "length", "ev", "sent_ns", "left_ns", "tx", "last")
 
     def __init__(self, psn: int, wr, offset: int, length: int, last: bool) -> None:
         self.psn = psn
@@ -28,7 +28,8 @@ class PyPkt:
         self.length = length
         self.last = last
         self.ev = -1
-        self.sent_ns = 0
+        self.sent_ns = 0  # the latest transmission, stamped once the kernel had it (timers age from here)
+        self.left_ns = 0  # when that send began: it left no earlier (RTT samples are taken from here)
         self.tx = 0
 
 
@@ -54,7 +55,6 @@ class SentPackets:
         self.ev_flight: dict[int, int] = dict.fromkeys(evs, 0)
         self.bytes_in_flight = 0
         self.retx: deque[int] = deque()
-        self.urgent: set[int] = set()  # PSNs in `retx` to resend at once, window or not (trimmed packets)
         self.Pkt = Pkt  # the record type, fixed when the table is made (tests swap the module's)
         # delivery in C for a table of C records (None: the Python loop below)
         self._deliver = _spray.deliver if _spray is not None and self.Pkt is _spray.Pkt else None
@@ -64,10 +64,11 @@ class SentPackets:
         pkt = self.pkts[psn] = self.Pkt(psn, wr, offset, length, last)
         return pkt
 
-    def record(self, pkt: PyPkt, ev: int, stamp: int) -> None:
-        """`pkt` left on `ev` at `stamp`."""
+    def record(self, pkt: PyPkt, ev: int, stamp: int, left: int | None = None) -> None:
+        """`pkt` left on `ev`: its send began at `left` (default: `stamp`) and was done at `stamp`."""
         pkt.ev = ev
         pkt.sent_ns = stamp
+        pkt.left_ns = stamp if left is None else left
         pkt.tx += 1
         self.flight[pkt.psn] = None
         self.by_ev[ev].append((pkt.psn, stamp))
@@ -81,7 +82,7 @@ class SentPackets:
 
     def deliver(self, psns: Iterable[int], seen: dict[int, list[int]]) -> int:
         """Mark PSNs delivered (unknown ones are skipped); returns the bytes. Per EV `seen` gets
-        [packets, latest send time, that packet's transmissions, bytes]."""
+        [packets, latest send time, that packet's transmissions, bytes, when its send began]."""
         if self._deliver is not None:  # the same loop in C (_spray.c)
             acked, in_flight = self._deliver(self, psns, seen)
             self.bytes_in_flight -= in_flight
@@ -101,13 +102,14 @@ class SentPackets:
                 ev_flight[pkt.ev] -= length
             entry = seen.get(pkt.ev)
             if entry is None:
-                seen[pkt.ev] = [1, pkt.sent_ns, pkt.tx, length]
+                seen[pkt.ev] = [1, pkt.sent_ns, pkt.tx, length, pkt.left_ns]
             else:
                 entry[0] += 1
                 entry[3] += length
                 if pkt.sent_ns > entry[1]:
                     entry[1] = pkt.sent_ns
                     entry[2] = pkt.tx
+                    entry[4] = pkt.left_ns
         self.bytes_in_flight -= in_flight
         return acked
 
