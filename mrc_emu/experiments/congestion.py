@@ -13,6 +13,8 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from ..transport.requester import trim_repair
+
 
 def jain(values: Iterable[float]) -> float | None:
     """Jain's fairness index (sum x)^2 / (n sum x^2): 1 when all are equal, 1/n when one has all."""
@@ -61,6 +63,8 @@ def flows(results: Sequence[Any]) -> dict[str, Any]:
         "timeouts": sum(s.get("timeouts", 0) for s in stats),
         "retransmits": sum(s.get("retransmits", 0) for s in stats),
         "trim_nacks": sum(s.get("trim_nacks", 0) for s in stats),
+        # every flow's trims together: how fast each was repaired, against its RTT (requester.trim_repair)
+        "trim_repair": trim_repair([tuple(x) for s in stats for x in s.get("trim_repairs", ())]),
         "cnps": sum(s.get("cnps", 0) for s in stats),
         "ev_events": sum(len(r.ev_events) for r in results),
     }

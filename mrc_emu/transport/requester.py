@@ -406,6 +406,7 @@ class Requester:
                 "duplicates_acked": rec.duplicates_acked, "naks": self.naks, "timeouts": rec.timeouts,
                 "send_failures": self.send_failures, "trim_nacks": self.trim_nacks, "cnps": self.cnps,
                 "trim_repair": trim_repair(rec.trim_repairs),
+                "trim_repairs": [list(r) for r in rec.trim_repairs],  # (repair, srtt then, until its NACK), ns
                 "probes_sent": self.prober.probes_sent,
                 "probes_returned": self.prober.probes_returned, "probes_paced": self.prober.probes_paced,
                 "cwnd": int(self.cc.cwnd), "cc_decreases": self.cc.decreases, "stalled": self.stalled, "timers_deferred": rec.deferred,
