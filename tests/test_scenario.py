@@ -98,12 +98,12 @@ def test_report_files_and_schema(tmp_path):
         jsonschema.validate(broken, report.RESULTS_SCHEMA)
 
 
-@pytest.mark.parametrize("mrc_ms, ratio, says", [
-    (3.2, 398.0, "MRC recovered 398x faster than the baseline (3.2 ms against 1273.7 ms)."),
-    (0.0, 12737.0, "MRC's goodput never fell below 90 % of its pre-fault level; the baseline took 1273.7 ms to recover "
-                   "(at least 12737x, at the metric's 0.1 ms resolution)."),
-])
-def test_headline_says_what_the_ratio_rests_on(mrc_ms, ratio, says):
-    results = {"recovery_ratio": ratio, "runs": {"mrc": {"recovery_ms": mrc_ms}, "baseline": {"recovery_ms": 1273.7}}}
-    assert report.headline(results) == says
-    assert report.headline({"recovery_ratio": None, "runs": {}}) is None
+def test_headline_compares_like_with_like():
+    """Stall against stall, inflation against inflation, never a ratio over the metric's floor."""
+    def runs(mrc_stall, base_stall, mrc_inf=None, base_inf=None):
+        return {"runs": {"mrc": {"fault_figures": {"stall_ms": mrc_stall}, "inflation": mrc_inf},
+                         "baseline": {"fault_figures": {"stall_ms": base_stall}, "inflation": base_inf}}}
+    assert report.headline(runs(0.4, 1280.0, 0.04, 3.1)) == (
+        "MRC stalled 0.4 ms, the baseline 1,280 ms; completion +4 % against +310 % (each against its fault-free run).")
+    assert report.headline(runs(0.0, None)) == "MRC stalled 0.0 ms, the baseline never."
+    assert report.headline({"runs": {"mrc": {"fault_figures": None}}}) is None

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -89,7 +89,9 @@ def observe_baseline_path(fabric: Fabric, src: str, dst: str, mtu: int) -> tuple
 
 def run_transport(scn: Scenario, fabric: Fabric, transport: Transport, baseline_link: tuple[str, str] | None,
                   out_dir: Path, progress: Progress = _quiet,
-                  on_bytes: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+                  on_bytes: Callable[[int, int], None] | None = None, reference: dict | None = None) -> dict[str, Any]:
+    """One transport's run of the scenario; `reference`: its fault-free run, made just before
+    (completion inflation, per-flow slowdown and the windowed figure's noise band come from it)."""
     topo = fabric.topology
     specs = [transport.spec(s, d, n, scn.mtu, label=f"{s}->{d}", topology=scn.topology) for s, d, n in scn.transfers()]
     runs: list[FaultRun] = []
@@ -140,7 +142,8 @@ def run_transport(scn: Scenario, fabric: Fabric, transport: Transport, baseline_
                 agent.close()
     if scn.routing == "bgp" and routing.frr_missing() is None:
         routing.wait_converged(fabric, 60)  # the next run starts on a repaired fabric
-    summary = _summarise(transport, results, runs, str(capture.path) if scn.capture and capture else None)
+    summary = _summarise(transport, results, runs, str(capture.path) if scn.capture and capture else None, topo,
+                         reference)
     summary["ports"] = port_delta  # the switch ports' counters over the run (fabric/ports.py), those that passed packets
     return summary
 
@@ -164,7 +167,27 @@ def _trigger(agent: LinkFaultAgent, fault: Fault) -> Callable[[], None]:
     return fire
 
 
-def _summarise(transport: Transport, results: Run, runs: list[FaultRun], pcap: str | None) -> dict:
+def _failed_evs(transport: Transport, topo, fr: FaultRun | None, src: str, dst: str) -> set[int] | None:
+    """The EVs of a WRITE src -> dst through the links a fault acts on (MRC), or None: the baseline,
+    whose one ECMP path is the one the fault hits (its 'baseline-path', or it is not hit at all)."""
+    if transport is not Transport.MRC:
+        return None
+    targets = None if fr is None else fr.fault.agent_links(topo, fr.link)
+    if not targets:
+        return set()
+    links = targets[0]
+    return {ev.index for ev in evs_between(topo, src, dst) if any(ev.crosses(link.a, link.b) for link in links)}
+
+
+def _worst(values: list, *, never_wins: bool = True) -> float | None:
+    """The largest of a figure over several transfers; None (never) if any is None."""
+    if not values or (never_wins and any(v is None for v in values)):
+        return None
+    return max(v for v in values if v is not None)
+
+
+def _summarise(transport: Transport, results: Run, runs: list[FaultRun], pcap: str | None, topo=None,
+               reference: dict | None = None) -> dict:
     origin = min(r.start_ns for r in results)
     for fr in runs:
         for e in fr.events:
@@ -172,6 +195,8 @@ def _summarise(transport: Transport, results: Run, runs: list[FaultRun], pcap: s
                 e["began_ms"] = round((results.transport_time(e.pop("began_ns")) - origin) / 1e6, 3)
                 e["returned_ms"] = round((results.transport_time(e.pop("returned_ns")) - origin) / 1e6, 3)
     first_fault = next((e["began_ms"] for fr in runs for e in fr.events if "began_ms" in e), None)
+    first_run = next((fr for fr in runs for e in fr.events if "began_ms" in e), None)
+    ref_transfers = {t["label"]: t for t in reference["transfers"]} if reference else {}
     transfers = []
     for r in results:
         entry = r.to_dict()
@@ -185,6 +210,23 @@ def _summarise(transport: Transport, results: Run, runs: list[FaultRun], pcap: s
                 completed = None if r.completion_ms is None else int(r.completion_ms * 1e6)
                 rec = metrics.recovery(r.timeline, fault_rel, completed).to_dict()
         entry["recovery"] = rec
+        figures = None
+        if first_fault is not None and topo is not None:
+            fault_rel = int((first_fault - entry["offset_ms"]) * 1e6)
+            failed = _failed_evs(transport, topo, first_run, r.src, r.dst)
+            if 0 <= fault_rel <= r.end_ns - r.start_ns and failed != set():  # it ran during the fault, through it
+                completed = None if r.completion_ms is None else int(r.completion_ms * 1e6)
+                figures = metrics.fault_figures(r.ledger, r.ev_events, fault_rel, completed, r.end_ns - r.start_ns,
+                                                failed)
+                figures["failed_evs"] = None if failed is None else sorted(failed)
+                ref = ref_transfers.get(r.label)
+                if ref and rec is not None:
+                    band = metrics.noise_band([(int(t * 1e6), b) for t, b in ref["timeline"]], fault_rel)
+                    rec["noise_band"] = band
+        entry["fault_figures"] = figures
+        ref = ref_transfers.get(r.label)
+        entry["slowdown"] = (round(r.completion_ms / ref["completion_ms"], 3)
+                             if ref and ref.get("completion_ms") and r.completion_ms else None)
         transfers.append(entry)
     main = [t for t in transfers if not t["label"].startswith("competing")]
     recoveries = [t["recovery"]["recovery_ms"] for t in main if t["recovery"] and t["recovery"]["recovery_ms"] is not None]
@@ -192,6 +234,13 @@ def _summarise(transport: Transport, results: Run, runs: list[FaultRun], pcap: s
     completions = [t["completion_ms"] for t in main if t["completion_ms"] is not None]
     total_bytes = sum(t["size"] for t in main)
     span = max(completions) if completions and len(completions) == len(main) else None
+    hit = [t["fault_figures"] for t in main if t["fault_figures"]]
+    fault = None
+    if hit:
+        fault = {"detection_ms": _worst([f["detection_ms"] for f in hit]), "stall_ms": _worst([f["stall_ms"] for f in hit]),
+                 "repair_ms": _worst([f["repair_ms"] for f in hit]), "transfers_through_it": len(hit)}
+    ref_span = reference.get("completion_ms") if reference else None
+    slowdowns = sorted(t["slowdown"] for t in transfers if t["slowdown"] is not None)
     return {
         "transport": transport.value,
         "ok": all(t["ok"] for t in transfers),
@@ -201,6 +250,14 @@ def _summarise(transport: Transport, results: Run, runs: list[FaultRun], pcap: s
         "recovery_ms": None if unrecovered or not recoveries else max(recoveries),
         "unrecovered": unrecovered,  # recovery_ms None and this False: nothing to measure (no fault mid-run)
         "faults": [fr.to_dict() for fr in runs],
+        # exact, from the requesters' records: the worst over the WRITEs through the fault (None: never)
+        "fault_figures": fault,
+        "reference": None if reference is None else {"completion_ms": ref_span, "goodput_gbps": reference["goodput_gbps"],
+                                                     "verified": reference["verified"],
+                                                     "emulation": reference["emulation"]["verdict"]},
+        "inflation": round(span / ref_span - 1, 4) if span and ref_span else None,  # completion against fault-free
+        "slowdown": {"p50": congestion.percentile(slowdowns, 50), "p99": congestion.percentile(slowdowns, 99),
+                     "max": max(slowdowns)} if slowdowns else None,
         "transfers": transfers,
         "pcap": pcap,
         "flows": congestion.flows(list(results)),  # per-flow figures: FCT percentiles, fairness, timeouts
@@ -227,10 +284,6 @@ def run(scn: Scenario, out_dir: Path, progress: Progress = _quiet,
         progress(f"taking fabric '{name}' down")
         build.down(name)
     results["seconds"] = round(time.time() - started, 2)
-    mrc, base = results["runs"].get(Transport.MRC.value), results["runs"].get(Transport.BASELINE.value)
-    if mrc and base and mrc["recovery_ms"] is not None:
-        b = base["recovery_ms"]
-        results["recovery_ratio"] = None if b is None else round(b / max(mrc["recovery_ms"], 0.1), 1)
     return results
 
 
@@ -270,5 +323,9 @@ def _run_transports(scn: Scenario, fabric: Fabric, transports: list[Transport], 
             notes.append(f"no baseline run: 'baseline-path' falls back to EV 0's link {baseline_link[0]}-{baseline_link[1]}")
         progress(notes[-1])
     for transport in transports:
+        reference = None
+        if scn.faults and scn.reference:  # the same workloads fault-free, just before: what the fault cost
+            progress(f"{transport}: the workloads without faults first (the reference run)")
+            reference = run_transport(replace(scn, faults=[], capture=False), fabric, transport, None, out_dir, progress)
         results["runs"][transport.value] = run_transport(scn, fabric, transport, baseline_link, out_dir, progress,
-                                                         on_bytes(transport.value) if on_bytes else None)
+                                                         on_bytes(transport.value) if on_bytes else None, reference)

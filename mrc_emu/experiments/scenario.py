@@ -30,6 +30,8 @@ only parses and validates: every problem is one ScenarioError naming file, line 
       - {kind: plane-down, host: h0, plane: 1, at: 0.3}
       - {kind: congestion, link: [p0l1, p0s0], at: 0.2, flows: 2, size: 32MiB}
     capture: false           # pcaps of the source host's ports
+    reference: true          # with faults: each transport also runs the workloads fault-free first
+                             # (completion inflation, per-flow slowdown, the windowed figure's noise band)
 """
 
 from __future__ import annotations
@@ -88,6 +90,7 @@ class Scenario:
     workers: int | None = None  # endpoint workers (None: one per CPU)
     time_dilation: float = 1.0
     capture: bool = False
+    reference: bool = True  # with faults, a fault-free run of each transport first (runner.py)
     description: str = ""
     source: str = ""
 
@@ -97,7 +100,7 @@ class Scenario:
     def to_dict(self) -> dict:
         return {"name": self.name, "description": self.description, "topology": self.topology.name,
                 "transports": [t.value for t in self.transports], "routing": self.routing, "bfd": self.bfd, "mtu": self.mtu,
-                "workers": self.workers, "time_dilation": self.time_dilation,
+                "workers": self.workers, "time_dilation": self.time_dilation, "reference": self.reference,
                 "workloads": [{"kind": w.kind, "size": w.size, "pairs": len(w.pairs())} for w in self.workloads],
                 "faults": [f.describe() for f in self.faults]}
 
@@ -116,7 +119,7 @@ class _Checker:
 
 
 _TOP = {"name", "description", "topology", "transports", "routing", "bfd", "mtu", "timeout_s", "workloads",
-        "faults", "capture", "workers", "time_dilation"}
+        "faults", "capture", "workers", "time_dilation", "reference"}
 
 
 def from_dict(data: Any, source: str = "<dict>", lines: dict[str, int] | None = None,
@@ -254,7 +257,8 @@ def from_dict(data: Any, source: str = "<dict>", lines: dict[str, int] | None = 
                     routing=routing, bfd=bool(data.get("bfd", True)), mtu=mtu, workers=workers,
                     time_dilation=number("time_dilation", data.get("time_dilation", 1), 1, 10_000),
                     timeout_s=number("timeout_s", data.get("timeout_s", 90), 1, 3600),
-                    capture=bool(data.get("capture", False)), description=str(data.get("description", "")),
+                    capture=bool(data.get("capture", False)), reference=bool(data.get("reference", True)),
+                    description=str(data.get("description", "")),
                     source=source)
 
 

@@ -96,13 +96,14 @@ class TransferResult:
     label: str = ""
     ev_timeline: list[tuple[int, list[int], list[int]]] = field(default_factory=list)  # (ns, sent, delivered per EV)
     emulation: dict[str, Any] | None = None  # the run's emulation report (send), see emulation.py
+    ledger: dict[str, Any] = field(default_factory=dict)  # the requester's progress gaps and loss repairs (ns since start)
 
     @property
     def verified(self) -> bool:
         return self.ok and self.sha256_placed == self.sha256_source
 
     def to_dict(self, timeline: bool = False) -> dict[str, Any]:
-        out = {k: v for k, v in self.__dict__.items() if k not in ("timeline", "ev_timeline")}
+        out = {k: v for k, v in self.__dict__.items() if k not in ("timeline", "ev_timeline", "ledger")}
         out["verified"] = self.verified
         if timeline:
             out["timeline"] = [[round(t / 1e6, 3), b] for t, b in self.timeline]
@@ -343,6 +344,7 @@ def _result(spec: TransferSpec, paths: QpPaths, req: dict, dst: Final, key: int,
                    "unknown_qp": dst.unknown_qp[spec.dst]},
         per_ev=per_ev, ev_events=req["ev_events"], timeline=req["timeline"],
         imm_completions=resp["imm_completions"], label=spec.label, ev_timeline=req["ev_timeline"],
+        ledger=req["ledger"],
     )
 
 

@@ -46,6 +46,16 @@ RECV_BUFFER = 256 * 1024 * 1024  # a host's receive socket: an incast of 64 wind
 KERNEL_UDP = ("Udp6InErrors", "Udp6RcvbufErrors", "Udp6InCsumErrors", "Udp6NoPorts")
 
 
+def _since(ledger: dict, start_ns: int) -> dict:
+    """A requester's ledger (transport/ledger.py) with its times made relative to the job's start,
+    as its timeline and EV events are (EVs stay as they are: the first field of each repair)."""
+    last = ledger["last_progress"]
+    return {"gaps": [[a - start_ns, b - start_ns] for a, b in ledger["gaps"]],
+            "last_progress": None if last is None else last - start_ns,
+            "repairs": [[ev, *(t - start_ns for t in rest)] for ev, *rest in ledger["repairs"]],
+            "unrepaired": [[ev, *(t - start_ns for t in rest)] for ev, *rest in ledger["unrepaired"]]}
+
+
 # ---- messages: parent -> worker -------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -298,6 +308,7 @@ class _Worker:
                 "completed_ns": done_ns, "sha256_source": job.sha256_source, "stats": r.summary(), "drops": r.drops,
                 "per_ev": per_ev, "ev_events": [e.to_dict(job.start_ns) for e in r.ev_events],
                 "timeline": job.timeline, "ev_timeline": job.ev_timeline, "cc": r.cc.name,
+                "ledger": _since(r.recovery.ledger.to_dict(), job.start_ns),
             }
         responders = {key: {"stats": resp.stats, "drops": resp.drops,
                             "imm_completions": [{"psn": c.psn, "imm": c.imm, "time_ns": c.time_ns}

@@ -19,6 +19,7 @@ from ..wire.format import AckPacket, Syndrome, TrimNackPacket
 from .cc import CongestionControl
 from .config import PSN_MOD, QpConfig, RecoveryMode, psn_abs
 from .ev import EvProfile
+from .ledger import Ledger
 from .sent import PyPkt, SentPackets
 
 SAME_EV = "a later packet on the same EV arrived"  # loss rule 1: a path keeps order
@@ -62,10 +63,7 @@ class Recovery:
         self.duplicates_acked = 0
         self.trims = 0  # TRIM NACKs for known packets
         self.trims_resent = 0  # ... whose packet left flight to be resent at once
-        # trimmed packets resent and not yet acknowledged: PSN -> (trimmed copy's send time, its RTT then)
-        self._trimmed: dict[int, tuple[int, float, int]] = {}
-        # (trimmed copy sent -> acknowledged, ns; srtt then; trimmed copy sent -> its TRIM NACK heard, ns)
-        self.trim_repairs: list[tuple[int, float, int]] = []
+        self.ledger = Ledger()  # progress gaps and loss repairs, for the fault figures
         self._window_mask = (1 << config.window) - 1
         self._loss_check_at = 0
         # The driver's horizon: the time up to which every datagram that reached the sockets of
@@ -127,9 +125,10 @@ class Recovery:
         self.bytes_acked += acked
         if acked == 0:
             self.duplicates_acked += 1
+        else:
+            self.ledger.progressed(now)
+            self.ledger.delivered(sent.pkts, now)
         self._credit(seen, now, sampled, rtt, ce, echo_sent, heard)
-        if self._trimmed:
-            self._repaired(now)
         self.policy.detect_losses(self, now, seen)
 
     def on_trimmed(self, nack: TrimNackPacket, now: int) -> bool:
@@ -156,15 +155,8 @@ class Recovery:
             # the RTT its repair is held against: the trimmed EV's srtt (its queue included), else
             # the longest one the QP knows; 0 before any sample (a trim in the incast's first RTT)
             rtt = stats.rtt.srtt_ns or max((e.rtt.srtt_ns for e in self.profile.evs.values()), default=0.0)
-            self._trimmed.setdefault(psn, (pkt.sent_ns, rtt, now))
+            self.ledger.trimmed(psn, pkt.sent_ns, rtt, now)
         return True
-
-    def _repaired(self, now: int) -> None:
-        """Trimmed packets acknowledged since: how long each took from its trimmed copy's send."""
-        pkts = self.sent.pkts
-        for psn in [p for p in self._trimmed if p not in pkts]:
-            sent_ns, srtt, nacked = self._trimmed.pop(psn)
-            self.trim_repairs.append((now - sent_ns, srtt, nacked - sent_ns))
 
     def _newly_sacked(self, ack: AckPacket, una: int) -> list[int]:
         """PSNs the ACK's bitmap marks that were not known delivered; the bitmap joins `sacked`.
@@ -196,7 +188,11 @@ class Recovery:
         """Everything up to `cum` arrived (a NAK's cumulative part): no RTT sample, no SACK."""
         if cum >= self.una:
             seen: dict[int, list[int]] = {}
-            self.bytes_acked += self.sent.deliver(range(self.una, cum + 1), seen)
+            acked = self.sent.deliver(range(self.una, cum + 1), seen)
+            self.bytes_acked += acked
+            if acked:
+                self.ledger.progressed(now)
+                self.ledger.delivered(self.sent.pkts, now)
             self.una = cum + 1
             self.policy.on_progress()
             self._credit(seen, now, None, None, None)
@@ -243,6 +239,7 @@ class Recovery:
 
     def lose(self, pkt: PyPkt, now: int, why: str) -> None:
         """`pkt` is lost: out of flight, queued to resend, counted against its EV and told to the CC."""
+        self.ledger.lost(pkt, now)
         self.sent.out_of_flight(pkt)
         self.sent.retx.append(pkt.psn)
         stats = self.profile.evs[pkt.ev]
@@ -423,6 +420,7 @@ class GoBackN:
             pkt = sent.pkts[psn]
             lost.setdefault(pkt.ev, 0)
             if psn in sent.flight:
+                recovery.ledger.lost(pkt, now)
                 sent.out_of_flight(pkt)
                 evs[pkt.ev].packets_lost += 1
                 lost[pkt.ev] += pkt.length

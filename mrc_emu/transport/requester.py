@@ -338,6 +338,8 @@ class Requester:
                 self._send_failed(ev, stamp)
         rec.next_psn = next_psn
         self._pace_tokens = tokens
+        if sent:
+            rec.ledger.started(now)
 
     def _refill(self, now: int) -> float:
         """The pacing bucket at `now` (inf when the CC profile does not pace)."""
@@ -405,8 +407,8 @@ class Requester:
         return {"packets_sent": self.packets_sent, "retransmits": self.retransmits, "bytes_acked": rec.bytes_acked,
                 "duplicates_acked": rec.duplicates_acked, "naks": self.naks, "timeouts": rec.timeouts,
                 "send_failures": self.send_failures, "trim_nacks": self.trim_nacks, "cnps": self.cnps,
-                "trim_repair": trim_repair(rec.trim_repairs),
-                "trim_repairs": [list(r) for r in rec.trim_repairs],  # (repair, srtt then, until its NACK), ns
+                "trim_repair": trim_repair(rec.ledger.trim_repairs),
+                "trim_repairs": [list(r) for r in rec.ledger.trim_repairs],  # (repair, srtt then, until its NACK), ns
                 "probes_sent": self.prober.probes_sent,
                 "probes_returned": self.prober.probes_returned, "probes_paced": self.prober.probes_paced,
                 "cwnd": int(self.cc.cwnd), "cc_decreases": self.cc.decreases, "stalled": self.stalled, "timers_deferred": rec.deferred,
