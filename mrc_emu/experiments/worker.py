@@ -310,7 +310,7 @@ class _Worker:
                 "timeline": job.timeline, "ev_timeline": job.ev_timeline, "cc": r.cc.name,
                 "ledger": _since(r.recovery.ledger.to_dict(), job.start_ns),
             }
-        responders = {key: {"stats": resp.stats, "drops": resp.drops,
+        responders = {key: {"stats": resp.stats, "drops": resp.drops, "reorder": resp.reorder(),
                             "imm_completions": [{"psn": c.psn, "imm": c.imm, "time_ns": c.time_ns}
                                                 for c in resp.completions]}
                       for key, resp in self.responders.items()}

@@ -40,6 +40,7 @@
 #define DSCP_TRIMMED 10 /* wire/format.py */
 #define DSCP_TRIMMED_LASTHOP 11
 #define ECN_CE 3
+#define REORDER_BUCKETS 16 /* responder.py REORDER_BUCKETS: 0, then [2^(b-1), 2^b - 1] PSNs late */
 
 typedef struct {
     PyObject_HEAD
@@ -48,6 +49,8 @@ typedef struct {
     int pkey, window;
     char in_order_only, ack_due, ecn, cnp, cnp_due;
     uint64_t bits[WORDS]; /* bit i: PSN epsn+i arrived */
+    long long top_psn, reorder_max;  /* the highest PSN placed; the most PSNs a packet came behind it */
+    long long reorder[REORDER_BUCKETS];  /* placed packets by how far behind the highest they came */
 } QpState;
 
 static PyObject *qp_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
@@ -139,7 +142,37 @@ static int qp_set_window(QpState *self, PyObject *value, void *closure) {
     return 0;
 }
 
+static PyObject *qp_get_reorder(QpState *self, void *closure) {
+    PyObject *out = PyList_New(REORDER_BUCKETS);
+    for (int b = 0; out != NULL && b < REORDER_BUCKETS; b++) {
+        PyObject *n = PyLong_FromLongLong(self->reorder[b]);
+        if (n == NULL) {
+            Py_CLEAR(out);
+            break;
+        }
+        PyList_SET_ITEM(out, b, n);
+    }
+    return out;
+}
+
+static int qp_set_reorder(QpState *self, PyObject *value, void *closure) {
+    if (value == NULL || !PyList_Check(value) || PyList_GET_SIZE(value) != REORDER_BUCKETS) {
+        PyErr_Format(PyExc_TypeError, "reorder: a list of %d counts", REORDER_BUCKETS);
+        return -1;
+    }
+    long long counts[REORDER_BUCKETS];
+    for (int b = 0; b < REORDER_BUCKETS; b++) {
+        counts[b] = PyLong_AsLongLong(PyList_GET_ITEM(value, b));
+        if (counts[b] == -1 && PyErr_Occurred())
+            return -1;
+    }
+    memcpy(self->reorder, counts, sizeof(counts));
+    return 0;
+}
+
 static PyGetSetDef qp_getset[] = {
+    {"reorder", (getter)qp_get_reorder, (setter)qp_set_reorder,
+     "placed packets by how many PSNs behind the highest placed they came (bucket 0: none; b: 2^(b-1)..2^b-1)", NULL},
     {"received", (getter)qp_get_received, (setter)qp_set_received, "bit (window-1-i): PSN epsn+i arrived", NULL},
     {"window", (getter)qp_get_window, (setter)qp_set_window, "the SACK window in PSNs (setting it clears received)",
      NULL},
@@ -166,6 +199,8 @@ static PyMemberDef qp_members[] = {
     {"cnp_due", T_BOOL, offsetof(QpState, cnp_due), 0, "a CNP is to be sent at the next pump"},
     {"cnp_last", T_LONGLONG, offsetof(QpState, cnp_last), 0, "when the last CNP was due"},
     {"cnp_interval", T_LONGLONG, offsetof(QpState, cnp_interval), 0, "at most one CNP per this long (ns)"},
+    {"top_psn", T_LONGLONG, offsetof(QpState, top_psn), 0, "the highest PSN placed (unbounded)"},
+    {"reorder_max", T_LONGLONG, offsetof(QpState, reorder_max), 0, "the most PSNs a placed packet came behind it"},
     {NULL},
 };
 
@@ -394,6 +429,15 @@ static PyObject *placer_place(Placer *self, PyObject *const *args, Py_ssize_t na
             qp->cnp_last = now;
         }
     }
+    long long late = 0, abs_psn = qp->epsn + diff;  /* how far out of PSN order it came (responder.py) */
+    if (abs_psn < qp->top_psn)
+        late = qp->top_psn - abs_psn;
+    else
+        qp->top_psn = abs_psn;
+    int bucket = late ? 64 - __builtin_clzll((unsigned long long)late) : 0;
+    qp->reorder[bucket < REORDER_BUCKETS ? bucket : REORDER_BUCKETS - 1] += 1;
+    if (late > qp->reorder_max)
+        qp->reorder_max = late;
     qp->bits[diff >> 6] |= 1ULL << (diff & 63);
     int words = qp->window / 64, run = 0, w = 0;
     for (; w < words && qp->bits[w] == ~0ULL; w++)

@@ -68,9 +68,10 @@ class ImmCompletion:
 # A responder QP's state: the fields the C placement (_place.c) reads and writes, and those only Python uses
 _SHARED = ("peer", "epsn", "pd", "window", "pkey", "in_order_only", "received", "pending_imm", "since_ack",
            "ack_every", "unacked_since", "ack_due", "echo_psn", "echo_ev", "echo_at", "ecn", "ce_counts", "cnp",
-           "cnp_due", "cnp_last", "cnp_interval")
+           "cnp_due", "cnp_last", "cnp_interval", "top_psn", "reorder", "reorder_max")
 _PYTHON_ONLY = ("qpn", "peer_qpn", "start_psn", "paths_back", "config", "nak", "nak_sent_at", "nak_psn", "trims")
 _TRIMMED_DSCPS = (fmt.DSCP_TRIMMED, fmt.DSCP_TRIMMED_LASTHOP)
+REORDER_BUCKETS = 16  # _place.c: placed packets by PSNs behind the highest: 0, then [2^(b-1), 2^b - 1]
 MAX_PENDING_TRIMS = 1024  # TRIM NACKs a QP holds between two pumps (more: counted drops)
 
 
@@ -104,6 +105,7 @@ class _QpFields:
         self.ce_counts: dict[int, int] = {}
         self.cnp, self.cnp_interval, self.cnp_due, self.cnp_last = config.cnp, config.cnp_interval_ns, False, -(1 << 62)
         self.trims: list[TrimNackPacket] = []
+        self.top_psn, self.reorder, self.reorder_max = start_psn - 1, [0] * REORDER_BUCKETS, 0
 
 
 class _PyQp(_QpFields):
@@ -216,6 +218,13 @@ class Responder:
             self._nak(qp, Syndrome.NAK_REMOTE_ACCESS, psn)
             return
         mr.view[start:start + len(data)] = data
+        late = qp.top_psn - psn if psn < qp.top_psn else 0  # how far out of PSN order it came
+        if not late:
+            qp.top_psn = psn
+        reorder = qp.reorder  # a fresh list from the C state: written back
+        reorder[min(late.bit_length(), REORDER_BUCKETS - 1)] += 1
+        qp.reorder = reorder
+        qp.reorder_max = max(qp.reorder_max, late)
         self.stats["packets_placed"] += 1
         self.stats["bytes_placed"] += len(data)
         if packet.imm is not None:
@@ -349,3 +358,24 @@ class Responder:
             if qp.unacked_since >= 0:
                 wakes.append(qp.unacked_since + qp.config.ack_delay_ns)
         return min(wakes) if wakes else None
+
+    def reorder(self) -> dict:
+        """How far out of PSN order the placed data packets came, over this responder's QPs: a
+        packet placed while a higher PSN already was came that many PSNs late (0: in order).
+        The histogram's bucket 0 is in order, bucket b holds 2^(b-1)..2^b - 1 (the last one all
+        beyond); p50 and p99 are bucket upper edges (nearest rank), max is exact."""
+        hist = [sum(qp.reorder[b] for qp in self.qps.values()) for b in range(REORDER_BUCKETS)]
+        total = sum(hist)
+
+        def edge(p: int) -> int | None:
+            if not total:
+                return None
+            rank, seen = max(1, -(-total * p // 100)), 0
+            for b, n in enumerate(hist):
+                seen += n
+                if seen >= rank:
+                    return (1 << b) - 1
+            return None  # pragma: no cover - the ranks add up to total
+
+        return {"hist": hist, "p50": edge(50), "p99": edge(99),
+                "max": max((qp.reorder_max for qp in self.qps.values()), default=0), "packets": total}
