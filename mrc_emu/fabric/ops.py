@@ -105,7 +105,6 @@ class CaptureResult:
     dropped_interface: int = 0
     left_in_ring: int = 0
     snaplen: int = 0  # 0: whole packets
-    count: int | None = None  # tcpdump stopped itself after this many (-c): the rest was not asked for
 
     @property
     def lost(self) -> int:
@@ -129,23 +128,22 @@ class CaptureResult:
                 f"the pcap holds {self.packets:,}")
 
     @classmethod
-    def of(cls, stderr: str, path: str, interfaces: list[str], snaplen: int = 0, count: int | None = None) -> CaptureResult:
-        """From tcpdump's exit report; `count`: tcpdump stopped itself after that many (-c), so what
-        came after was not asked for rather than left in the ring."""
+    def of(cls, stderr: str, path: str, interfaces: list[str], snaplen: int = 0) -> CaptureResult:
+        """From tcpdump's exit report."""
         stats = _statistics(stderr)
         captured, received = stats.get("captured"), stats.get("received")
         dropped_kernel = stats.get("dropped_kernel", 0)
         left = 0
-        if captured is not None and received is not None and count is None:
+        if captured is not None and received is not None:
             left = max(0, received - captured - dropped_kernel)  # the kernel counts its drops as received
         return cls(path, captured, interfaces, received, dropped_kernel, stats.get("dropped_interface", 0), left,
-                   snaplen, count)
+                   snaplen)
 
     def to_dict(self) -> dict[str, Any]:
         return {"path": self.path, "interfaces": self.interfaces, "packets": self.packets, "received": self.received,
                 "dropped_kernel": self.dropped_kernel, "dropped_interface": self.dropped_interface,
                 "left_in_ring": self.left_in_ring, "lost": self.lost, "complete": self.complete,
-                "snaplen": self.snaplen, "count": self.count, "problem": self.problem()}
+                "snaplen": self.snaplen, "problem": self.problem()}
 
 
 def _statistics(stderr: str) -> dict[str, int]:
@@ -171,7 +169,7 @@ class Capture:
     """
 
     def __init__(self, fabric: Fabric, node: str, out: str, iface: str | None = None, snaplen: int = 0,
-                 count: int | None = None, buffer_kib: int = CAPTURE_BUFFER_KIB) -> None:
+                 buffer_kib: int = CAPTURE_BUFFER_KIB) -> None:
         path = fabric.node_path(node)
         topo = fabric.topology
         intfs = [topo.peer(link, node)[1] for link in topo.links_of(node)]
@@ -182,12 +180,12 @@ class Capture:
             raise FabricSetupError("tcpdump not found: apt-get install tcpdump (or run scripts/install.sh)")
         self.fabric = fabric
         self.interfaces = [iface] if iface else intfs
-        self.snaplen, self.count = snaplen, count
+        self.snaplen = snaplen
         self.path = Path(out).resolve()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_RDONLY)
         cmd = [tcpdump, "-i", iface or "any", "-U", "-B", str(buffer_kib), "-Z", "root", "-s", str(snaplen), "-w",
-               str(self.path)] + (["-c", str(count)] if count else [])
+               str(self.path)]
         try:
             self.proc = subprocess.Popen(cmd, preexec_fn=lambda: netns.setns(fd), stdout=subprocess.DEVNULL,
                                          stderr=subprocess.PIPE)
@@ -213,16 +211,14 @@ class Capture:
 
     def stop(self, flush: bool = True) -> CaptureResult:
         """End tcpdump once what arrived so far is written; its counts of what it kept and lost."""
-        stopped_itself = self.proc.poll() is not None  # -c reached (or it failed)
-        if not stopped_itself:
+        if self.proc.poll() is None:  # still running (it exits by itself only when it fails)
             if flush:
                 time.sleep(RING_FLUSH_S)  # the kernel's block timer, not a guess: see RING_FLUSH_S
             self.proc.send_signal(signal.SIGINT)
         _, err = self.proc.communicate(timeout=10)
         self._stderr += err or b""
         self.fabric.journal.process_ended(self.proc.pid)
-        return CaptureResult.of(self._stderr.decode(errors="replace"), str(self.path), self.interfaces, self.snaplen,
-                                self.count if stopped_itself else None)
+        return CaptureResult.of(self._stderr.decode(errors="replace"), str(self.path), self.interfaces, self.snaplen)
 
 
 def capture(fabric: Fabric, node: str, out: str, duration: float, iface: str | None = None) -> CaptureResult:
