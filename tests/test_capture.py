@@ -19,8 +19,8 @@ def test_kernel_drops_are_counted_and_said():
     result = CaptureResult.of(LOSSY, "/x/h2.pcap", ["h2-eth0", "h2-eth1"])
     assert (result.packets, result.received, result.dropped_kernel, result.left_in_ring) == (740, 2111, 1371, 0)
     assert result.lost == 1371 and not result.complete
-    assert result.problem() == ("the capture lost 1,371 of 2,111 packets: 1,371 dropped by the kernel (tcpdump's ring "
-                                "was full); the pcap holds 740")
+    assert result.problem() == ("the capture lost 1,371 packets: 1,371 dropped by the kernel (tcpdump's ring was full); "
+                                "the pcap holds 740 of the 2,111 its filter saw")
     assert result.to_dict()["problem"] == result.problem()
 
 
@@ -41,6 +41,8 @@ def test_interface_drops_and_one_packet():
     result = CaptureResult.of("1 packet captured\n3 packets received by filter\n0 packets dropped by kernel\n"
                               "2 packets dropped by interface\n", "/x/p.pcap", ["lo"])
     assert (result.packets, result.dropped_interface, result.lost) == (1, 2, 4)  # 2 by the interface, 2 left
+    assert result.problem() == ("the capture lost 4 packets: 2 dropped by the interface, 2 not written before tcpdump "
+                                "exited; the pcap holds 1 of the 3 its filter saw")
 
 
 def test_no_report_is_a_problem():
@@ -52,7 +54,7 @@ def test_no_report_is_a_problem():
     (WHOLE, "pcap (mrc): `mrc.pcap`, 2,086 packets of h0's ports (h0-eth0, h0-eth1; whole packets), none lost, made "
             "in a separate run of the same scenario, which took 800 ms against 488 ms uncaptured (verified); the figures "
             "above are from the run without capture"),
-    (LOSSY, "**pcap (mrc) INCOMPLETE**: `mrc.pcap`: the capture lost 1,371 of 2,111 packets"),
+    (LOSSY, "**pcap (mrc) INCOMPLETE**: `mrc.pcap`: the capture lost 1,371 packets: 1,371 dropped by the kernel"),
 ])
 def test_report_line_of_a_pcap(stderr, says):
     capture = CaptureResult.of(stderr, "/out/mrc.pcap", ["h0-eth0", "h0-eth1"]).to_dict()

@@ -60,7 +60,7 @@ def test_a_capture_that_drops_says_exactly_how_many(default_fabric, tmp_path):
     assert result.dropped_kernel > 0 and not result.complete
     assert result.packets + result.dropped_kernel == result.received  # nothing unaccounted for
     assert result.packets == pcap_reader.count(out)
-    assert f"lost {result.lost:,} of {result.received:,} packets" in result.problem()
+    assert f"lost {result.lost:,} packets: {result.dropped_kernel:,} dropped by the kernel" in result.problem()
 
 
 def test_clean_name_removes_only_that_fabric(tmp_path):

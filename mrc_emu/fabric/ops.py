@@ -124,8 +124,8 @@ class CaptureResult:
         parts = [f"{n:,} {what}" for n, what in ((self.dropped_kernel, "dropped by the kernel (tcpdump's ring was full)"),
                                                  (self.dropped_interface, "dropped by the interface"),
                                                  (self.left_in_ring, "not written before tcpdump exited")) if n]
-        return (f"the capture lost {self.lost:,} of {self.received or 0:,} packets: {', '.join(parts)}; "
-                f"the pcap holds {self.packets:,}")
+        return (f"the capture lost {self.lost:,} packets: {', '.join(parts)}; the pcap holds {self.packets:,} of "
+                f"the {self.received or 0:,} its filter saw")
 
     @classmethod
     def of(cls, stderr: str, path: str, interfaces: list[str], snaplen: int = 0) -> CaptureResult:
