@@ -122,3 +122,23 @@ def test_send_without_a_fabric_is_one_clear_line(state_dir):
     result = run("send", "h0", "h2", "--name", "nofab", "--size", "1k")
     assert result.exit_code == 1
     assert "no fabric named 'nofab'" in result.output
+
+
+def test_send_larger_than_memory_is_refused_up_front(monkeypatch, state_dir):
+    """Both buffers of a WRITE are held in RAM: without room for them, one line before anything starts."""
+    from mrc_emu.cli import transfer
+
+    monkeypatch.setattr(transfer, "available_memory", lambda: 4 * 2**30)
+    result = run("send", "h0", "h2", "--size", "5GiB", *NOFAB)
+    assert result.exit_code == 1, result.output
+    assert result.output.strip() == ("mrc-emu: error: --size 5.0 GiB needs 10.2 GiB of memory (the source bytes and the "
+                                     "destination buffer are both held in RAM) and 4.0 GiB is available: send at most "
+                                     "1.9 GiB, or free memory first")
+    assert transfer.memory_problem(2**30, 4 * 2**30) is None  # 1 GiB fits: on to the fabric (none here)
+    monkeypatch.setattr(transfer, "available_memory", lambda: None)  # unknown: not refused
+    assert "no fabric named 'nofab'" in run("send", "h0", "h2", "--size", "5GiB", *NOFAB).output
+
+
+def test_clean_of_a_name_no_journal_records(state_dir):
+    result = run("clean", "--name", "absent")
+    assert result.exit_code == 0 and result.output.strip() == "nothing to clean: no journal records a fabric 'absent'"

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import jsonschema
+import pcap_reader
 import pytest
 
 from mrc_emu.experiments import report, runner, scenario
@@ -48,6 +49,13 @@ def test_demo_runs_both_transports_through_the_fault(tmp_path):
     assert any(e["new"] == "ASSUMED_BAD" for e in mrc["transfers"][0]["ev_events"])
     for name in ("goodput.png", "spray_share.png", "recovery.png", "report.md", "mrc.pcap", "baseline.pcap"):
         assert (out / name).stat().st_size > 1000, name
+    # the pcaps come from a separate run of each transport, captured whole and without loss
+    for transport, run in (("mrc", mrc), ("baseline", base)):
+        cap = run["capture"]
+        assert cap["run"] == "separate" and cap["verified"] and cap["complete"], cap["problem"]
+        assert cap["packets"] == pcap_reader.count(out / f"{transport}.pcap") >= 128 * 2**20 // 4096
+        assert run["pcap"] == cap["path"]
+    assert (out / "report.md").read_text().count("made in a separate run of the same scenario") == 2
     assert no_leftovers(results["fabric"])
     if shutil.which("tshark"):
         shown = subprocess.run(["tshark", "-r", str(out / "mrc.pcap"), "-c", "200", "-Y", "infiniband"],

@@ -79,14 +79,22 @@ def down(name: str, as_json: bool) -> None:
 
 
 @click.command()
+@click.option("--name", "-n", default=None, help="Only this fabric (default: every fabric a journal records).")
 @JSON_OPTION
 @friendly
-def clean(as_json: bool) -> None:
+def clean(name: str | None, as_json: bool) -> None:
     """Remove what crashed or killed runs left, as their journals record it."""
-    from ..fabric import build
+    from ..fabric import build, registry
 
-    removed = build.clean()
-    emit({"removed": removed}, as_json, f"removed fabrics: {', '.join(removed)}" if removed else "nothing to clean")
+    if name is None:
+        removed = build.clean()
+    elif registry.journal_path(name).exists():
+        build.down(name)  # what clean does for each journal, for this one
+        removed = [name]
+    else:
+        removed = []
+    nothing = "nothing to clean" + (f": no journal records a fabric {name!r}" if name else "")
+    emit({"removed": removed}, as_json, f"removed fabrics: {', '.join(removed)}" if removed else nothing)
 
 
 @click.command()
@@ -235,7 +243,8 @@ def flap(a: str, b: str, period: float, count: int, plane: int | None, name: str
 @JSON_OPTION
 @friendly
 def capture(node: str, iface: str | None, duration: float, output: str, name: str, as_json: bool) -> None:
-    """Capture a node's traffic to a pcap that Wireshark opens."""
+    """Capture a node's traffic to a pcap that Wireshark opens; exit 1 if it lost any packet
+    (tcpdump's own count of what the kernel dropped)."""
     from ..fabric import ops
 
     if duration <= 0:
@@ -244,8 +253,12 @@ def capture(node: str, iface: str | None, duration: float, output: str, name: st
         if not as_json:
             progress(f"capturing on {node} for {duration:g} s")
         result = ops.capture(fabric, node, output, duration, iface)
-    emit({"path": result.path, "packets": result.packets, "interfaces": result.interfaces}, as_json,
-         f"wrote {result.path}: {result.packets} packets from {', '.join(result.interfaces)}")
+    problem = result.problem()
+    kept = "?" if result.packets is None else f"{result.packets:,}"
+    emit(result.to_dict(), as_json, f"wrote {result.path}: {kept} packets from {', '.join(result.interfaces)}"
+         + (f"\nINCOMPLETE: {problem}" if problem else ", none lost"))
+    if problem:
+        sys.exit(1)
 
 
 @click.command()

@@ -82,29 +82,32 @@ def _scenario_text(results: dict) -> str:
     files = results["files"]
     lines += ["", f"results: {files['results']}", f"report:  {files['report']}",
               "plots:   " + ", ".join(v for k, v in files.items() if k not in ("results", "report"))]
-    pcaps = [run["pcap"] for run in results["runs"].values() if run.get("pcap")]
-    if pcaps:
-        lines.append("pcaps:   " + ", ".join(pcaps))
+    lines += [report.pcap_line(transport, run, markdown=False)
+              for transport, run in results["runs"].items() if run.get("capture")]
     return "\n".join(lines)
 
 
 def _finish(results: dict, as_json: bool) -> None:
+    """Exit 1 if a transfer is not verified or a pcap lost packets (after everything is written)."""
     emit(results, as_json, _scenario_text(results))
-    if not all(run["verified"] for run in results["runs"].values()):
+    runs = results["runs"].values()
+    if not all(run["verified"] for run in runs) or any(run.get("capture", {}).get("problem") for run in runs):
         sys.exit(1)
 
 
 @click.command(name="run", cls=_ScenarioCommand)
 @click.argument("scenario_file", metavar="SCENARIO")
 @click.option("--out", "-o", default=None, help="Output folder (default: results/<name>-<time>).")
-@click.option("--pcap", is_flag=True, help="Also capture pcaps of the source host (headers only).")
+@click.option("--pcap", is_flag=True, help="Also make a pcap per transport (the source host's ports, whole packets) "
+                                            "in a separate run of the same scenario; exit 1 if it lost packets.")
 @JSON_OPTION
 @friendly
 def run_(scenario_file: str, out: str | None, pcap: bool, as_json: bool) -> None:
     """Run a scenario (a YAML file or the name of a shipped one, listed below).
 
     Builds its own fabric, runs each transport with the fault schedule, tears down, and writes
-    results.json, plots (PNG) and report.md to --out. Exit 1 if a transfer is not verified.
+    results.json, plots (PNG) and report.md to --out. Exit 1 if a transfer is not verified
+    (or, with --pcap, a capture lost packets).
     """
     _finish(_run_scenario(scenario_file, out, pcap, as_json), as_json)
 

@@ -32,6 +32,39 @@ def _ev_selection(text: str | None, count: int) -> list[int] | None:
     return list(range(n))
 
 
+WORKER_OVERHEAD = 256 * 2**20  # what the endpoint workers hold besides the two buffers (measured: ~0.2 GiB)
+
+
+def memory_needed(size: int) -> int:
+    """Bytes of RAM a WRITE of `size` needs: its source bytes (random, in the requester's worker)
+    and the registered buffer they are placed into (in the responder's) are both held whole,
+    side by side on this one machine. Nothing else bounds the size: each packet's RETH carries
+    its own VA and DMA length (docs/wire-format.md), so no 32-bit message length applies."""
+    return 2 * size + WORKER_OVERHEAD
+
+
+def available_memory() -> int | None:
+    """The kernel's estimate of the memory a new process can have without swapping (MemAvailable)."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def memory_problem(size: int, available: int | None) -> str | None:
+    """None if a WRITE of `size` fits in `available` bytes of memory, else the one-line refusal."""
+    if available is None or memory_needed(size) <= available:
+        return None
+    fits = max(0, (available - WORKER_OVERHEAD) // 2)
+    return (f"--size {size / 2**30:.1f} GiB needs {memory_needed(size) / 2**30:.1f} GiB of memory (the source "
+            f"bytes and the destination buffer are both held in RAM) and {available / 2**30:.1f} GiB is "
+            f"available: send at most {fits / 2**30:.1f} GiB, or free memory first")
+
+
 def _transfer_text(r) -> str:
     lines = []
     if r.ok:
@@ -102,12 +135,15 @@ def send(src: str, dst: str, size: int, evs: str | None, cc: str, mtu: int, ev_f
     Starts the responder in DST's namespace and the requester in SRC's, on a running fabric.
     Exit code 1 if the transfer fails or the placed bytes differ from the source.
     """
+    from ..experiments.transfer import TransferError
     from ..experiments.transfer import send as run_send
     from ..fabric import routing, static_routes
     from ..fabric.running import Fabric
     from ..topology.evs import EvFormat
     from ..transport.config import QpConfig
 
+    if problem := memory_problem(size, available_memory()):
+        raise TransferError(problem)  # up front: short of memory, a worker fails or is killed mid-run
     with Fabric.open(name) as fabric:
         count = len(evs_between(fabric.topology, src, dst))
         if ev_format == "UDP" and not (routing.running(fabric) or static_routes.installed(fabric)):

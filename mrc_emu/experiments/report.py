@@ -41,6 +41,19 @@ _TRANSFER = {
         "slowdown": _NUM,
     },
 }
+_COUNT = {"type": ["integer", "null"], "minimum": 0}
+_CAPTURE = {  # the pcap's own run (runner.capture_run) and tcpdump's counts (fabric/ops.py CaptureResult)
+    "type": "object",
+    "required": ["path", "run", "host", "interfaces", "packets", "received", "dropped_kernel", "dropped_interface",
+                 "left_in_ring", "lost", "complete", "snaplen", "problem", "completion_ms", "verified"],
+    "properties": {
+        "path": {"type": "string"}, "run": {"const": "separate"}, "host": {"type": "string"},
+        "interfaces": {"type": "array", "items": {"type": "string"}},
+        "packets": _COUNT, "received": _COUNT, "dropped_kernel": _COUNT, "dropped_interface": _COUNT,
+        "left_in_ring": _COUNT, "lost": _COUNT, "complete": {"type": "boolean"}, "snaplen": _COUNT,
+        "problem": {"type": ["string", "null"]}, "completion_ms": _NUM, "verified": {"type": "boolean"},
+    },
+}
 _RUN = {
     "type": "object",
     "required": ["transport", "ok", "verified", "completion_ms", "goodput_gbps", "recovery_ms", "faults", "transfers"],
@@ -55,6 +68,7 @@ _RUN = {
                                              "properties": {"kind": {"enum": list(FAULT_KINDS)}}}},
         "transfers": {"type": "array", "minItems": 1, "items": _TRANSFER},
         "pcap": {"type": ["string", "null"]},
+        "capture": _CAPTURE,
         "emulation": {"type": "object", "required": ["verdict", "reasons", "workers", "time_dilation", "loop_lag_us",
                                                      "cpu_busy", "packets_per_s", "kernel_drops"],
                       "properties": {"verdict": {"enum": ["faithful", "emulator-bound"]}}},
@@ -355,6 +369,24 @@ def emulation_lines(results: dict[str, Any]) -> list[str]:
     return lines
 
 
+def pcap_line(transport: str, run: dict[str, Any], markdown: bool = True) -> str:
+    """Where a transport's pcap is, what it holds, whether it lost anything and what capturing
+    cost, in one line (for report.md, or for a terminal: the whole path, no markup)."""
+    cap = run["capture"]
+    kept = "?" if cap["packets"] is None else f"{cap['packets']:,}"
+    snap = f"the first {cap['snaplen']} bytes of each" if cap["snaplen"] else "whole packets"
+    path = f"`{Path(cap['path']).name}`" if markdown else cap["path"]
+    took = "did not complete" if cap["completion_ms"] is None else f"took {cap['completion_ms']:.0f} ms"
+    measured = "" if run.get("completion_ms") is None else f" against {run['completion_ms']:.0f} ms uncaptured"
+    again = (f"made in a separate run of the same scenario, which {took}{measured} "
+             f"({'verified' if cap['verified'] else 'NOT verified'}); the figures above are from the run without capture")
+    if cap["problem"]:
+        alarm = f"**pcap ({transport}) INCOMPLETE**" if markdown else f"pcap ({transport}) INCOMPLETE"
+        return f"{alarm}: {path}: {cap['problem']}; {again}"
+    return (f"pcap ({transport}): {path}, {kept} packets of {cap['host']}'s ports "
+            f"({', '.join(cap['interfaces'])}; {snap}), none lost, {again}")
+
+
 def markdown(results: dict[str, Any]) -> str:
     scn = results["scenario"]
     rows = summary_rows(results)
@@ -391,6 +423,6 @@ def markdown(results: dict[str, Any]) -> str:
         if events:
             lines += ["", f"## EV events ({transport})", "", "| ms | EV | from | to | reason |", "|---|---|---|---|---|"]
             lines += [f"| {e['time_ms']} | {e['ev']} | {e['old']} | {e['new']} | {e['reason']} |" for e in events[:40]]
-        if run.get("pcap"):
-            lines += ["", f"pcap ({transport}): `{Path(run['pcap']).name}` (the first 4000 packets, whole)"]
+        if run.get("capture"):
+            lines += ["", pcap_line(transport, run)]
     return "\n".join(lines) + "\n"

@@ -12,6 +12,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,18 +82,94 @@ def host_sockets(fabric: Fabric, host: str) -> tuple[socket.socket, socket.socke
     return send, recv
 
 
+CAPTURE_BUFFER_KIB = 65536  # tcpdump -B: 64 MiB of ring; a 128 MiB WRITE at full speed into one host fits (docs/results.md)
+RING_FLUSH_S = 1.1  # tcpdump's 1000 ms packet timeout is the kernel's block retire timer (TPACKET_V3): what
+                    # arrived before stop() reaches the file within it; the exit statistics check it
+
+
 @dataclass
 class CaptureResult:
+    """What tcpdump wrote and what it lost, from its own statistics on exit.
+
+    `received`: packets its filter saw (the kernel counts them as they enter the ring);
+    `dropped_kernel`: the ring was full ("packets dropped by kernel"); `dropped_interface`: the
+    interface dropped them ("dropped by interface"); `left_in_ring`: received, not dropped and
+    still not written when tcpdump exited. Each is lost from the pcap; `lost` sums them.
+    """
+
     path: str
-    packets: int | None
+    packets: int | None  # written to the pcap ("packets captured"); None: tcpdump reported nothing
     interfaces: list[str]
+    received: int | None = None
+    dropped_kernel: int = 0
+    dropped_interface: int = 0
+    left_in_ring: int = 0
+    snaplen: int = 0  # 0: whole packets
+
+    @property
+    def lost(self) -> int:
+        return self.dropped_kernel + self.dropped_interface + self.left_in_ring
+
+    @property
+    def complete(self) -> bool:
+        """Every packet the interfaces carried while the capture ran is in the pcap."""
+        return self.packets is not None and self.lost == 0
+
+    def problem(self) -> str | None:
+        """None if complete, else one sentence that says what the pcap misses."""
+        if self.packets is None:
+            return "tcpdump exited without its statistics: how many packets it kept is unknown"
+        if not self.lost:
+            return None
+        parts = [f"{n:,} {what}" for n, what in ((self.dropped_kernel, "dropped by the kernel (tcpdump's ring was full)"),
+                                                 (self.dropped_interface, "dropped by the interface"),
+                                                 (self.left_in_ring, "not written before tcpdump exited")) if n]
+        return (f"the capture lost {self.lost:,} packets: {', '.join(parts)}; the pcap holds {self.packets:,} of "
+                f"the {self.received or 0:,} its filter saw")
+
+    @classmethod
+    def of(cls, stderr: str, path: str, interfaces: list[str], snaplen: int = 0) -> CaptureResult:
+        """From tcpdump's exit report."""
+        stats = _statistics(stderr)
+        captured, received = stats.get("captured"), stats.get("received")
+        dropped_kernel = stats.get("dropped_kernel", 0)
+        left = 0
+        if captured is not None and received is not None:
+            left = max(0, received - captured - dropped_kernel)  # the kernel counts its drops as received
+        return cls(path, captured, interfaces, received, dropped_kernel, stats.get("dropped_interface", 0), left,
+                   snaplen)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "interfaces": self.interfaces, "packets": self.packets, "received": self.received,
+                "dropped_kernel": self.dropped_kernel, "dropped_interface": self.dropped_interface,
+                "left_in_ring": self.left_in_ring, "lost": self.lost, "complete": self.complete,
+                "snaplen": self.snaplen, "problem": self.problem()}
+
+
+def _statistics(stderr: str) -> dict[str, int]:
+    """tcpdump's exit report ('2111 packets captured', '... received by filter', '... dropped by kernel',
+    '... dropped by interface'; 'packet' when there is one) as {"captured": 2111, ...}."""
+    found = {}
+    for line in stderr.splitlines():
+        words = line.split()
+        if len(words) >= 3 and words[0].isdigit() and words[1] in ("packet", "packets"):
+            found[" ".join(words[2:])] = int(words[0])
+    return {key: found[text] for key, text in (("captured", "captured"), ("received", "received by filter"),
+                                               ("dropped_kernel", "dropped by kernel"),
+                                               ("dropped_interface", "dropped by interface")) if text in found}
 
 
 class Capture:
-    """tcpdump running in a node's namespace, recorded in the journal; `stop` ends it."""
+    """tcpdump running in a node's namespace, recorded in the journal; `stop` ends it.
+
+    No --immediate-mode: it makes libpcap use TPACKET_V2, whose ring of snaplen-sized frames (a
+    few, with whole packets) overflowed at full rate (1,371 of 2,111 packets dropped on a 4 MiB
+    WRITE). Blocks of TPACKET_V3 in a large buffer (-B) keep up; they reach the file within
+    RING_FLUSH_S, so `stop` waits that long before it ends tcpdump.
+    """
 
     def __init__(self, fabric: Fabric, node: str, out: str, iface: str | None = None, snaplen: int = 0,
-                 count: int | None = None) -> None:
+                 buffer_kib: int = CAPTURE_BUFFER_KIB) -> None:
         path = fabric.node_path(node)
         topo = fabric.topology
         intfs = [topo.peer(link, node)[1] for link in topo.links_of(node)]
@@ -103,11 +180,12 @@ class Capture:
             raise FabricSetupError("tcpdump not found: apt-get install tcpdump (or run scripts/install.sh)")
         self.fabric = fabric
         self.interfaces = [iface] if iface else intfs
+        self.snaplen = snaplen
         self.path = Path(out).resolve()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_RDONLY)
-        cmd = [tcpdump, "-i", iface or "any", "-U", "--immediate-mode", "-Z", "root", "-s", str(snaplen), "-w",
-               str(self.path)] + (["-c", str(count)] if count else [])
+        cmd = [tcpdump, "-i", iface or "any", "-U", "-B", str(buffer_kib), "-Z", "root", "-s", str(snaplen), "-w",
+               str(self.path)]
         try:
             self.proc = subprocess.Popen(cmd, preexec_fn=lambda: netns.setns(fd), stdout=subprocess.DEVNULL,
                                          stderr=subprocess.PIPE)
@@ -118,7 +196,7 @@ class Capture:
         try:
             until(self._listening, 10.0, f"tcpdump in {node} to open its socket", wake=[self.proc.stderr])
         except (WaitTimeout, FabricSetupError) as exc:
-            self.stop()
+            self.stop(flush=False)
             raise FabricSetupError(f"tcpdump did not start: {exc}") from None
 
     def _listening(self) -> bool:
@@ -131,17 +209,16 @@ class Capture:
             self._stderr += chunk
         return b"listening on" in self._stderr
 
-    def stop(self) -> CaptureResult:
-        if self.proc.poll() is None:
+    def stop(self, flush: bool = True) -> CaptureResult:
+        """End tcpdump once what arrived so far is written; its counts of what it kept and lost."""
+        if self.proc.poll() is None:  # still running (it exits by itself only when it fails)
+            if flush:
+                time.sleep(RING_FLUSH_S)  # the kernel's block timer, not a guess: see RING_FLUSH_S
             self.proc.send_signal(signal.SIGINT)
         _, err = self.proc.communicate(timeout=10)
         self._stderr += err or b""
         self.fabric.journal.process_ended(self.proc.pid)
-        packets = None
-        for line in self._stderr.decode(errors="replace").splitlines():
-            if "packets captured" in line:
-                packets = int(line.split()[0])
-        return CaptureResult(str(self.path), packets, self.interfaces)
+        return CaptureResult.of(self._stderr.decode(errors="replace"), str(self.path), self.interfaces, self.snaplen)
 
 
 def capture(fabric: Fabric, node: str, out: str, duration: float, iface: str | None = None) -> CaptureResult:
