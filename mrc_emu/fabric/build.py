@@ -115,6 +115,20 @@ def shape_node(fabric: Fabric, node_name: str, rate_bps: float | None = None) ->
         ports.set_rate(fabric, node_name, rate_bps)
 
 
+def shape_port(fabric: Fabric, node_name: str, intf: str, rate_bps: float, ipr: IPRoute | None = None) -> None:
+    """One port's token bucket (and its port program's virtual queue) reshaped to `rate_bps`: a
+    degraded link (experiments' `degrade` fault, `mrc-emu fault degrade`). `ipr`: an IPRoute
+    already in the node's namespace (a fault agent opens them in advance)."""
+    rate, burst = tbf_shape(rate_bps, fabric.topology.mtu)
+    if ipr is None:
+        with netns.entered(fabric.netns(node_name)), IPRoute() as own:
+            (index,) = own.link_lookup(ifname=intf)
+            own.tc("replace", "tbf", index, rate=rate, burst=burst, latency=TBF_LATENCY_US)
+    else:
+        (index,) = ipr.link_lookup(ifname=intf)
+        ipr.tc("replace", "tbf", index, rate=rate, burst=burst, latency=TBF_LATENCY_US)
+    ports.set_port_rate(fabric, node_name, intf, rate_bps)
+
 def down(name: str = "mrc") -> registry.FabricRecord:
     if not netns.NETNS_DIR.exists() and not registry.journal_path(name).exists():
         raise registry.RegistryError(f"no fabric named {name!r} is running")

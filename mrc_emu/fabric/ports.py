@@ -193,6 +193,17 @@ def set_rate(fabric: Fabric, node: str, rate_bps: float) -> None:
         maps.cfg.put(index, _cfg_bytes(port, rate_bps, topo.mtu, epoch))
 
 
+def set_port_rate(fabric: Fabric, node: str, ifname: str, rate_bps: float) -> None:
+    """set_rate for one port (its TBF alone was reshaped: a degraded link). Nothing if the port
+    program does not serve it."""
+    if not attached(fabric):
+        return
+    maps = _maps_of(fabric)
+    for port, index in _by_node(fabric.topology).get(node, []):
+        if port.ifname == ifname:
+            epoch = _CFG.unpack(maps.cfg.get(index))[-1]
+            maps.cfg.put(index, _cfg_bytes(port, rate_bps, fabric.topology.mtu, epoch))
+
 def reset(fabric: Fabric) -> None:
     """Zero every port's counters (queues keep their state): the program sees a new epoch and
     zeroes them under the port's lock at its next packet; counters() reads zeros until then."""
