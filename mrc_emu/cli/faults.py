@@ -59,8 +59,9 @@ def degrade(a: str, b: str, rate: float, direction: str | None, name: str, as_js
     with a link_rate: an unshaped link has no rate to take a fraction of."""
     from ..fabric import fault_ops
 
+    way = _direction(a, b, direction)  # a usage error before the fabric is opened
     with _open(name) as fabric:
-        entry = fault_ops.degrade(fabric, a, b, rate, _direction(a, b, direction))
+        entry = fault_ops.degrade(fabric, a, b, rate, way)
     _applied(entry, as_json, f"{entry.target} degraded to {rate:.0%} ({entry.params['rate_bps'] / 1e6:g} Mbit/s)")
 
 
@@ -76,8 +77,9 @@ def delay(a: str, b: str, ms: float, direction: str | None, name: str, as_json: 
     """Delay every packet over the link between A and B (netem: needs the kernel's sch_netem)."""
     from ..fabric import fault_ops
 
+    way = _direction(a, b, direction)  # a usage error before the fabric is opened
     with _open(name) as fabric:
-        entry = fault_ops.delay(fabric, a, b, ms, _direction(a, b, direction))
+        entry = fault_ops.delay(fabric, a, b, ms, way)
     _applied(entry, as_json, f"{entry.target} delayed by {ms:g} ms")
 
 
@@ -92,8 +94,9 @@ def blackhole(a: str, b: str, direction: str | None, name: str, as_json: bool) -
     """Drop everything over the link between A and B; the link stays up."""
     from ..fabric import fault_ops
 
+    way = _direction(a, b, direction)  # a usage error before the fabric is opened
     with _open(name) as fabric:
-        entry = fault_ops.drop(fabric, a, b, 100.0, _direction(a, b, direction))
+        entry = fault_ops.drop(fabric, a, b, 100.0, way)
     _applied(entry, as_json, f"{entry.target} blackholed")
 
 
@@ -109,8 +112,9 @@ def loss(a: str, b: str, percent: float, direction: str | None, name: str, as_js
     """Drop a share of the packets over the link between A and B at random."""
     from ..fabric import fault_ops
 
+    way = _direction(a, b, direction)  # a usage error before the fabric is opened
     with _open(name) as fabric:
-        entry = fault_ops.drop(fabric, a, b, percent, _direction(a, b, direction))
+        entry = fault_ops.drop(fabric, a, b, percent, way)
     _applied(entry, as_json, f"{entry.target} drops {percent:g} %")
 
 
