@@ -32,6 +32,7 @@ PORT = 47_000
 def _listener(fabric: Fabric, node: str, address: str) -> socket.socket:
     with netns.entered(fabric.node_path(node)):
         sock = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+    sock.setsockopt(socket.SOL_SOCKET, 33, 8 * MiB)  # SO_RCVBUFFORCE: every datagram fits until drained
     sock.bind((address, PORT))
     sock.setblocking(False)
     return sock
@@ -42,7 +43,10 @@ def _send(fabric: Fabric, node: str, address: str, count: int) -> None:
         sock = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
     with sock:
         for i in range(count):
-            sock.sendto(i.to_bytes(4, "big") * 64, (address, PORT))
+            try:
+                sock.sendto(i.to_bytes(4, "big") * 64, (address, PORT))
+            except OSError:  # ENETUNREACH: the link is down, its route gone with it
+                return
 
 
 def _drain(sock: socket.socket) -> int:
@@ -114,7 +118,8 @@ def test_link_down_and_up_go_through_the_record(default_fabric):
     (entry,) = _list(fabric.name)
     assert (entry["kind"], entry["target"], entry["mechanism"]) == ("link-down", "p0l1-p0s3", "link")
     assert _both_ways(fabric, "p0l1", "p0s3", 20) == (0, 0)
-    assert CliRunner().invoke(cli.main, ["fault", "clear", "-n", fabric.name]).exit_code == 0  # clear brings it up
+    cleared = CliRunner().invoke(cli.main, ["fault", "clear", "-n", fabric.name])
+    assert cleared.exit_code == 0, cleared.output  # clear brings it up
     assert _list(fabric.name) == [] and not fabric.state().down_links
     assert _both_ways(fabric, "p0l1", "p0s3", 20) == (20, 20)
     CliRunner().invoke(cli.main, ["link", "down", "p0l1", "p0s3", "-n", fabric.name])
@@ -145,7 +150,7 @@ def test_a_scenario_agents_one_way_blackhole_is_recorded_while_in_force(default_
 
 def _shaped(name: str) -> Fabric:
     data = builtin().to_dict()
-    data.update(name="default-400m", link_rate="400mbit")
+    data.update(name="default-100m", link_rate="100mbit")  # slow enough that one EV fills it on a busy machine
     build.up(from_dict(data), name)
     return Fabric.open(name)
 
@@ -165,23 +170,23 @@ def test_degrade_lowers_the_goodput_over_that_link_and_clear_restores_it(fabric_
         topo = fabric.topology
         (link,) = topo.links_between("p0l0", "p0s1")
         ev = next(e.index for e in evs_between(topo, "h0", "h2") if e.crosses("p0l0", "p0s1"))
-        before = send(fabric, "h0", "h2", 8 * MiB, evs=[ev])
+        before = send(fabric, "h0", "h2", 4 * MiB, evs=[ev])
         entry = fault_ops.degrade(fabric, "p0l0", "p0s1", 0.25)
-        assert {_tbf_rate(fabric, n, i) for n, i in ((link.a, link.a_intf), (link.b, link.b_intf))} == {12_500_000}
+        assert {_tbf_rate(fabric, n, i) for n, i in ((link.a, link.a_intf), (link.b, link.b_intf))} == {3_125_000}
         index = ports._indexes(topo)[(link.b, link.b_intf)]  # the spine's port towards the leaf: the program's
-        assert ports._CFG.unpack(ports._maps_of(fabric).cfg.get(index))[0] == 12_500_000
+        assert ports._CFG.unpack(ports._maps_of(fabric).cfg.get(index))[0] == 3_125_000
         (listed,) = _list(fabric.name)
         assert (listed["kind"], listed["params"]["rate"], listed["id"]) == ("degrade", 0.25, entry.id)
-        during = send(fabric, "h0", "h2", 8 * MiB, evs=[ev])
+        during = send(fabric, "h0", "h2", 4 * MiB, evs=[ev])
         fault_ops.clear(fabric, "p0l0", "p0s1")
-        assert _tbf_rate(fabric, link.a, link.a_intf) == 50_000_000 and _list(fabric.name) == []
-        assert ports._CFG.unpack(ports._maps_of(fabric).cfg.get(index))[0] == 50_000_000
-        after = send(fabric, "h0", "h2", 8 * MiB, evs=[ev])
+        assert _tbf_rate(fabric, link.a, link.a_intf) == 12_500_000 and _list(fabric.name) == []
+        assert ports._CFG.unpack(ports._maps_of(fabric).cfg.get(index))[0] == 12_500_000
+        after = send(fabric, "h0", "h2", 4 * MiB, evs=[ev])
     build.down(fabric_name)
     rates = [r.goodput_gbps for r in (before, during, after)]
     print(f"\ngoodput over p0l0-p0s1 (Gbit/s): before {rates[0]}, degraded to 25 % {rates[1]}, cleared {rates[2]}")
     assert all(r.verified for r in (before, during, after))
-    assert rates[1] < 0.11 and rates[1] < 0.4 * min(rates[0], rates[2]), rates  # 100 Mbit/s of 400
+    assert rates[1] < 0.03 and rates[1] < 0.5 * min(rates[0], rates[2]), rates  # 25 Mbit/s of 100
 
 
 def test_delay_without_netem_is_one_clear_line_and_touches_nothing(default_fabric):
