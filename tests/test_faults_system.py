@@ -178,6 +178,9 @@ def test_degrade_lowers_the_goodput_over_that_link_and_clear_restores_it(fabric_
         (listed,) = _list(fabric.name)
         assert (listed["kind"], listed["params"]["rate"], listed["id"]) == ("degrade", 0.25, entry.id)
         during = send(fabric, "h0", "h2", 4 * MiB, evs=[ev])
+        # a run under time dilation reshapes every port to rate / K and back: the degrade stays
+        assert send(fabric, "h0", "h2", MiB // 4, evs=[ev], dilation=2).verified
+        assert _tbf_rate(fabric, link.a, link.a_intf) == 3_125_000
         fault_ops.clear(fabric, "p0l0", "p0s1")
         assert _tbf_rate(fabric, link.a, link.a_intf) == 12_500_000 and _list(fabric.name) == []
         assert ports._CFG.unpack(ports._maps_of(fabric).cfg.get(index))[0] == 12_500_000

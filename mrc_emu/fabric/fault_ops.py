@@ -129,6 +129,12 @@ def drop(fabric: Fabric, a: str, b: str, percent: float = 100.0, direction: Dire
     return _apply(fabric, entry, act)
 
 
+def degraded_ports(fabric: Fabric) -> list[tuple[str, str, float]]:
+    """(node, interface, fraction) of every port a degrade in force holds below the link rate: a
+    run that reshapes the whole fabric (time dilation) puts these back at their fraction."""
+    return [(node, intf, entry.params["rate"]) for entry in FaultRecord(fabric).active() if entry.mechanism == TBF
+            for node, intf in entry.ends]
+
 def link_down(fabric: Fabric, a: str, b: str, plane: int | None = None, by: str = "cli") -> list[int]:
     """Take the link(s) down at both ends (recorded once: a link already recorded down stays as is)."""
     found = links.between(fabric, a, b, plane)
