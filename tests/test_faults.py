@@ -164,6 +164,9 @@ def test_the_record_replays_what_is_in_force(state_dir):
     record.clear(two.id)
     assert [e.id for e in record.active()] == [one.id, three.id]
     assert record.active()[0] == one and one.owner_alive()  # this process applied it
+    assert one.describe() == "degrade p0l0-p0s1 (rate 0.25)" and two.describe() == "blackhole p0l0->p0s1"
+    shown = fault_record.Entry.new("degrade", "x-y", fault_record.TBF, [], [], {"rate": 0.25, "rate_bps": 1e8})
+    assert shown.params_text() == "rate 0.25 (100 Mbit/s)"
     assert [e.id for e in record.on_links({9})] == [three.id]
     with open(record.path, "a") as f:
         f.write('{"op": "add", "entry": {"id"')  # a write cut short by a kill
@@ -217,6 +220,10 @@ def test_fault_commands_on_no_fabric_and_bad_arguments(state_dir):
     assert _cli("fault", "clear", "p0l0", "-n", "nofab").exit_code == 2  # one node is no link
     result = _cli("fault", "blackhole", "p0l0", "p0s1", "--direction", "p0l0->h0", "-n", "nofab")
     assert result.exit_code == 2 and "not along the link" in result.output
+    result = _cli("fault", "blackhole", "p0l0", "p0s1", "--direction", "p0l0-", "-n", "nofab")  # `p0l0->p0s1` unquoted
+    assert result.exit_code == 2 and "quote it" in result.output
+    result = _cli("fault", "loss", "p0l0", "p0s1", "--percent", "5", "--one-way", "--direction", "p0l0->p0s1")
+    assert result.exit_code == 2 and "not both" in result.output
 
 
 def test_every_kind_is_documented_in_the_scenario_docstring():

@@ -22,19 +22,26 @@ def _open(name: str):
     return Fabric.open(name)
 
 
-def _direction(a: str, b: str, text: str | None) -> tuple[str, str] | None:
+def _direction(a: str, b: str, text: str | None, one_way: bool) -> tuple[str, str] | None:
     from ..experiments.faults import parse_direction
 
+    if one_way:
+        if text is not None:
+            raise click.UsageError("give --direction or --one-way, not both")
+        return a, b
     if text is None:
         return None
     try:
         return parse_direction(text, (a, b))
     except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--direction") from None
+        hint = " (quote it: unquoted, the shell reads '>' as a redirection)" if text.endswith("-") else ""
+        raise click.BadParameter(f"{exc}{hint}", param_hint="--direction") from None
 
 
-DIRECTION_OPTION = click.option("--direction", "-d", default=None, metavar="A->B",
-                                help="Only what A sends to B (default: both directions).")
+def _direction_options(command):
+    command = click.option("--one-way", is_flag=True, help="Only what A sends to B, in the order given.")(command)
+    return click.option("--direction", default=None, metavar="'A->B'",
+                        help="Only what A sends to B (quoted: '>' is the shell's); default: both directions.")(command)
 
 
 def _applied(entry, as_json: bool, text: str) -> None:
@@ -50,16 +57,16 @@ def fault() -> None:
 @click.argument("a")
 @click.argument("b")
 @click.option("--rate", type=float, required=True, help="The fraction of the link's rate left, in (0, 1): 0.25.")
-@DIRECTION_OPTION
+@_direction_options
 @NAME_OPTION
 @JSON_OPTION
 @friendly
-def degrade(a: str, b: str, rate: float, direction: str | None, name: str, as_json: bool) -> None:
+def degrade(a: str, b: str, rate: float, direction: str | None, one_way: bool, name: str, as_json: bool) -> None:
     """Run the link between A and B at a fraction of its rate (a gray failure). Needs a topology
     with a link_rate: an unshaped link has no rate to take a fraction of."""
     from ..fabric import fault_ops
 
-    way = _direction(a, b, direction)  # a usage error before the fabric is opened
+    way = _direction(a, b, direction, one_way)  # a usage error before the fabric is opened
     with _open(name) as fabric:
         entry = fault_ops.degrade(fabric, a, b, rate, way)
     _applied(entry, as_json, f"{entry.target} degraded to {rate:.0%} ({entry.params['rate_bps'] / 1e6:g} Mbit/s)")
@@ -69,15 +76,15 @@ def degrade(a: str, b: str, rate: float, direction: str | None, name: str, as_js
 @click.argument("a")
 @click.argument("b")
 @click.option("--ms", type=float, required=True, help="Milliseconds added to every packet, each way.")
-@DIRECTION_OPTION
+@_direction_options
 @NAME_OPTION
 @JSON_OPTION
 @friendly
-def delay(a: str, b: str, ms: float, direction: str | None, name: str, as_json: bool) -> None:
+def delay(a: str, b: str, ms: float, direction: str | None, one_way: bool, name: str, as_json: bool) -> None:
     """Delay every packet over the link between A and B (netem: needs the kernel's sch_netem)."""
     from ..fabric import fault_ops
 
-    way = _direction(a, b, direction)  # a usage error before the fabric is opened
+    way = _direction(a, b, direction, one_way)  # a usage error before the fabric is opened
     with _open(name) as fabric:
         entry = fault_ops.delay(fabric, a, b, ms, way)
     _applied(entry, as_json, f"{entry.target} delayed by {ms:g} ms")
@@ -86,15 +93,15 @@ def delay(a: str, b: str, ms: float, direction: str | None, name: str, as_json: 
 @fault.command()
 @click.argument("a")
 @click.argument("b")
-@DIRECTION_OPTION
+@_direction_options
 @NAME_OPTION
 @JSON_OPTION
 @friendly
-def blackhole(a: str, b: str, direction: str | None, name: str, as_json: bool) -> None:
+def blackhole(a: str, b: str, direction: str | None, one_way: bool, name: str, as_json: bool) -> None:
     """Drop everything over the link between A and B; the link stays up."""
     from ..fabric import fault_ops
 
-    way = _direction(a, b, direction)  # a usage error before the fabric is opened
+    way = _direction(a, b, direction, one_way)  # a usage error before the fabric is opened
     with _open(name) as fabric:
         entry = fault_ops.drop(fabric, a, b, 100.0, way)
     _applied(entry, as_json, f"{entry.target} blackholed")
@@ -104,15 +111,15 @@ def blackhole(a: str, b: str, direction: str | None, name: str, as_json: bool) -
 @click.argument("a")
 @click.argument("b")
 @click.option("--percent", type=float, required=True, help="Percent of the packets dropped, in (0, 100).")
-@DIRECTION_OPTION
+@_direction_options
 @NAME_OPTION
 @JSON_OPTION
 @friendly
-def loss(a: str, b: str, percent: float, direction: str | None, name: str, as_json: bool) -> None:
+def loss(a: str, b: str, percent: float, direction: str | None, one_way: bool, name: str, as_json: bool) -> None:
     """Drop a share of the packets over the link between A and B at random."""
     from ..fabric import fault_ops
 
-    way = _direction(a, b, direction)  # a usage error before the fabric is opened
+    way = _direction(a, b, direction, one_way)  # a usage error before the fabric is opened
     with _open(name) as fabric:
         entry = fault_ops.drop(fabric, a, b, percent, way)
     _applied(entry, as_json, f"{entry.target} drops {percent:g} %")
@@ -131,8 +138,7 @@ def list_(name: str, as_json: bool) -> None:
     rows = []
     for e in entries:
         alive = "" if e.owner_alive() or e.by == "cli" else " (gone)"
-        params = ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in e.params.items())
-        rows.append(f"  {e.id}  {e.kind:<13} {e.target:<16} {params or '-':<28} "
+        rows.append(f"  {e.id}  {e.kind:<13} {e.target:<16} {e.params_text() or '-':<28} "
                     f"since {time.strftime('%H:%M:%S', time.localtime(e.since))}  by {e.by}, pid {e.pid}{alive}")
     text = (f"{len(entries)} fault(s) in force on fabric {name!r}:\n" + "\n".join(rows)) if entries \
         else f"no fault in force on fabric {name!r}"

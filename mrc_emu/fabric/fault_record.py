@@ -83,8 +83,18 @@ class Entry:
         """Whether the process that applied it still runs (a CLI command has usually ended)."""
         return self.pid_start is not None and netns.process_start_time(self.pid) == self.pid_start
 
+    def params_text(self) -> str:
+        """'rate 0.25 (100 Mbit/s)', 'ms 5', 'percent 5'; '' without parameters."""
+        shown = []
+        for key, value in self.params.items():
+            if key.endswith("_bps"):
+                shown[-1:] = [f"{shown[-1]} ({value / 1e6:g} Mbit/s)"] if shown else [f"{value / 1e6:g} Mbit/s"]
+            else:
+                shown.append(f"{key} {value:g}" if isinstance(value, (int, float)) else f"{key} {value}")
+        return ", ".join(shown)
+
     def describe(self) -> str:
-        params = ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in self.params.items())
+        params = self.params_text()
         return f"{self.kind} {self.target}" + (f" ({params})" if params else "")
 
 
