@@ -277,3 +277,25 @@ def test_the_gray_failure_scenario_runs_and_fault_list_shows_each_fault_in_force
         assert [e["action"] for e in kinds["delay"]["events"]] == ["delay:5ms", "delay-off"]
     bad = {e["ev"] for t in run["transfers"] for e in t["ev_events"] if e["new"] == "ASSUMED_BAD"}
     assert bad, "the one-way blackhole marked no EV ASSUMED_BAD"
+
+
+def test_fault_clear_undoes_what_a_killed_agent_left(default_fabric):
+    """Crash safety: an agent killed with its blackhole in force leaves the program attached and the
+    fault recorded; `fault list` still shows it and `fault clear` detaches it."""
+    fabric = default_fabric
+    found = fabric.topology.links_between("p0l0", "p0s3")
+    agent = fault_agent.LinkFaultAgent(fabric, found, "p0l0", drops=True,
+                                       record_as=fault_agent.RecordAs("blackhole", "p0l0-p0s3", {}, "scenario killed"))
+    try:
+        agent.trigger(fault_agent.Drop(1.0))
+        agent.wait()
+        agent._child.proc.kill()
+        agent._child.proc.join()
+    finally:
+        agent.close()
+    (entry,) = _list(fabric.name)
+    assert entry["by"] == "scenario killed" and entry["mechanism"] == "xdp" and entry["ends"]
+    assert _both_ways(fabric, "p0l0", "p0s3", 50) == (0, 0)  # still dropping, both ways
+    result = CliRunner().invoke(cli.main, ["fault", "clear", "all", "-n", fabric.name])
+    assert result.exit_code == 0 and "cleared 1 fault" in result.output, result.output
+    assert _list(fabric.name) == [] and _both_ways(fabric, "p0l0", "p0s3", 50) == (50, 50)
