@@ -229,3 +229,58 @@ def test_fault_commands_on_no_fabric_and_bad_arguments(state_dir):
 def test_every_kind_is_documented_in_the_scenario_docstring():
     for kind in FAULT_KINDS:
         assert f"kind: {kind}" in scenario.__doc__
+
+
+class _Qdisc(dict):
+    """A qdisc as pyroute2 dumps it: parent and handle by key, kind and options by attribute."""
+
+    def __init__(self, kind: str, handle: int, parent: int, limit: int | None = None) -> None:
+        super().__init__(handle=handle, parent=parent)
+        self.kind, self.limit = kind, limit
+
+    def get_attr(self, name: str):
+        if name == "TCA_KIND":
+            return self.kind
+        return _Options({"TCA_TBF_PARMS": {"limit": self.limit}})
+
+
+class _Options(dict):
+    def get_attr(self, name: str):
+        return self[name]
+
+
+class _Ipr:
+    def __init__(self, *qdiscs: _Qdisc) -> None:
+        self.qdiscs = list(qdiscs)
+
+    def get_qdiscs(self, index: int):
+        return self.qdiscs
+
+
+def _sent(batch: impair.QdiscBatch) -> list[tuple[int, str, int]]:
+    out = []
+    for raw in batch.messages():
+        msg = tcmsg(raw)
+        msg.decode()
+        out.append((msg["header"]["type"], msg.get_attr("TCA_KIND"), msg["parent"]))
+    return out
+
+
+def test_where_a_delay_goes_in_a_ports_qdiscs_and_how_it_comes_off():
+    root, tbf = impair.TC_H_ROOT, 0x80010000
+    new, delete = impair.RTM_NEWQDISC, impair.RTM_DELQDISC
+    # unshaped (veth's noqueue): netem at the root; off: the root deleted, the kernel's default back
+    assert _sent(impair.delay_batch(_Ipr(_Qdisc("noqueue", 0, root)), 3, 5_000_000)) == [(new, "netem", root)]
+    assert _sent(impair.delay_batch(_Ipr(), 3, 5_000_000)) == [(new, "netem", root)]
+    netem_root = _Qdisc("netem", impair.NETEM_HANDLE, root)
+    assert _sent(impair.undelay_batch(_Ipr(netem_root), 3)) == [(delete, None, root)]
+    # shaped: under the TBF's one class; off: a bfifo of the TBF's limit, the child TBF makes itself
+    shaped = _Ipr(_Qdisc("tbf", tbf, root, limit=6_375_000))
+    assert _sent(impair.delay_batch(shaped, 3, 5_000_000)) == [(new, "netem", tbf | 1)]
+    assert _sent(impair.undelay_batch(shaped, 3)) == []  # nothing to take off
+    delayed = _Ipr(_Qdisc("tbf", tbf, root, limit=6_375_000), _Qdisc("netem", impair.NETEM_HANDLE, tbf | 1))
+    (off,) = impair.undelay_batch(delayed, 3).messages()
+    assert _sent(impair.undelay_batch(delayed, 3)) == [(new, "bfifo", tbf | 1)]
+    assert off.endswith(struct.pack("=HHI", 8, 2, 6_375_000))
+    with pytest.raises(FabricSetupError, match="cannot add a delay under a htb root"):
+        impair.delay_batch(_Ipr(_Qdisc("htb", 0x10000, root)), 3, 5_000_000)

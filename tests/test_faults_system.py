@@ -299,3 +299,33 @@ def test_fault_clear_undoes_what_a_killed_agent_left(default_fabric):
     result = CliRunner().invoke(cli.main, ["fault", "clear", "all", "-n", fabric.name])
     assert result.exit_code == 0 and "cleared 1 fault" in result.output, result.output
     assert _list(fabric.name) == [] and _both_ways(fabric, "p0l0", "p0s3", 50) == (50, 50)
+
+
+@pytest.mark.skipif(impair.netem_missing() is not None, reason=str(impair.netem_missing()))
+def test_delay_on_a_shaped_port_sits_under_its_tbf_with_a_degrade_beside_it(fabric_name):
+    from pyroute2 import IPRoute
+
+    from mrc_emu.experiments.probes import probe_evs
+
+    def tree(fabric: Fabric, node: str, intf: str) -> list[tuple[str, int]]:
+        with netns.entered(fabric.node_path(node)), IPRoute() as ipr:
+            (index,) = ipr.link_lookup(ifname=intf)
+            return [(q.get_attr("TCA_KIND"), q["parent"]) for q in ipr.get_qdiscs(index=index)
+                    if q.get_attr("TCA_KIND") != "clsact"]
+
+    with _shaped(fabric_name) as fabric:
+        (link,) = fabric.topology.links_between("p0l0", "p0s1")
+        ev = next(e.index for e in evs_between(fabric.topology, "h0", "h2") if e.crosses("p0l0", "p0s1"))
+        base = probe_evs(fabric, "h0", "h2", [ev], timeout=2.0)[0].rtt_ns / 1e6
+        fault_ops.delay(fabric, "p0l0", "p0s1", 5)
+        fault_ops.degrade(fabric, "p0l0", "p0s1", 0.25)
+        (tbf_kind, _), (netem_kind, netem_parent) = tree(fabric, link.a, link.a_intf)
+        assert (tbf_kind, netem_kind) == ("tbf", "netem") and netem_parent & 0xFFFF == 1
+        assert _tbf_rate(fabric, link.a, link.a_intf) == 1_250_000
+        assert 10 <= probe_evs(fabric, "h0", "h2", [ev], timeout=2.0)[0].rtt_ns / 1e6 - base < 25
+        assert {e["kind"] for e in _list(fabric.name)} == {"delay", "degrade"}
+        fault_ops.clear(fabric)
+        assert [kind for kind, _ in tree(fabric, link.a, link.a_intf)] in (["tbf"], ["tbf", "bfifo"])
+        assert _tbf_rate(fabric, link.a, link.a_intf) == 5_000_000 and _list(fabric.name) == []
+        assert probe_evs(fabric, "h0", "h2", [ev], timeout=2.0)[0].rtt_ns / 1e6 - base < 2
+    build.down(fabric_name)
