@@ -150,7 +150,7 @@ def test_a_scenario_agents_one_way_blackhole_is_recorded_while_in_force(default_
 
 def _shaped(name: str) -> Fabric:
     data = builtin().to_dict()
-    data.update(name="default-40m", link_rate="40mbit")  # slow enough that one EV fills it on a busy machine
+    data.update(name="default-20m", link_rate="20mbit")  # slow enough that one EV fills it on a busy machine
     build.up(from_dict(data), name)
     return Fabric.open(name)
 
@@ -170,26 +170,26 @@ def test_degrade_lowers_the_goodput_over_that_link_and_clear_restores_it(fabric_
         topo = fabric.topology
         (link,) = topo.links_between("p0l0", "p0s1")
         ev = next(e.index for e in evs_between(topo, "h0", "h2") if e.crosses("p0l0", "p0s1"))
-        before = send(fabric, "h0", "h2", 2 * MiB, evs=[ev])
+        before = send(fabric, "h0", "h2", MiB, evs=[ev])
         entry = fault_ops.degrade(fabric, "p0l0", "p0s1", 0.25)
-        assert {_tbf_rate(fabric, n, i) for n, i in ((link.a, link.a_intf), (link.b, link.b_intf))} == {1_250_000}
+        assert {_tbf_rate(fabric, n, i) for n, i in ((link.a, link.a_intf), (link.b, link.b_intf))} == {625_000}
         index = ports._indexes(topo)[(link.b, link.b_intf)]  # the spine's port towards the leaf: the program's
-        assert ports._CFG.unpack(ports._maps_of(fabric).cfg.get(index))[0] == 1_250_000
+        assert ports._CFG.unpack(ports._maps_of(fabric).cfg.get(index))[0] == 625_000
         (listed,) = _list(fabric.name)
         assert (listed["kind"], listed["params"]["rate"], listed["id"]) == ("degrade", 0.25, entry.id)
-        during = send(fabric, "h0", "h2", 2 * MiB, evs=[ev])
+        during = send(fabric, "h0", "h2", MiB, evs=[ev])
         # a run under time dilation reshapes every port to rate / K and back: the degrade stays
-        assert send(fabric, "h0", "h2", MiB // 8, evs=[ev], dilation=2).verified
-        assert _tbf_rate(fabric, link.a, link.a_intf) == 1_250_000
+        assert send(fabric, "h0", "h2", MiB // 16, evs=[ev], dilation=2).verified
+        assert _tbf_rate(fabric, link.a, link.a_intf) == 625_000
         fault_ops.clear(fabric, "p0l0", "p0s1")
-        assert _tbf_rate(fabric, link.a, link.a_intf) == 5_000_000 and _list(fabric.name) == []
-        assert ports._CFG.unpack(ports._maps_of(fabric).cfg.get(index))[0] == 5_000_000
-        after = send(fabric, "h0", "h2", 2 * MiB, evs=[ev])
+        assert _tbf_rate(fabric, link.a, link.a_intf) == 2_500_000 and _list(fabric.name) == []
+        assert ports._CFG.unpack(ports._maps_of(fabric).cfg.get(index))[0] == 2_500_000
+        after = send(fabric, "h0", "h2", MiB, evs=[ev])
     build.down(fabric_name)
     rates = [r.goodput_gbps for r in (before, during, after)]
     print(f"\ngoodput over p0l0-p0s1 (Gbit/s): before {rates[0]}, degraded to 25 % {rates[1]}, cleared {rates[2]}")
     assert all(r.verified for r in (before, during, after))
-    assert rates[1] < 0.0125 and rates[1] < 0.5 * min(rates[0], rates[2]), rates  # 10 Mbit/s of 40
+    assert rates[1] < 0.00625 and rates[1] < 0.5 * min(rates[0], rates[2]), rates  # 5 Mbit/s of 20
 
 
 def test_delay_without_netem_is_one_clear_line_and_touches_nothing(default_fabric):
@@ -321,11 +321,11 @@ def test_delay_on_a_shaped_port_sits_under_its_tbf_with_a_degrade_beside_it(fabr
         fault_ops.degrade(fabric, "p0l0", "p0s1", 0.25)
         parents = dict(tree(fabric, link.a, link.a_intf))
         assert set(parents) == {"tbf", "netem"} and parents["tbf"] == impair.TC_H_ROOT and parents["netem"] & 0xFFFF == 1
-        assert _tbf_rate(fabric, link.a, link.a_intf) == 1_250_000
+        assert _tbf_rate(fabric, link.a, link.a_intf) == 625_000
         assert 10 <= probe_evs(fabric, "h0", "h2", [ev], timeout=2.0)[0].rtt_ns / 1e6 - base < 25
         assert {e["kind"] for e in _list(fabric.name)} == {"delay", "degrade"}
         fault_ops.clear(fabric)
         assert {kind for kind, _ in tree(fabric, link.a, link.a_intf)} in ({"tbf"}, {"tbf", "bfifo"})
-        assert _tbf_rate(fabric, link.a, link.a_intf) == 5_000_000 and _list(fabric.name) == []
+        assert _tbf_rate(fabric, link.a, link.a_intf) == 2_500_000 and _list(fabric.name) == []
         assert probe_evs(fabric, "h0", "h2", [ev], timeout=2.0)[0].rtt_ns / 1e6 - base < 2
     build.down(fabric_name)
