@@ -13,7 +13,7 @@ import pytest
 
 from mrc_emu.experiments import report, runner, scenario
 from mrc_emu.experiments.faults import FAULT_KINDS
-from mrc_emu.fabric import netns, registry, routing
+from mrc_emu.fabric import impair, netns, registry, routing
 
 pytestmark = pytest.mark.system
 CLI = [sys.executable, "-m", "mrc_emu.cli"]
@@ -79,8 +79,12 @@ def test_collectives_with_switch_reboot(tmp_path):
 
 @pytest.mark.slow
 def test_every_fault_kind_in_one_scenario(tmp_path):
+    # the default fabric with a link rate: a degrade needs one to take a fraction of
+    (tmp_path / "shaped.yaml").write_text("name: default-1g\nplanes: 2\nspines_per_plane: 4\nleaves_per_plane: 2\n"
+                                          "hosts_per_leaf: 2\nmtu: 9000\nlink_rate: 1gbit\n")
     path = tmp_path / "all.yaml"
     path.write_text("""
+topology: shaped.yaml
 transports: [mrc]
 routing: none
 workloads:
@@ -94,6 +98,8 @@ faults:
   - {kind: blackhole, link: [p0l1, p0s3], at: 0.4}
   - {kind: congestion, link: [p0l0, p0s0], at: 0.2, flows: 1, size: 8MiB}
   - {kind: switch-reboot, node: p1s3, at: 0.5, duration_ms: 100}
+  - {kind: degrade, link: [p1l0, p1s1], rate: 0.5, at: 0.1, duration_ms: 200}
+  - {kind: delay, link: [p1l1, p1s2], ms: 2, at: 0.2, direction: p1s2->p1l1}
 """)
     scn = scenario.load(path)
     results = runner.run(scn, tmp_path / "out")
@@ -109,6 +115,8 @@ faults:
     assert kinds["loss"] == ["xdp:0.2", "xdp-off"] and kinds["blackhole"][0] == "xdp:1"
     assert kinds["flap"] == ["flap"] and kinds["plane-down"] == ["down", "restore"]
     assert kinds["switch-reboot"] == ["reboot-down", "reboot-up"]
+    assert kinds["degrade"] == ["rate:0.5", "rate:1"]
+    assert kinds["delay"] == ([] if impair.netem_missing() else ["delay:2ms", "delay-off"])
     bad = {e["ev"] for t in run["transfers"] for e in t["ev_events"] if e["new"] == "ASSUMED_BAD"}
     assert bad, "no EV was marked ASSUMED_BAD under six faults"
     assert no_leftovers(results["fabric"])

@@ -3,15 +3,16 @@
 Why it exists: users drive everything from here. It holds no logic a test cannot call
 directly; it turns arguments into calls, results into text or JSON, and every known
 error into one clear line and exit code 1. One module per group of commands: fabric.py
-(the verbs of a running fabric), transfer.py (`send`), scenario.py (`run`, `demo`),
-plan.py (the capacity planner); common.py holds what they share.
+(the verbs of a running fabric), faults.py (`fault ...`: faults that stay until cleared),
+transfer.py (`send`), scenario.py (`run`, `demo`), plan.py (the capacity planner);
+common.py holds what they share.
 """
 
 from __future__ import annotations
 
 import click
 
-from . import fabric, plan, scenario, transfer
+from . import fabric, faults, plan, scenario, transfer
 from .common import parse_size
 
 __all__ = ["main", "parse_size"]
@@ -23,10 +24,11 @@ def main() -> None:
     """mrc-emu: MRC (Multipath Reliable Connection) on a multi-plane SRv6 fabric in namespaces.
 
     Typical session: `up`, `status`, `paths h0 h2`, `probe h0 h2 --all`, `link down p0l0 p0s1`,
+    `fault blackhole p0l0 p0s1 --direction p0l0->p0s1`, `fault list`, `fault clear`,
     `capture p0s0 -o spine.pcap`, `down`. Needs root for everything that touches the fabric.
     """
 
 
-for _group in (fabric, transfer, scenario, plan):
+for _group in (fabric, faults, transfer, scenario, plan):
     for _command in _group.COMMANDS:
         main.add_command(_command)

@@ -191,10 +191,10 @@ def _link_command(up_: bool):
     @JSON_OPTION
     @friendly
     def command(a: str, b: str, plane: int | None, name: str, as_json: bool) -> None:
-        from ..fabric import links
+        from ..fabric import fault_ops
 
-        with _open(name) as fabric:
-            ids = links.set_state(fabric, a, b, up_, plane)
+        with _open(name) as fabric:  # through the fault record: `fault list` shows a link down
+            ids = (fault_ops.link_up if up_ else fault_ops.link_down)(fabric, a, b, plane)
         state = "up" if up_ else "down"
         emit({"a": a, "b": b, "links": ids, "state": state}, as_json, f"link {a} <-> {b} {state}")
 
@@ -217,7 +217,7 @@ link.command(name="up")(_link_command(True))
 @friendly
 def flap(a: str, b: str, period: float, count: int, plane: int | None, name: str, as_json: bool) -> None:
     """Take the link down and up COUNT times, half a PERIOD each."""
-    from ..fabric import links
+    from ..fabric import fault_ops
 
     if period <= 0 or count < 1:
         raise click.UsageError("--period must be above 0 and --count at least 1")
@@ -228,9 +228,9 @@ def flap(a: str, b: str, period: float, count: int, plane: int | None, name: str
         if up_ and not as_json:
             click.echo(f"  cycle {len(events) // 2}/{count} done", err=True)
 
-    with _open(name) as fabric, links.LinkSwitch(fabric, links.between(fabric, a, b, plane)) as switch:
-        links.flap(switch, period, count, changed)
-    emit({"a": a, "b": b, "link_ids": switch.link_ids, "cycles": count, "period_ms": period, "events": events},
+    with _open(name) as fabric:
+        link_ids = fault_ops.flap(fabric, a, b, period, count, plane, changed)
+    emit({"a": a, "b": b, "link_ids": link_ids, "cycles": count, "period_ms": period, "events": events},
          as_json, f"link {a} <-> {b} flapped {count} times, now up")
 
 

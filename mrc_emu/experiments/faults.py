@@ -1,10 +1,11 @@
 """Fault kinds: what each fault of a scenario's schedule names, and how it is carried out and reverted.
 
-Why it exists: the kinds of fault (link-down, flap, loss, blackhole, switch-reboot,
-plane-down, congestion) are written once, here, each as a small subclass of `Fault` that
-says what it targets (a link, a switch, a host's plane), which links a fault agent acts on,
-the agent action that applies it and the one that reverts it. The scenario parser, the
-runner, the report and the CLI's help take the list from `FAULT_KINDS`.
+Why it exists: the kinds of fault (link-down, flap, loss, blackhole, degrade, delay,
+switch-reboot, plane-down, congestion) are written once, here, each as a small subclass of
+`Fault` that says what it targets (a link, a switch, a host's plane), which links a fault
+agent acts on, the agent action that applies it and the one that reverts it, and what it
+needs that a kernel may lack (`unavailable`). The scenario parser, the runner, the report and
+the CLI's help take the list from `FAULT_KINDS`.
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, ClassVar
 
+from ..fabric import impair
 from ..topology import Topology, evs_between
 from ..topology.model import Link
-from .fault_agent import Action, Drop, DropOff, Flap, LinkDown, LinkUp
+from .fault_agent import Action, Delay, DelayOff, Drop, DropOff, Flap, LinkDown, LinkUp, Reshape
 
 
 class Target(Enum):
@@ -33,6 +35,8 @@ class Fault:
     kind: ClassVar[str]
     target: ClassVar[Target] = Target.LINK
     drops: ClassVar[bool] = False  # its agent needs the dropping program on the links
+    qdiscs: ClassVar[bool] = False  # its agent changes the links' egress qdiscs (TBF, netem)
+    directed: ClassVar[bool] = False  # it may act in one direction only (`direction: A->B`)
     needs_percent: ClassVar[bool] = False
 
     at: float
@@ -46,18 +50,41 @@ class Fault:
     count: int = 3
     flows: int = 1
     size: int = 32 * 2**20
+    direction: tuple[str, str] | None = None  # (A, B): only what A sends to B
+    rate: float = 1.0  # degrade: the fraction of the link's rate left
+    ms: float = 0.0  # delay: milliseconds added each way
+
+    @classmethod
+    def unavailable(cls) -> str | None:
+        """Why this kernel cannot carry it out (one line), or None."""
+        return None
 
     def agent_links(self, topo: Topology, link: tuple[str, str] | None) -> tuple[list[Link], str] | None:
         """The links its fault agent acts on and the node at whose end they go down (None: no agent)."""
         a, b = link
         return topo.links_between(a, b), a
 
-    def apply(self) -> Action | None:
+    def apply(self, dilation: float = 1.0) -> Action | None:
+        """The agent's action that applies it (`dilation`: the run's time dilation K, whose links
+        run at rate / K)."""
         raise NotImplementedError
 
-    def revert(self) -> Action | None:
+    def revert(self, dilation: float = 1.0) -> Action | None:
         """The action that undoes it (None: it undoes itself, like a flap)."""
         return None
+
+    def params(self) -> dict[str, Any]:
+        """Its parameters, as the fault record lists them."""
+        return {}
+
+    def target_name(self, link: tuple[str, str] | None) -> str:
+        if self.node:
+            return self.node
+        if self.host:
+            return f"{self.host} plane {self.plane}"
+        if self.direction:
+            return f"{self.direction[0]}->{self.direction[1]}"
+        return "-".join(link) if link else str(self.link)
 
     def competing(self, topo: Topology, link: tuple[str, str] | None) -> list[tuple[str, str, list[int]]]:
         """Extra WRITEs it starts (src, dst, EVs); only congestion has any."""
@@ -71,9 +98,7 @@ class Fault:
         return ""
 
     def describe(self) -> str:
-        target = self.node or (f"{self.host} plane {self.plane}" if self.host else None)
-        if target is None:
-            target = "-".join(self.link) if isinstance(self.link, tuple) else str(self.link)
+        target = self.target_name(self.link if isinstance(self.link, tuple) else None)
         until = f" for {self.duration_ms:g} ms" if self.duration_ms else ""
         return f"{self.kind}{self.detail()} {target} at {self.at:.0%}{until}"
 
@@ -83,10 +108,10 @@ class LinkDownFault(Fault):
 
     kind = "link-down"
 
-    def apply(self) -> Action:
+    def apply(self, dilation: float = 1.0) -> Action:
         return LinkDown()
 
-    def revert(self) -> Action:
+    def revert(self, dilation: float = 1.0) -> Action:
         return LinkUp()
 
 
@@ -95,28 +120,35 @@ class FlapFault(Fault):
 
     kind = "flap"
 
-    def apply(self) -> Action:
+    def apply(self, dilation: float = 1.0) -> Action:
         return Flap(self.period_ms, self.count)
 
     def detail(self) -> str:
         return f" every {self.period_ms:g} ms x{self.count}"
 
+    def params(self) -> dict[str, Any]:
+        return {"period_ms": self.period_ms, "count": self.count}
+
 
 class LossFault(Fault):
-    "A link stays up and drops `percent` % of the packets at both ends."
+    "A link stays up and drops `percent` % of the packets at both ends (or of those from A to B)."
 
     kind = "loss"
     drops = True
+    directed = True
     needs_percent = True
 
-    def apply(self) -> Action:
+    def apply(self, dilation: float = 1.0) -> Action:
         return Drop(self.percent / 100)
 
-    def revert(self) -> Action:
+    def revert(self, dilation: float = 1.0) -> Action:
         return DropOff()
 
     def detail(self) -> str:
         return f" {self.percent:g}%"
+
+    def params(self) -> dict[str, Any]:
+        return {"percent": self.percent}
 
 
 class BlackholeFault(Fault):
@@ -124,12 +156,58 @@ class BlackholeFault(Fault):
 
     kind = "blackhole"
     drops = True
+    directed = True
 
-    def apply(self) -> Action:
+    def apply(self, dilation: float = 1.0) -> Action:
         return Drop(1.0)
 
-    def revert(self) -> Action:
+    def revert(self, dilation: float = 1.0) -> Action:
         return DropOff()
+
+
+class DegradeFault(Fault):
+    """A link stays up at a fraction `rate` of its rate (a gray failure: a port that trained at a
+    lower speed, lanes lost; htsim's `-failed`): both ends' TBF, or the sending end of a direction."""
+
+    kind = "degrade"
+    qdiscs = True
+    directed = True
+
+    def apply(self, dilation: float = 1.0) -> Action:
+        return Reshape(self.rate, dilation)
+
+    def revert(self, dilation: float = 1.0) -> Action:
+        return Reshape(1.0, dilation)
+
+    def detail(self) -> str:
+        return f" to {self.rate:.0%}"
+
+    def params(self) -> dict[str, Any]:
+        return {"rate": self.rate}
+
+
+class DelayFault(Fault):
+    "`ms` milliseconds more on every packet over a link, each way (or only from A to B): netem."
+
+    kind = "delay"
+    qdiscs = True
+    directed = True
+
+    @classmethod
+    def unavailable(cls) -> str | None:
+        return impair.netem_missing()
+
+    def apply(self, dilation: float = 1.0) -> Action:
+        return Delay(self.ms * dilation)  # emulated ms: under dilation K they last K times longer in wall time
+
+    def revert(self, dilation: float = 1.0) -> Action:
+        return DelayOff()
+
+    def detail(self) -> str:
+        return f" +{self.ms:g} ms"
+
+    def params(self) -> dict[str, Any]:
+        return {"ms": self.ms}
 
 
 class SwitchRebootFault(Fault):
@@ -141,10 +219,10 @@ class SwitchRebootFault(Fault):
     def agent_links(self, topo: Topology, link: tuple[str, str] | None) -> tuple[list[Link], str]:
         return topo.links_of(self.node), self.node
 
-    def apply(self) -> Action:
+    def apply(self, dilation: float = 1.0) -> Action:
         return LinkDown("reboot-down")
 
-    def revert(self) -> Action:
+    def revert(self, dilation: float = 1.0) -> Action:
         return LinkUp("reboot-up")
 
 
@@ -157,10 +235,10 @@ class PlaneDownFault(Fault):
     def agent_links(self, topo: Topology, link: tuple[str, str] | None) -> tuple[list[Link], str]:
         return topo.links_between(self.host, topo.leaf_of(self.host, self.plane)), self.host
 
-    def apply(self) -> Action:
+    def apply(self, dilation: float = 1.0) -> Action:
         return LinkDown()
 
-    def revert(self) -> Action:
+    def revert(self, dilation: float = 1.0) -> Action:
         return LinkUp()
 
 
@@ -172,7 +250,7 @@ class CongestionFault(Fault):
     def agent_links(self, topo: Topology, link: tuple[str, str] | None) -> None:
         return None
 
-    def apply(self) -> None:
+    def apply(self, dilation: float = 1.0) -> None:
         return None
 
     def competing(self, topo: Topology, link: tuple[str, str] | None) -> list[tuple[str, str, list[int]]]:
@@ -197,5 +275,18 @@ class CongestionFault(Fault):
 
 
 FAULT_KINDS: dict[str, type[Fault]] = {cls.kind: cls for cls in (
-    LinkDownFault, FlapFault, LossFault, BlackholeFault, SwitchRebootFault, PlaneDownFault, CongestionFault)}
+    LinkDownFault, FlapFault, LossFault, BlackholeFault, DegradeFault, DelayFault, SwitchRebootFault, PlaneDownFault,
+    CongestionFault)}
+
+
+def parse_direction(text: object, link: tuple[str, str]) -> tuple[str, str]:
+    """'A->B' along the link (A, B) or (B, A) -> (A, B); ValueError saying what is wrong otherwise."""
+    if not isinstance(text, str) or text.count("->") != 1:
+        raise ValueError(f"{text!r}: give 'A->B' with A and B the link's two nodes ({link[0]}->{link[1]} or "
+                         f"{link[1]}->{link[0]})")
+    a, b = (part.strip() for part in text.split("->"))
+    if {a, b} != set(link) or a == b:
+        raise ValueError(f"{text!r} is not along the link {link[0]}-{link[1]} (give {link[0]}->{link[1]} or "
+                         f"{link[1]}->{link[0]})")
+    return a, b
 

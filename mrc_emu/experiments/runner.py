@@ -4,11 +4,15 @@ Why it exists: `mrc-emu run` and `mrc-emu demo` do what a user would do by hand 
 fabric up, start BGP, run the workloads with MRC, fail a link, repair it, run them again
 with the baseline, tear down) and measure it the same way every time. Faults are carried
 out by a fault agent (a child process, timed exactly); each fault is reversible and
-reverted before the next transport runs; every fault lands in the timeline.
+reverted before the next transport runs; every fault lands in the timeline. A fault this
+kernel cannot carry out (a delay without netem) is skipped, said in the notes and in the run's
+fault list with its reason, and the rest of the scenario runs: what a user asked for is
+measured as far as the machine allows, and the report says what was left out.
 """
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from collections.abc import Callable
@@ -22,7 +26,7 @@ from ..fabric import build, netns, ops, ports, routing, static_routes
 from ..fabric.running import Fabric
 from ..topology import Role, evs_between
 from . import congestion, metrics
-from .fault_agent import After, Done, LinkFaultAgent
+from .fault_agent import After, Done, LinkFaultAgent, RecordAs
 from .faults import Fault
 from .scenario import Scenario
 from .transfer import Control, Run, run_transfers
@@ -43,15 +47,25 @@ class FaultRun:
     fault: Fault
     link: tuple[str, str] | None
     events: list[dict[str, Any]] = field(default_factory=list)  # {"action", "began_ms", "returned_ms"}
+    skipped: str | None = None  # why this kernel could not carry it out
 
     def record(self, done: Done) -> None:
         self.events.append({"action": done.action.label, "began_ns": done.began_ns, "returned_ns": done.returned_ns})
 
     def to_dict(self) -> dict:
-        return {"kind": self.fault.kind, "description": self.fault.describe(),
-                "link": list(self.link) if self.link else None, "node": self.fault.node,
-                "host": self.fault.host, "plane": self.fault.plane, "at_progress": self.fault.at,
-                "events": self.events}
+        out = {"kind": self.fault.kind, "description": self.fault.describe(),
+               "link": list(self.link) if self.link else None, "node": self.fault.node,
+               "host": self.fault.host, "plane": self.fault.plane, "at_progress": self.fault.at,
+               "direction": "->".join(self.fault.direction) if self.fault.direction else None,
+               "events": self.events}
+        if self.skipped:
+            out["skipped"] = self.skipped
+        return out
+
+
+def skipped_faults(scn: Scenario) -> dict[int, str]:
+    """The faults of the schedule this kernel cannot carry out (by index), with the reason."""
+    return {i: reason for i, f in enumerate(scn.faults) if (reason := f.unavailable())}
 
 
 # ---- the baseline's path ---------------------------------------------------------------------
@@ -99,19 +113,26 @@ def run_transport(scn: Scenario, fabric: Fabric, transport: Transport, baseline_
     runs: list[FaultRun] = []
     agents: list[tuple[FaultRun, LinkFaultAgent | None]] = []
     control = Control()
+    skipped = skipped_faults(scn)
     try:
-        for fault in scn.faults:
+        for i, fault in enumerate(scn.faults):
             link = baseline_link if fault.link == "baseline-path" else fault.link
-            fr = FaultRun(fault, link if isinstance(link, tuple) else None)
+            fr = FaultRun(fault, link if isinstance(link, tuple) else None, skipped=skipped.get(i))
             runs.append(fr)
+            if fr.skipped:
+                agents.append((fr, None))
+                continue
             specs += [Transport.MRC.spec(a, b, fault.size, scn.mtu, evs, start_at=fault.at, topology=topo,
                                          label=f"competing flow {a}->{b} over {'-'.join(fr.link)}")
                       for a, b, evs in fault.competing(topo, fr.link)]
             targets = fault.agent_links(topo, fr.link)
-            agent = None if targets is None else LinkFaultAgent(fabric, *targets, drops=fault.drops)
+            record_as = RecordAs(fault.kind, fault.target_name(fr.link), fault.params(),
+                                 f"scenario {scn.name} ({transport.value})", os.getpid())
+            agent = None if targets is None else LinkFaultAgent(fabric, *targets, drops=fault.drops, qdiscs=fault.qdiscs,
+                                                                direction=fault.direction, record_as=record_as)
             agents.append((fr, agent))
             if agent is not None:
-                control.hooks.append((fault.at, _trigger(agent, fault)))
+                control.hooks.append((fault.at, _trigger(agent, fault, scn.time_dilation)))
         control.hooks.sort(key=lambda h: h[0])
         capture = None if pcap is None else ops.Capture(fabric, scn.transfers()[0][0], str(pcap))
         captured = None
@@ -132,7 +153,7 @@ def run_transport(scn: Scenario, fabric: Fabric, transport: Transport, baseline_
                 continue
             while agent.pending():
                 fr.record(agent.wait(60))
-            revert = fr.fault.revert()
+            revert = fr.fault.revert()  # the run is over: its links are back at their full rate
             if revert is not None and not any(e["action"] == revert.label for e in fr.events):
                 agent.trigger(revert)
                 fr.record(agent.wait(60))
@@ -157,8 +178,8 @@ def _busy_ports(delta: dict) -> dict:
             for node, ifaces in delta.items() if any(e.get("packets") for e in ifaces.values())}
 
 
-def _trigger(agent: LinkFaultAgent, fault: Fault) -> Callable[[], None]:
-    apply, revert = fault.apply(), fault.revert()
+def _trigger(agent: LinkFaultAgent, fault: Fault, dilation: float) -> Callable[[], None]:
+    apply, revert = fault.apply(dilation), fault.revert(dilation)
 
     def fire() -> None:
         agent.trigger(apply)
@@ -276,6 +297,9 @@ def run(scn: Scenario, out_dir: Path, progress: Progress = _quiet,
     started = time.time()
     results: dict[str, Any] = {"schema": "mrc-emu/results/1", "scenario": scn.to_dict(), "fabric": name,
                                "started_unix": round(started, 3), "runs": {}, "notes": []}
+    for i, reason in skipped_faults(scn).items():  # said before anything is made
+        results["notes"].append(f"fault {scn.faults[i].describe()} skipped: {reason}")
+        progress(results["notes"][-1])
     progress(f"bringing up fabric '{name}' ({scn.topology.name})")
     build.up(scn.topology, name)
     try:

@@ -26,6 +26,9 @@ only parses and validates: every problem is one ScenarioError naming file, line 
       - {kind: link-down, link: [p0l0, p0s1], at: 0.3}
       - {kind: flap, link: [p0l0, p0s1], at: 0.2, period_ms: 100, count: 3}
       - {kind: loss, link: [p1l0, p1s2], percent: 5, at: 0.1}
+      - {kind: blackhole, link: [p0l0, p0s1], direction: p0l0->p0s1, at: 0.3}   # one way only
+      - {kind: degrade, link: [p0l0, p0s1], rate: 0.25, at: 0.3}   # a quarter of link_rate left
+      - {kind: delay, link: [p0l0, p0s1], ms: 5, at: 0.3}   # netem: skipped, said why, without it
       - {kind: switch-reboot, node: p0s1, at: 0.3, duration_ms: 500}
       - {kind: plane-down, host: h0, plane: 1, at: 0.3}
       - {kind: congestion, link: [p0l1, p0s0], at: 0.2, flows: 2, size: 32MiB}
@@ -43,7 +46,7 @@ from typing import Any
 
 from ..topology import Role, Topology, TopologyError, resolve
 from ..topology.model import key_lines, parse_size, read_yaml
-from .faults import FAULT_KINDS, Fault, Target
+from .faults import FAULT_KINDS, Fault, Target, parse_direction
 from .transports import Transport
 
 WORKLOADS = ("write", "incast", "all-to-all", "ring-allreduce")
@@ -208,7 +211,7 @@ def from_dict(data: Any, source: str = "<dict>", lines: dict[str, int] | None = 
         if kind is None:
             raise c.fail(fld, f"needs kind: one of {', '.join(FAULT_KINDS)}")
         allowed = {"kind", "at", "link", "node", "host", "plane", "percent", "duration_ms", "period_ms", "count",
-                   "flows", "size"}
+                   "flows", "size", "direction", "rate", "ms"}
         extra = sorted(set(f) - allowed)
         if extra:
             raise c.fail(fld, f"unknown key {extra[0]!r} (known: {', '.join(sorted(allowed))})")
@@ -243,6 +246,7 @@ def from_dict(data: Any, source: str = "<dict>", lines: dict[str, int] | None = 
         item.flows = int(number(f"{fld}.flows", f.get("flows", 1), 1, 16))
         if "size" in f:
             item.size = size(f"{fld}.size", f["size"])
+        _link_impairment(c, fld, f, item, topo)
         faults.append(item)
     name = data.get("name", Path(source).stem if source.endswith((".yaml", ".yml")) else "scenario")
     if not isinstance(name, str) or not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", name):
@@ -260,6 +264,41 @@ def from_dict(data: Any, source: str = "<dict>", lines: dict[str, int] | None = 
                     capture=bool(data.get("capture", False)), reference=bool(data.get("reference", True)),
                     description=str(data.get("description", "")),
                     source=source)
+
+
+def _link_impairment(c: _Checker, fld: str, f: dict, item: Fault, topo: Topology) -> None:
+    """direction (loss, blackhole, degrade, delay), rate (degrade) and ms (delay) of one fault."""
+    kind = item.kind
+    if "direction" in f:
+        if not type(item).directed:
+            directed = [k for k, cls in FAULT_KINDS.items() if cls.directed]
+            raise c.fail(f"{fld}.direction", f"only {', '.join(directed)} take a direction, not {kind}")
+        if not isinstance(item.link, tuple):
+            raise c.fail(f"{fld}.direction", "a direction needs link: [A, B] (the nodes it runs between)")
+        try:
+            item.direction = parse_direction(f["direction"], item.link)
+        except ValueError as exc:
+            raise c.fail(f"{fld}.direction", str(exc)) from None
+    for key, owner in (("rate", "degrade"), ("ms", "delay")):
+        if key in f and kind != owner:
+            raise c.fail(f"{fld}.{key}", f"only a {owner} takes {key}, not {kind}")
+        if kind == owner and key not in f:
+            example = "rate: 0.25 (the fraction of the link's rate left)" if key == "rate" else "ms: 5 (added each way)"
+            raise c.fail(f"{fld}.{key}", f"a {kind} needs {example}")
+    if kind == "degrade":
+        rate = f["rate"]
+        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 < rate < 1:
+            raise c.fail(f"{fld}.rate", f"{rate!r} is not a fraction of the link's rate in (0, 1) (0.25: a quarter left)")
+        if not topo.link_rate_bps:
+            raise c.fail(f"{fld}.kind", f"a degrade needs a link rate: topology {topo.name} has no link_rate, so its "
+                                        f"links run as fast as the CPU forwards and there is no rate to take a "
+                                        f"fraction of (use a topology with link_rate, e.g. 'incast')")
+        item.rate = float(rate)
+    if kind == "delay":
+        ms = f["ms"]
+        if isinstance(ms, bool) or not isinstance(ms, (int, float)) or not 0 < ms <= 10_000:
+            raise c.fail(f"{fld}.ms", f"{ms!r} is not a number of milliseconds in (0, 10000]")
+        item.ms = float(ms)
 
 
 SCENARIO_DIR = Path(__file__).resolve().parent.parent / "topologies" / "scenarios"

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..fabric import build
+from ..fabric import build, fault_ops
 from ..fabric.procs import Child, Stop
 from ..fabric.running import Fabric
 from ..fabric.waiting import WaitTimeout, until
@@ -255,6 +255,8 @@ def _shape_for_dilation(fabric: Fabric, dilation: float, undo: bool = False) -> 
         return False
     for node in fabric.topology.nodes:
         build.shape_node(fabric, node, rate / dilation)
+    for node, intf, fraction in fault_ops.degraded_ports(fabric):  # a degrade in force stays degraded
+        build.shape_port(fabric, node, intf, rate * fraction / dilation)
     return True
 
 

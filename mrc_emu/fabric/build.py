@@ -125,19 +125,33 @@ def shape_node(fabric: Fabric, node_name: str, rate_bps: float | None = None) ->
 
 
 TBF_HANDLE = 0x10000  # 1:, the root of a shaped port
-ORDER_HANDLE = 0x20000  # 2:, the HTB under TBF's class 1:1
 
 
 def _order_classes(ipr: IPRoute, index: int, rate: int, limit: int, mtu: int) -> None:
     """The HTB under a port's TBF: two classes, 2:1 served first, 2:2 the default. Their rate is
     far above any the port is shaped to (TBF shapes; HTB must never hold a packet back)."""
-    ipr.tc("add", "htb", index, ORDER_HANDLE, parent=TBF_HANDLE | 1, default=ports.CLASS_DATA & 0xFFFF)
+    ipr.tc("add", "htb", index, ports.ORDER_HANDLE, parent=TBF_HANDLE | 1, default=ports.CLASS_DATA & 0xFFFF)
     unlimited = max(rate * 16, 1 << 30)  # bytes per second
     for classid, prio in ((ports.CLASS_AHEAD, 0), (ports.CLASS_DATA, 1)):
-        ipr.tc("add-class", "htb", index, classid, parent=ORDER_HANDLE, rate=unlimited, ceil=unlimited, prio=prio,
+        ipr.tc("add-class", "htb", index, classid, parent=ports.ORDER_HANDLE, rate=unlimited, ceil=unlimited, prio=prio,
                quantum=2 * (mtu + 512), burst=64 * mtu, cburst=64 * mtu)
         # pfifo counts packets: enough that TBF's limit in 256-byte packets fits
         ipr.tc("add", "pfifo", index, (0x20 + (classid & 0xFFFF)) << 16, parent=classid, limit=max(1000, limit // 256))
+
+
+def shape_port(fabric: Fabric, node_name: str, intf: str, rate_bps: float, ipr: IPRoute | None = None) -> None:
+    """One port's token bucket (and its port program's virtual queue) reshaped to `rate_bps`: a
+    degraded link (experiments' `degrade` fault, `mrc-emu fault degrade`). `ipr`: an IPRoute
+    already in the node's namespace (a fault agent opens them in advance)."""
+    rate, burst = tbf_shape(rate_bps, fabric.topology.mtu)
+    if ipr is None:
+        with netns.entered(fabric.netns(node_name)), IPRoute() as own:
+            (index,) = own.link_lookup(ifname=intf)
+            own.tc("replace", "tbf", index, TBF_HANDLE, rate=rate, burst=burst, latency=TBF_LATENCY_US)
+    else:
+        (index,) = ipr.link_lookup(ifname=intf)
+        ipr.tc("replace", "tbf", index, TBF_HANDLE, rate=rate, burst=burst, latency=TBF_LATENCY_US)
+    ports.set_port_rate(fabric, node_name, intf, rate_bps)
 
 
 def down(name: str = "mrc") -> registry.FabricRecord:

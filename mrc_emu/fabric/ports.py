@@ -33,6 +33,7 @@ from .netlink import NLM_F_CREATE, NLM_F_EXCL, Batch, _nla
 from .nodes import FabricSetupError
 from .running import Fabric
 
+ORDER_HANDLE = 0x20000  # the HTB under a shaped port's TBF that orders its two classes (build.py _order_classes)
 CLASS_AHEAD = 0x20001  # skb->priority: the HTB class under TBF served first (control, trimmed headers)
 CLASS_DATA = 0x20002  # ... and the one after it (data); port.bpf.c and build.py shape_node use both
 DSCP_TRIMMED = 10  # = mrc_emu.wire.format DSCP_TRIMMED (port.bpf.c has the same numbers)
@@ -194,6 +195,17 @@ def set_rate(fabric: Fabric, node: str, rate_bps: float) -> None:
         epoch = _CFG.unpack(maps.cfg.get(index))[-1]
         maps.cfg.put(index, _cfg_bytes(port, rate_bps, topo.mtu, epoch))
 
+
+def set_port_rate(fabric: Fabric, node: str, ifname: str, rate_bps: float) -> None:
+    """set_rate for one port (its TBF alone was reshaped: a degraded link). Nothing if the port
+    program does not serve it."""
+    if not attached(fabric):
+        return
+    maps = _maps_of(fabric)
+    for port, index in _by_node(fabric.topology).get(node, []):
+        if port.ifname == ifname:
+            epoch = _CFG.unpack(maps.cfg.get(index))[-1]
+            maps.cfg.put(index, _cfg_bytes(port, rate_bps, fabric.topology.mtu, epoch))
 
 def reset(fabric: Fabric) -> None:
     """Zero every port's counters (queues keep their state): the program sees a new epoch and
