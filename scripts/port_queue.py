@@ -1,11 +1,23 @@
 """How close the port program's virtual queue follows TBF's real backlog (docs/fabric.md).
 
 Two hosts burst at line rate each to a third (h0 via spine 0, h1 via spine 1), so the last
-hop p0l1 -> h2 receives twice its rate; while they send, a thread in p0l1's namespace samples
-TBF's backlog (netlink qdisc stats) and the program's virtual backlog (ports.queue_now) of that
-port, one pair at a time. Marking and trimming are off and the program's buffer is one packet
-under TBF's limit, so both queues only grow and drain (a burst beyond that is dropped by the
-program, as it would be by TBF). Prints JSON: the samples and their differences.
+hop p0l1 -> h2 receives twice its rate; meanwhile the parent samples, from p0l1's namespace,
+TBF's backlog (one RTM_GETQDISC dump, netlink.qdisc_counters) between two reads of the program's
+virtual backlog (ports.queue_now) of that port, about every 0.3 ms. Marking and trimming are off
+and the program's buffer is one packet under TBF's limit, so both queues only grow and drain (a
+burst beyond that is dropped by the program, as it would be by TBF). With trimming off, the
+program's trimmed-packet redirect (a trim goes round the device once more) never runs:
+`program.trimmed` is 0 and TBF's sent bytes equal the program's passed bytes
+(`tbf_sent_minus_program`).
+
+Two things once made it measure nothing (peak backlog 0 in most runs): the burst left from a
+thread beside a sampling thread that was pure Python for milliseconds per pair (pyroute2 parsing
+the qdisc dump), so the sender waited for the GIL after every sendto (CPython's convoy effect) and
+the hosts sent below line rate; and one pyroute2 read could take 25-100 ms while the kernel
+forwarded the burst, longer than the queue lived. Now the burst leaves from a forked child
+(`handoff_ms`: how long it took to hand to the kernel) and the read is a 0.2 ms netlink dump.
+
+Prints JSON: the samples and their differences.
 
     sudo PYTHONPATH=. .venv/bin/python scripts/port_queue.py [--frames 200] [--payload 8000] [--rate 400mbit]
 """
@@ -14,20 +26,65 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import socket
 import statistics
-import threading
+import struct
 import time
+import traceback
 
-from pyroute2 import IPRoute
-
-from mrc_emu.fabric import build, netns, ops, ports
+from mrc_emu.fabric import build, netlink, netns, ops, ports
 from mrc_emu.fabric.running import Fabric
 from mrc_emu.topology import from_dict
 from mrc_emu.topology.model import parse_rate
 from mrc_emu.topology.port import tbf_limit
 from mrc_emu.transport.paths import qp_paths
 from mrc_emu.wire.format import DataPacket
+
+PAIR_S = 0.002  # a TBF read that took longer (the scheduler) leaves a pair too far apart to compare
+IDLE_S = 0.02  # sampling ends when both queues stayed empty this long after the burst
+BUSY_FLOOR = 0.1  # per-sample relative differences only where TBF holds at least this share of its peak
+
+
+def _burst_from_child(socks: list[socket.socket], streams: list[list[tuple[bytes, str]]]) -> tuple[int, int, int]:
+    """Fork a child that sends every frame (the senders in turn) once a byte arrives on its pipe,
+    then writes the ns the handoff took; (pid, the go pipe's write end, the result's read end).
+    A process of its own, so the sampling never holds a GIL that the sender waits for."""
+    go_read, go_write = os.pipe()
+    result_read, result_write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        status = 1
+        try:
+            os.close(go_write)  # so that the parent's end going (it failed) reads as EOF here: send nothing then
+            os.close(result_read)
+            if os.read(go_read, 1) != b"!":
+                os._exit(1)
+            began = time.monotonic_ns()
+            for frames in zip(*streams):
+                for raw, (frame, first_hop) in zip(socks, frames):
+                    raw.sendto(frame, (first_hop, 0))
+            os.write(result_write, struct.pack("q", time.monotonic_ns() - began))
+            status = 0
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            os._exit(status)
+    os.close(go_read)
+    os.close(result_write)
+    return pid, go_write, result_read
+
+
+def _nearest_rank(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered) + 0.5) - 1))]
+
+
+def _spread(values: list[float], digits: int) -> dict:
+    if not values:
+        return {"mean": None, "p99": None, "max": None}
+    return {"mean": round(statistics.mean(values), digits), "p99": round(_nearest_rank(values, 0.99), digits),
+            "max": round(max(values), digits)}
 
 
 def measure(frames: int, payload: int, rate: str, name: str = "pq") -> dict:
@@ -36,6 +93,8 @@ def measure(frames: int, payload: int, rate: str, name: str = "pq") -> dict:
                                                   "buffer": tbf_limit(parse_rate(rate), 9000) - 9000}}, "<port_queue>")
     build.up(topo, name)
     samples: list[tuple[float, int, int]] = []
+    tbf_sent: list[int] = []
+    discarded: list[float] = []
     try:
         with Fabric.open(name) as fabric:
             (link,) = topo.links_between("p0l1", "h2")
@@ -49,49 +108,58 @@ def measure(frames: int, payload: int, rate: str, name: str = "pq") -> dict:
                 unused.close()
                 raw.setsockopt(socket.SOL_SOCKET, 32, 64 << 20)  # SO_SNDBUFFORCE: the burst never blocks
                 socks.append(raw)
-            done = threading.Event()
+            with netns.entered(fabric.node_path("p0l1")):
+                route = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
+                index = socket.if_nametoindex(ifname)
+            route.bind((0, 0))
+            netlink.qdisc_counters(route, index)
+            pid, go, result = _burst_from_child(socks, streams)
             start = time.monotonic()
-
-            def sample() -> None:  # pyroute2's socket belongs to the thread that made it
-                with netns.entered(fabric.node_path("p0l1")):
-                    ipr = IPRoute()
-                index = ipr.link_lookup(ifname=ifname)[0]
-                idle = 0
-                while idle < 20:  # until both queues stayed empty for 20 samples after the burst
-                    before = ports.queue_now(fabric, "p0l1", ifname)
-                    began = time.monotonic()
-                    _, tbf = ports.tbf_counters(ipr, index)
-                    took = time.monotonic() - began
-                    virtual = (before + ports.queue_now(fabric, "p0l1", ifname)) // 2  # the TBF read sits between
-                    if took < 0.005:  # a pair the sending thread split by more than 5 ms says nothing
-                        samples.append((round((began - start) * 1e3, 2), tbf, virtual))
-                    idle = idle + 1 if done.is_set() and tbf == 0 and virtual == 0 else 0
-                ipr.close()
-
-            sampler = threading.Thread(target=sample)
-            sampler.start()
-            for i in range(frames):
-                for raw, stream in zip(socks, streams):
-                    raw.sendto(stream[i][0], (stream[i][1], 0))
-            done.set()
-            sampler.join(timeout=30)
+            os.write(go, b"!")
+            status, idle_since = None, None
+            while idle_since is None or time.monotonic() - idle_since < IDLE_S:  # until both stay empty after the burst
+                before = ports.queue_now(fabric, "p0l1", ifname)
+                began = time.monotonic()
+                sent, tbf = netlink.qdisc_counters(route, index)
+                took = time.monotonic() - began
+                virtual = (before + ports.queue_now(fabric, "p0l1", ifname)) // 2  # the TBF read sits between
+                if took < PAIR_S:  # a pair split by longer says nothing
+                    samples.append((began, tbf, virtual))
+                else:
+                    discarded.append(took)
+                if status is None and os.waitpid(pid, os.WNOHANG)[0]:
+                    status = 0 if len(took_ns := os.read(result, 8)) == 8 else 1
+                if status is None or tbf or virtual:
+                    idle_since = None
+                elif idle_since is None:
+                    idle_since = time.monotonic()
+            tbf_sent.append(sent)
+            route.close()
+            os.close(go)
+            os.close(result)
             counters = ports.counters(fabric, "p0l1")["p0l1"][ifname]
             for raw in socks:
                 raw.close()
+            if status != 0:
+                raise RuntimeError("the sending child failed (its traceback is above)")
     finally:
         build.down(name)
+    samples = [(round((t - start) * 1e3, 2), tbf, virtual) for t, tbf, virtual in samples]
     busy = [(t, a, b) for t, a, b in samples if a or b]
     diffs = [b - a for _, a, b in busy]
     peak_tbf = max((a for _, a, _ in samples), default=0)
+    abs_diffs = [abs(d) for d in diffs]
+    relative = [abs(b - a) / a for _, a, b in busy if peak_tbf and a >= BUSY_FLOOR * peak_tbf]
     return {
         "rate": rate, "frames_per_sender": frames, "payload": payload, "samples": len(samples),
+        "busy_samples": len(busy), "discarded_pairs_ms": [round(t * 1e3, 1) for t in discarded],
+        "first_busy_ms": busy[0][0] if busy else None, "handoff_ms": round(struct.unpack("q", took_ns)[0] / 1e6, 2),
         "peak_tbf_backlog": peak_tbf, "peak_virtual": max((b for _, _, b in samples), default=0),
-        "virtual_minus_tbf": {"median": statistics.median(diffs) if diffs else None,
-                              "mean_abs": round(statistics.mean(abs(d) for d in diffs)) if diffs else None,
-                              "max_abs": max((abs(d) for d in diffs), default=None),
-                              "mean_abs_of_peak": round(statistics.mean(abs(d) for d in diffs) / peak_tbf, 4)
-                              if diffs and peak_tbf else None},
+        "virtual_minus_tbf": {"median": statistics.median(diffs) if diffs else None, **_spread(abs_diffs, 0)},
+        "abs_of_peak_tbf": _spread([d / peak_tbf for d in abs_diffs] if peak_tbf else [], 4),
+        f"relative_where_tbf_over_{BUSY_FLOOR:g}_of_peak": _spread(relative, 4),
         "program": {k: counters[k] for k in ports.COUNTERS},
+        "tbf_sent_minus_program": tbf_sent[0] - counters["bytes"] if tbf_sent else None,
         "series_ms_tbf_virtual": samples,
     }
 

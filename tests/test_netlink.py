@@ -5,8 +5,9 @@ from pyroute2.netlink.rtnl import RTM_NEWADDR, RTM_NEWLINK, RTM_NEWROUTE
 from pyroute2.netlink.rtnl.ifaddrmsg import ifaddrmsg
 from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
 from pyroute2.netlink.rtnl.rtmsg import rtmsg
+from pyroute2.netlink.rtnl.tcmsg import tcmsg
 
-from mrc_emu.fabric import config
+from mrc_emu.fabric import config, netlink
 from mrc_emu.fabric.netlink import Batch, Seg6Local
 from mrc_emu.topology import builtin
 
@@ -87,3 +88,21 @@ def test_cabling_indexes_unique_and_never_shared_by_a_pair():
     assert len({index for _, index in ends}) == len(ends)  # unique across the fabric, so within each node
     assert min(index for _, index in ends) > cabling.ANCHOR_INDEX + 1  # lo, sid0, sid1 keep 1, 2, 3
     assert len(cabling.batch(topo, {n: 3 for n in topo.nodes})) == len(topo.nodes) + len(topo.links)
+
+
+def test_qdisc_counters_read_the_tbf_of_one_interface_as_pyroute2_encodes_it():
+    """netlink.qdisc_counters (scripts/port_queue.py's 0.2 ms TBF read) parses what pyroute2 encodes."""
+
+    def message(index: int, kind: str) -> bytes:
+        msg = tcmsg()
+        msg["index"], msg["handle"], msg["parent"], msg["info"] = index, 0x10000, 0xFFFFFFFF, 1
+        msg["attrs"] = [("TCA_KIND", kind), ("TCA_STATS2", {"attrs": [
+            ("TCA_STATS_BASIC", {"bytes": 3282680, "packets": 402}),
+            ("TCA_STATS_QUEUE", {"qlen": 3, "backlog": 24618, "drops": 0, "requeues": 0, "overlimits": 5})]})]
+        msg["header"]["type"] = netlink.RTM_NEWQDISC
+        msg.encode()
+        return bytes(msg.data)
+
+    assert netlink.qdisc_message_counters(message(7, "tbf"), 7, "tbf") == (3282680, 24618)
+    assert netlink.qdisc_message_counters(message(8, "tbf"), 7, "tbf") is None  # another interface
+    assert netlink.qdisc_message_counters(message(7, "htb"), 7, "tbf") is None  # TBF's child
