@@ -112,31 +112,18 @@ def shape_node(fabric: Fabric, node_name: str, rate_bps: float | None = None) ->
     the data queued at the port. A reshape changes TBF in place and keeps its child."""
     topo = fabric.topology
     rate, burst = tbf_shape(rate_bps or topo.link_rate_bps, topo.mtu)  # pyroute2 takes bytes per second
-    first = rate_bps is None
+    order = ports.TcBatch() if rate_bps is None else None  # the first shaping: the HTB under each TBF too
     with netns.entered(fabric.netns(node_name)), IPRoute() as ipr:
         for link in topo.links_of(node_name):
             _, intf, _ = topo.peer(link, node_name)
             (index,) = ipr.link_lookup(ifname=intf)
-            ipr.tc("replace", "tbf", index, TBF_HANDLE, rate=rate, burst=burst, latency=TBF_LATENCY_US)
-            if first:
-                _order_classes(ipr, index, rate, tbf_limit(topo.link_rate_bps, topo.mtu), topo.mtu)
+            ipr.tc("replace", "tbf", index, ports.TBF_HANDLE, rate=rate, burst=burst, latency=TBF_LATENCY_US)
+            if order is not None:
+                order.order_classes(index, rate, tbf_limit(topo.link_rate_bps, topo.mtu), topo.mtu)
+        if order is not None:
+            order.send()  # one round trip for the node's ports
     if rate_bps is not None:
         ports.set_rate(fabric, node_name, rate_bps)
-
-
-TBF_HANDLE = 0x10000  # 1:, the root of a shaped port
-
-
-def _order_classes(ipr: IPRoute, index: int, rate: int, limit: int, mtu: int) -> None:
-    """The HTB under a port's TBF: two classes, 2:1 served first, 2:2 the default. Their rate is
-    far above any the port is shaped to (TBF shapes; HTB must never hold a packet back)."""
-    ipr.tc("add", "htb", index, ports.ORDER_HANDLE, parent=TBF_HANDLE | 1, default=ports.CLASS_DATA & 0xFFFF)
-    unlimited = max(rate * 16, 1 << 30)  # bytes per second
-    for classid, prio in ((ports.CLASS_AHEAD, 0), (ports.CLASS_DATA, 1)):
-        ipr.tc("add-class", "htb", index, classid, parent=ports.ORDER_HANDLE, rate=unlimited, ceil=unlimited, prio=prio,
-               quantum=2 * (mtu + 512), burst=64 * mtu, cburst=64 * mtu)
-        # pfifo counts packets: enough that TBF's limit in 256-byte packets fits
-        ipr.tc("add", "pfifo", index, (0x20 + (classid & 0xFFFF)) << 16, parent=classid, limit=max(1000, limit // 256))
 
 
 def shape_port(fabric: Fabric, node_name: str, intf: str, rate_bps: float, ipr: IPRoute | None = None) -> None:
@@ -147,10 +134,10 @@ def shape_port(fabric: Fabric, node_name: str, intf: str, rate_bps: float, ipr: 
     if ipr is None:
         with netns.entered(fabric.netns(node_name)), IPRoute() as own:
             (index,) = own.link_lookup(ifname=intf)
-            own.tc("replace", "tbf", index, TBF_HANDLE, rate=rate, burst=burst, latency=TBF_LATENCY_US)
+            own.tc("replace", "tbf", index, ports.TBF_HANDLE, rate=rate, burst=burst, latency=TBF_LATENCY_US)
     else:
         (index,) = ipr.link_lookup(ifname=intf)
-        ipr.tc("replace", "tbf", index, TBF_HANDLE, rate=rate, burst=burst, latency=TBF_LATENCY_US)
+        ipr.tc("replace", "tbf", index, ports.TBF_HANDLE, rate=rate, burst=burst, latency=TBF_LATENCY_US)
     ports.set_port_rate(fabric, node_name, intf, rate_bps)
 
 

@@ -152,7 +152,7 @@ def undelay_batch(ipr: IPRoute, index: int) -> QdiscBatch:
     elif root.get_attr("TCA_KIND") == "tbf":
         qdiscs = ipr.get_qdiscs(index=index)
         if _ordered(ipr, index, root):
-            for classid in ORDER_CLASSES:  # the classes' own fifos back (build.py _order_classes)
+            for classid in ORDER_CLASSES:  # the classes' own fifos back (ports.TcBatch.order_classes)
                 leaf = [q for q in qdiscs if q["parent"] == classid]
                 if leaf and leaf[0].get_attr("TCA_KIND") == "netem":
                     batch.pfifo(index, classid, max(1000, _tbf_limit(root) // 256))

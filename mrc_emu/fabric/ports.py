@@ -33,7 +33,8 @@ from .netlink import NLM_F_CREATE, NLM_F_EXCL, Batch, _nla
 from .nodes import FabricSetupError
 from .running import Fabric
 
-ORDER_HANDLE = 0x20000  # the HTB under a shaped port's TBF that orders its two classes (build.py _order_classes)
+TBF_HANDLE = 0x10000  # the TBF at the root of a shaped port (build.py shape_node)
+ORDER_HANDLE = 0x20000  # the HTB under a shaped port's TBF that orders its two classes (ports.TcBatch.order_classes)
 CLASS_AHEAD = 0x20001  # skb->priority: the HTB class under TBF served first (control, trimmed headers)
 CLASS_DATA = 0x20002  # ... and the one after it (data); port.bpf.c and build.py shape_node use both
 DSCP_TRIMMED = 10  # = mrc_emu.wire.format DSCP_TRIMMED (port.bpf.c has the same numbers)
@@ -48,7 +49,11 @@ _CFG = struct.Struct("<Q10I")  # struct port_cfg
 _STATE = struct.Struct(f"<IIQQQ6Q{HIST_BUCKETS}Q")  # struct port_state
 COUNTERS = ("packets", "bytes", "max_queue", "ce_marked", "trimmed", "dropped")
 
-RTM_NEWQDISC, RTM_NEWTFILTER = 36, 44
+RTM_NEWQDISC, RTM_NEWTCLASS, RTM_NEWTFILTER = 36, 40, 44
+TCA_HTB_PARMS, TCA_HTB_INIT, TCA_HTB_RATE64, TCA_HTB_CEIL64 = 1, 2, 6, 7
+TC_LINKLAYER_ETHERNET = 1  # a rate spec with a link layer needs no rate table (kernel >= 3.11)
+PSCHED_NS_PER_TICK = 64  # HTB's buffers are in psched ticks (PSCHED_SHIFT 6)
+_RATESPEC = struct.Struct("=BBHhHI")  # struct tc_ratespec: cell_log, linklayer, overhead, cell_align, mpu, rate
 TCA_KIND, TCA_OPTIONS = 1, 2
 TCA_BPF_FD, TCA_BPF_NAME, TCA_BPF_FLAGS = 6, 7, 8
 TCA_BPF_FLAG_ACT_DIRECT = 1
@@ -76,12 +81,42 @@ def missing_object() -> str | None:
             f"libbpf-dev and bpftool and compiles it")
 
 
-class _TcBatch(Batch):
-    """The two requests that put a direct-action BPF program on an interface's egress."""
+def _tcmsg(index: int, handle: int, parent: int) -> bytes:
+    return struct.pack("=BxxxiIII", socket.AF_UNSPEC, index, handle, parent, 0)
+
+
+class TcBatch(Batch):
+    """The requests that put a direct-action BPF program on an interface's egress, and the HTB
+    that orders a shaped port's two classes."""
 
     def clsact(self, index: int) -> None:
         body = struct.pack("=BxxxiIII", socket.AF_UNSPEC, index, CLSACT_HANDLE, TC_H_CLSACT, 0)
         self._add(RTM_NEWQDISC, NLM_F_CREATE | NLM_F_EXCL, body + _nla(TCA_KIND, b"clsact\0"), f"clsact on {index}")
+
+    def order_classes(self, index: int, rate: int, limit: int, mtu: int) -> None:
+        """The HTB under a shaped port's TBF (its class 1:1) that only orders, never shapes: class
+        2:1 (CLASS_AHEAD, prio 0) served before 2:2 (CLASS_DATA, prio 1, the default), both at 16x
+        the port's rate (`rate`, bytes/s; at least 1 GB/s), each with a pfifo that holds `limit`
+        bytes in 256-byte packets (at least 1,000). Five requests, sent with the node's others."""
+        glob = struct.pack("=IIIII", 3, 10, CLASS_DATA & 0xFFFF, 0, 0)  # tc_htb_glob: version 3, r2q, default class
+        self._add(RTM_NEWQDISC, NLM_F_CREATE | NLM_F_EXCL,
+                  _tcmsg(index, ORDER_HANDLE, TBF_HANDLE | 1) + _nla(TCA_KIND, b"htb\0")
+                  + _nla(TCA_OPTIONS, _nla(TCA_HTB_INIT, glob)), f"htb under the TBF of {index}")
+        unlimited = max(rate * 16, 1 << 30)
+        spec = _RATESPEC.pack(0, TC_LINKLAYER_ETHERNET, 0, 0, 0, min(unlimited, 0xFFFFFFFF))
+        burst = 64 * mtu
+        ticks = int(burst * 1e9 / unlimited / PSCHED_NS_PER_TICK) + 1
+        for classid, prio in ((CLASS_AHEAD, 0), (CLASS_DATA, 1)):
+            opt = spec + spec + struct.pack("=IIIII", ticks, ticks, 2 * (mtu + 512), 0, prio)  # tc_htb_opt
+            extra = (_nla(TCA_HTB_RATE64, struct.pack("=Q", unlimited)) + _nla(TCA_HTB_CEIL64, struct.pack("=Q", unlimited))
+                     if unlimited > 0xFFFFFFFF else b"")
+            self._add(RTM_NEWTCLASS, NLM_F_CREATE | NLM_F_EXCL,
+                      _tcmsg(index, classid, ORDER_HANDLE) + _nla(TCA_KIND, b"htb\0")
+                      + _nla(TCA_OPTIONS, _nla(TCA_HTB_PARMS, opt) + extra), f"htb class {classid:#x} on {index}")
+            leaf = (0x20 + (classid & 0xFFFF)) << 16
+            self._add(RTM_NEWQDISC, NLM_F_CREATE | NLM_F_EXCL,
+                      _tcmsg(index, leaf, classid) + _nla(TCA_KIND, b"pfifo\0")
+                      + _nla(TCA_OPTIONS, struct.pack("=I", max(1000, limit // 256))), f"pfifo under {classid:#x} on {index}")
 
     def bpf_egress(self, index: int, prog_fd: int) -> None:
         info = (1 << 16) | socket.htons(ETH_P_ALL)  # priority 1, every protocol
@@ -140,7 +175,7 @@ def attach(fabric: Fabric) -> int:
             maps.cfg.put(index, _cfg_bytes(port, topo.link_rate_bps, topo.mtu))
             by_node.setdefault(port.node, []).append(index)
         for node, node_indexes in by_node.items():
-            batch = _TcBatch()
+            batch = TcBatch()
             for index in node_indexes:
                 batch.clsact(index)
                 batch.bpf_egress(index, prog_fd)
