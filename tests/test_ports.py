@@ -144,7 +144,30 @@ def test_tc_messages_equal_pyroute2():
     bpf["family"], bpf["index"], bpf["handle"], bpf["parent"], bpf["info"] = 0, 40, 1, 0xFFFFFFF3, (1 << 16) | 0x0300
     bpf["attrs"] = [("TCA_KIND", "bpf"), ("TCA_OPTIONS", {"attrs": [
         ("TCA_BPF_FD", 7), ("TCA_BPF_NAME", "mrc-port"), ("TCA_BPF_FLAGS", 1)]})]
-    batch = ports._TcBatch()
+    batch = ports.TcBatch()
     batch.clsact(40)
     batch.bpf_egress(40, 7)
     assert batch.messages() == [encode(qdisc, 36, 1), encode(bpf, 44, 2)]
+
+
+def test_the_ordering_htb_requests_read_back_as_pyroute2_decodes_them():
+    """ports.TcBatch.order_classes: the HTB under TBF's class 1:1, its two classes (2:1 prio 0,
+    2:2 prio 1, both far above the port's rate, with an Ethernet link layer), a pfifo under each."""
+    from pyroute2.netlink.rtnl.tcmsg import tcmsg
+
+    batch = ports.TcBatch()
+    batch.order_classes(40, 100_000_000, 2_550_000, 4096)
+    got = []
+    for raw in batch.messages():
+        msg = tcmsg(raw)
+        msg.decode()
+        got.append((msg.get_attr("TCA_KIND"), msg["handle"], msg["parent"], msg))
+    assert [(k, h, p) for k, h, p, _ in got] == [
+        ("htb", ports.ORDER_HANDLE, ports.TBF_HANDLE | 1), ("htb", ports.CLASS_AHEAD, ports.ORDER_HANDLE),
+        ("pfifo", 0x210000, ports.CLASS_AHEAD), ("htb", ports.CLASS_DATA, ports.ORDER_HANDLE),
+        ("pfifo", 0x220000, ports.CLASS_DATA)]
+    assert got[0][3].get_attr("TCA_OPTIONS").get_attr("TCA_HTB_INIT")["defcls"] == ports.CLASS_DATA & 0xFFFF
+    for (_, classid, _, msg), prio in ((got[1], 0), (got[3], 1)):
+        parms = msg.get_attr("TCA_OPTIONS").get_attr("TCA_HTB_PARMS")
+        # 16x the port's 100 MB/s; pyroute2 names the link layer byte 'reserved' (1: Ethernet)
+        assert parms["prio"] == prio and parms["rate"] == parms["ceil"] == 16 * 100_000_000 and parms["rate___reserved"] == 1
