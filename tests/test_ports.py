@@ -167,7 +167,7 @@ def test_the_ordering_htb_requests_read_back_as_pyroute2_decodes_them():
         ("pfifo", 0x210000, ports.CLASS_AHEAD), ("htb", ports.CLASS_DATA, ports.ORDER_HANDLE),
         ("pfifo", 0x220000, ports.CLASS_DATA)]
     assert got[0][3].get_attr("TCA_OPTIONS").get_attr("TCA_HTB_INIT")["defcls"] == ports.CLASS_DATA & 0xFFFF
-    for (_, classid, _, msg), prio in ((got[1], 0), (got[3], 1)):
+    for (_, _, _, msg), prio in ((got[1], 0), (got[3], 1)):
         parms = msg.get_attr("TCA_OPTIONS").get_attr("TCA_HTB_PARMS")
         # 16x the port's 100 MB/s; pyroute2 names the link layer byte 'reserved' (1: Ethernet)
         assert parms["prio"] == prio and parms["rate"] == parms["ceil"] == 16 * 100_000_000 and parms["rate___reserved"] == 1
