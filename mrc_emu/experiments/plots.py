@@ -189,8 +189,8 @@ def _ev_heat_map(ax, transport: str, run: dict, x: dict, x_end: float, width: fl
 
 
 def spray_figure(run: dict) -> Figure | None:
-    """MRC's share of packets sent on each EV, stacked, from its first transfer's start to its completion."""
-    x = main_transfers(run)[0]
+    """MRC's share of packets sent on each EV, stacked, from the transfer's start to its completion."""
+    x = ev_transfer(run) or main_transfers(run)[0]  # the transfer the heat map shows
     evt = x.get("ev_timeline") or []
     if len(evt) < 2:
         return None
