@@ -176,8 +176,8 @@ def _ev_heat_map(ax, transport: str, run: dict, x: dict, x_end: float, width: fl
     for event in x.get("ev_events", []):
         if event["ev"] in names and event["new"] in STATE_MARKS and offset + event["time_ms"] <= x_end:
             marker, text = STATE_MARKS[event["new"]]
-            ax.plot(offset + event["time_ms"], names.index(event["ev"]) + 0.5, marker=marker, color="white",
-                    markeredgecolor="black", markersize=8, linestyle="none",
+            ax.plot(offset + event["time_ms"], names.index(event["ev"]) + 0.5, marker=marker, color="white", markersize=9,
+                    markeredgecolor="white" if marker == "x" else "black", markeredgewidth=2, linestyle="none",
                     label=None if event["new"] in seen else f"{text} (first at {_ms(offset + event['time_ms'])})")
             seen.add(event["new"])
     step = (evt[-1][0] - evt[0][0]) / max(1, len(evt) - 1)
@@ -186,6 +186,8 @@ def _ev_heat_map(ax, transport: str, run: dict, x: dict, x_end: float, width: fl
                  "dark = nothing delivered", fontsize=10, loc="left")
     if seen:
         _legend_outside(ax, x=1.09)
+        for handle in ax.get_legend().legend_handles:  # white on the map, black on the legend's white
+            handle.set_markeredgecolor("black")
 
 
 def spray_figure(run: dict) -> Figure | None:
