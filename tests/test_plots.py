@@ -94,6 +94,14 @@ def test_a_fault_lifted_after_the_end_is_clipped_to_the_edge():
     assert any("past the end" in t.get_text() for t in goodput.axes[0].get_legend().get_texts())
 
 
+def test_fault_windows_lifted_reverted_or_self_undoing():
+    flap = {"kind": "flap", "description": "flap", "events": [{"action": "flap", "began_ms": 10.0, "returned_ms": 310.0}]}
+    down = {"kind": "link-down", "description": "down", "events": [{"action": "down", "began_ms": 10.0, "returned_ms": 10.2}]}
+    congestion = {"kind": "congestion", "description": "c", "events": [{"action": "competing flows start", "at_progress": 0.3}]}
+    windows = plots.fault_windows({"faults": [flap, down, congestion, *_fault(3.0, 9.0)]})
+    assert [(w.start_ms, w.end_ms) for w in windows] == [(10.0, 310.0), (10.0, None), (3.0, 9.0)]
+
+
 def test_recovery_draws_never_as_never_and_labels_every_bar():
     fig = plots.figures(fault_results())["recovery"]
     texts = _texts(fig)
@@ -106,6 +114,16 @@ def test_recovery_draws_never_as_never_and_labels_every_bar():
     heights = [p.get_height() for p in exact.patches]
     assert all(h > 0 for h in heights)  # no "never" drawn as a 0 ms bar
     assert any("never (hatched" in t for t in texts)
+    assert "never" not in " ".join(_texts(plots.figures(fault_results_all_recovered())["recovery"]))
+
+
+def fault_results_all_recovered() -> dict:
+    results = fault_results()
+    base = results["runs"]["baseline"]
+    base.update(fault_figures={"detection_ms": 1280.0, "stall_ms": 1300.0, "repair_ms": 1310.0}, completion_ms=90.0,
+                recovery_ms=1200.0, unrecovered=False, inflation=2.0)
+    base["transfers"][0]["recovery"]["recovery_ms"] = 1200.0
+    return results
 
 
 def test_spray_legend_is_outside_the_data():

@@ -21,6 +21,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from . import metrics
+from .faults import FAULT_KINDS, Fault
 
 COLORS = {"mrc": "tab:green", "baseline": "tab:blue"}
 FAULT_COLOR = "tab:red"
@@ -39,12 +40,14 @@ class FaultWindow:
 
 
 def fault_windows(run: dict) -> list[FaultWindow]:
-    """Each fault of a run, in ms since its first transfer started (the first event applies it, a second lifts it)."""
+    """Each fault of a run, in ms since its first transfer started: the first event applies it, a second lifts it;
+    one that undoes itself (a flap: no revert) lasts as long as its one action ran."""
     out = []
     for f in run.get("faults", []):
-        times = [e["began_ms"] for e in f["events"] if "began_ms" in e]
-        if times:
-            out.append(FaultWindow(times[0], times[1] if len(times) > 1 else None, f["description"]))
+        if events := [e for e in f["events"] if "began_ms" in e]:
+            undoes_itself = f["kind"] in FAULT_KINDS and FAULT_KINDS[f["kind"]].revert is Fault.revert
+            end = events[1]["began_ms"] if len(events) > 1 else events[0]["returned_ms"] if undoes_itself else None
+            out.append(FaultWindow(events[0]["began_ms"], end, f["description"]))
     return out
 
 
@@ -205,7 +208,7 @@ def spray_figure(run: dict) -> Figure | None:
             for k in range(n):
                 shares[k].append(sent[k] / total)
     if not edges:
-        return None
+        return None  # nothing sent while it was sampled
     fig = Figure(figsize=(12, 3.8), layout="constrained")
     ax = fig.subplots()
     labels = [f"EV {e['ev']} (plane {e.get('plane', '?')}, {e.get('spine', '?')})" for e in x["per_ev"]][:n]
@@ -312,14 +315,10 @@ def recovery_figure(runs: dict[str, Any]) -> Figure:  # only with a fault: witho
     if windowed:
         never |= _windowed(axes["windowed"], axes["levels"], runs)
     never |= any(b.value is None for b in bars)
-    handles = [_patch(COLORS.get(t, "gray"), t) for t in names]
-    handles += [_patch("white", "never (hatched, to the top of the axis)", "///")] if never else []
+    handles = [Patch(color=COLORS.get(t, "gray"), label=t) for t in names]
+    handles += [Patch(facecolor="white", edgecolor="black", hatch="///", label="never (hatched, to the axis's top)")] if never else []
     fig.legend(handles=handles, loc="outside upper center", ncol=len(handles), fontsize=9, frameon=False)
     return fig
-
-
-def _patch(color: str, label: str, hatch: str | None = None) -> Patch:
-    return Patch(facecolor=color, edgecolor="black" if hatch else color, hatch=hatch, label=label)
 
 
 def _windowed(ax, levels, runs: dict[str, Any]) -> bool:
