@@ -260,7 +260,7 @@ def _bars(ax, bars: list[Bar], width: float) -> None:
         else:
             ax.bar(b.x, b.value - bottom, bottom=bottom, width=width, color=b.color, hatch=b.hatch,
                    edgecolor="white" if b.hatch else b.color, alpha=0.55 if b.hatch else 1.0)
-            ax.text(b.x, b.value, _ms(b.value) + (f"\n{b.note}" if b.note else ""), ha="center", va="bottom", fontsize=8)
+            ax.text(b.x, b.value, _ms(b.value) + (f"\n{b.note}" if b.note else ""), ha="center", va="bottom", fontsize=7.5)
     ax.set_ylim(bottom, top)
     ax.set_xlim(min(b.x for b in bars) - 0.6, max(b.x for b in bars) + 0.6)
     ax.grid(alpha=0.3, axis="y")
