@@ -2,7 +2,7 @@
 
 Why it exists: numbers that cannot be looked at again are not results. results.json holds
 every figure and timeline; the schema below documents it (docs/results.md shows it) and a
-test validates real output against it. The plots show the fault and the recovery.
+test validates real output against it. The plots (plots.py) show the fault and the recovery.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from . import metrics
 from .emulation import Report
 from .faults import FAULT_KINDS
+from .plots import plots
 from .transports import Transport
 
 _NUM = {"type": ["number", "null"]}
@@ -98,158 +98,6 @@ def write(results: dict[str, Any], out_dir: Path) -> dict[str, str]:
     (out_dir / "results.json").write_text(json.dumps(results, indent=1))
     (out_dir / "report.md").write_text(markdown(results))
     return {"results": str(out_dir / "results.json"), "report": str(out_dir / "report.md"), **files}
-
-
-def _fault_marks(run: dict) -> list[tuple[float, float | None, str]]:
-    marks = []
-    for f in run["faults"]:
-        times = [e for e in f["events"] if "began_ms" in e]
-        if times:
-            start = times[0]["began_ms"]
-            end = times[1]["began_ms"] if len(times) > 1 else None
-            marks.append((start, end, f["description"]))
-    return marks
-
-
-def _goodput(timeline: list, bin_ms: float = 5.0) -> tuple[list[float], list[float]]:
-    xs, ys = [], []
-    for (t0, b0), (t1, b1) in zip(timeline[::int(bin_ms)], timeline[int(bin_ms)::int(bin_ms)]):
-        if t1 > t0:
-            xs.append(t1)
-            ys.append((b1 - b0) * 8 / ((t1 - t0) * 1e6))
-    return xs, ys
-
-
-def _save(plt, fig, path: Path) -> str:
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return str(path)
-
-
-def plots(results: dict[str, Any], out_dir: Path) -> dict[str, str]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    runs = results["runs"]
-    if not runs:
-        return {}
-    files = {}
-    # 1. goodput over time, per EV for MRC, with the faults marked
-    fig, axes = plt.subplots(len(runs), 1, figsize=(10, 3.4 * len(runs)), squeeze=False)
-    for ax, (transport, run) in zip(axes[:, 0], runs.items()):
-        main = run["transfers"][0]
-        xs, ys = _goodput(main["timeline"])
-        ax.plot(xs, ys, color="black", linewidth=1.6, label="total")
-        mtu = main.get("mtu", 4096)
-        if transport == Transport.MRC and main["ev_timeline"]:
-            evt = main["ev_timeline"]
-            n = len(evt[0][2])
-            for k in range(n):
-                pts = [(t1, (g1[k] - g0[k]) * mtu * 8 / ((t1 - t0) * 1e6)) for (t0, _, g0), (t1, _, g1)
-                       in zip(evt, evt[1:]) if t1 > t0]
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], linewidth=0.8, label=f"EV {main['per_ev'][k]['ev']}")
-        for start, end, text in _fault_marks(run):
-            ax.axvline(start, color="red", linestyle="--", linewidth=1)
-            if end is not None:
-                ax.axvspan(start, end, color="red", alpha=0.08)
-            ax.text(start, ax.get_ylim()[1] * 0.92, " " + text, color="red", fontsize=8)
-        rec = "-" if run["recovery_ms"] is None else "{:.1f} ms".format(run["recovery_ms"])
-        done = "-" if run["completion_ms"] is None else "{:.0f} ms".format(run["completion_ms"])
-        ax.set_title(f"{transport}: {main['src']} -> {main['dst']}, recovery {rec}, completion {done}", fontsize=10)
-        ax.set_xlabel("ms since the transfer started")
-        ax.set_ylabel("goodput, Gbit/s")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, ncol=5, loc="lower right")
-    fig.tight_layout()
-    files["goodput"] = _save(plt, fig, out_dir / "goodput.png")
-    # 2. MRC's spray share per EV over time
-    mrc = runs.get(Transport.MRC.value)
-    if mrc and mrc["transfers"][0]["ev_timeline"]:
-        main = mrc["transfers"][0]
-        evt = main["ev_timeline"]
-        n = len(evt[0][1])
-        xs, shares = [], [[] for _ in range(n)]
-        for (_t0, s0, _), (t1, s1, _) in zip(evt, evt[1:]):
-            sent = [b - a for a, b in zip(s0, s1)]
-            total = sum(sent)
-            if total:
-                xs.append(t1)
-                for k in range(n):
-                    shares[k].append(sent[k] / total)
-        fig, ax = plt.subplots(figsize=(10, 3.6))
-        ax.stackplot(xs, shares, labels=[f"EV {e['ev']} (plane {e['plane']}, {e['spine']})" for e in main["per_ev"]])
-        for start, _end, text in _fault_marks(mrc):
-            ax.axvline(start, color="red", linestyle="--", linewidth=1)
-            ax.text(start, 0.03, " " + text, color="white", fontsize=8)
-        ax.set_ylim(0, 1)
-        ax.set_xlabel("ms since the transfer started")
-        ax.set_ylabel("share of packets sent")
-        ax.set_title("MRC spray: share of packets per EV", fontsize=10)
-        ax.legend(fontsize=7, ncol=4, loc="lower right")
-        fig.tight_layout()
-        files["spray_share"] = _save(plt, fig, out_dir / "spray_share.png")
-    # 3. recovery and completion, side by side
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.4))
-    names = list(runs)
-    recs = [runs[t]["recovery_ms"] or 0 for t in names]
-    comps = [runs[t]["completion_ms"] or 0 for t in names]
-    colors = ["tab:green" if t == Transport.MRC else "tab:gray" for t in names]
-    ax1.bar(names, recs, color=colors)
-    ax1.set_yscale("log" if all(recs) else "linear")
-    ax1.set_title("recovery time after the fault (ms)", fontsize=10)
-    for i, v in enumerate(recs):
-        ax1.text(i, v, f"{v:.1f}", ha="center", va="bottom", fontsize=9)
-    ax2.bar(names, comps, color=colors)
-    ax2.set_title("completion time (ms)", fontsize=10)
-    for i, v in enumerate(comps):
-        ax2.text(i, v, f"{v:.0f}", ha="center", va="bottom", fontsize=9)
-    fig.tight_layout()
-    files["recovery"] = _save(plt, fig, out_dir / "recovery.png")
-    if flows_png := _flows_plot(plt, runs, out_dir):
-        files["flows"] = flows_png
-    return files
-
-
-BIN_NS = 5_000_000  # the flows plot's bins
-
-
-def _flows_plot(plt, runs: dict[str, Any], out_dir: Path) -> str | None:
-    """A multi-flow run (incast, all-to-all, ring): per transport, every flow's goodput and their sum
-    over time since the first start, and the CDF of the flows' completion times."""
-    multi = {t: [x for x in run["transfers"] if not x["label"].startswith("competing")] for t, run in runs.items()}
-    multi = {t: xs for t, xs in multi.items() if len(xs) > 1}
-    if not multi:
-        return None
-    fig, axes = plt.subplots(len(multi), 2, figsize=(12, 3.2 * len(multi)), squeeze=False,
-                             gridspec_kw={"width_ratios": [3, 1]})
-    for (ax, cdf), (transport, flows) in zip(axes, multi.items()):
-        lines = []
-        for flow in flows:
-            xs, ys = _goodput(flow["timeline"])
-            ax.plot([x + flow["offset_ms"] for x in xs], ys, linewidth=0.7, alpha=0.6)
-            lines.append([(int((t + flow["offset_ms"]) * 1e6), b) for t, b in flow["timeline"]])
-        end = max((line[-1][0] for line in lines if line), default=0)
-        grid = list(range(0, end + BIN_NS, BIN_NS))  # the sum on one grid: every flow's bytes at each edge
-        acked = [sum(metrics.bytes_at(line, t) for line in lines if line) for t in grid]
-        ax.plot([t / 1e6 for t in grid[1:]], [(b1 - b0) * 8 / BIN_NS for b0, b1 in zip(acked, acked[1:])],
-                color="black", linewidth=1.6, label=f"sum of {len(flows)} flows")
-        ax.set_title(f"{transport}: goodput of each flow and their sum", fontsize=10)
-        ax.set_xlabel("ms since the first flow started")
-        ax.set_ylabel("goodput, Gbit/s")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="upper right")
-        fct = sorted(x["completion_ms"] for x in flows if x["completion_ms"] is not None)
-        if fct:
-            cdf.step(fct, [(i + 1) / len(fct) for i in range(len(fct))], where="post", color="black")
-        unfinished = len(flows) - len(fct)
-        cdf.set_title(f"FCT CDF ({unfinished} unfinished)" if unfinished else "FCT CDF", fontsize=10)
-        cdf.set_xlabel("completion, ms")
-        cdf.set_ylim(0, 1.02)
-        cdf.grid(alpha=0.3)
-    fig.tight_layout()
-    return _save(plt, fig, out_dir / "flows.png")
 
 
 def _ms(value: float | None, never: str = "never") -> str:
