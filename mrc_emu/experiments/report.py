@@ -110,6 +110,12 @@ def _pct(value: float | None) -> str:
     return "-" if value is None else f"{value * 100:+.0f} %"
 
 
+def _noise(run: dict) -> str:
+    """The fault-free run's longest pause in acknowledgements, where it is known."""
+    noise = run["fault_figures"].get("stall_noise_ms")
+    return "" if noise is None else f" (fault-free: {_ms(noise)} at most)"
+
+
 def headline(results: dict[str, Any]) -> str | None:
     """The scenario's one sentence, like against like: how long each transport stalled after the
     fault, and its completion against its own fault-free run (None: no MRC/baseline pair with a
@@ -118,8 +124,8 @@ def headline(results: dict[str, Any]) -> str | None:
     mrc, base = runs.get(Transport.MRC.value), runs.get(Transport.BASELINE.value)
     if not (mrc and base and mrc.get("fault_figures") and base.get("fault_figures")):
         return None
-    sentence = (f"MRC stalled {_ms(mrc['fault_figures']['stall_ms'])}, "
-                f"the baseline {_ms(base['fault_figures']['stall_ms'])}")
+    sentence = (f"MRC stalled {_ms(mrc['fault_figures']['stall_ms'])}{_noise(mrc)}, "
+                f"the baseline {_ms(base['fault_figures']['stall_ms'])}{_noise(base)}")
     if mrc.get("inflation") is not None and base.get("inflation") is not None:
         sentence += (f"; completion {_pct(mrc['inflation'])} against {_pct(base['inflation'])} "
                      f"(each against its fault-free run)")
@@ -246,7 +252,8 @@ def markdown(results: dict[str, Any]) -> str:
         lines += ["", sentence]
     lines += ["", "Exact, from each requester's own records (docs/results.md): *detection*, from the fault to the "
               "first EV event on an EV through it (the baseline: to its first resend that got through); *stall*, the "
-              "longest interval after the fault with no new byte acknowledged; *repair*, until every packet lost on "
+              "longest interval after the fault with no new byte acknowledged (the fault-free run's longest such "
+              "interval, in the headline, is the emulator's own: a stall under it is scheduling); *repair*, until every packet lost on "
               "the failed path was acknowledged; *inflation*, completion against the same transport's fault-free "
               "run, made just before. *Windowed recovery* (secondary: it follows noise): until the goodput over 2 ms "
               "and 10 ms is back at 90 % of the 50 ms before the fault" + _band_text(results) + ".", ""]

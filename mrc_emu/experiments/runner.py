@@ -225,6 +225,9 @@ def _summarise(transport: Transport, results: Run, runs: list[FaultRun], pcap: s
         entry["timeline"] = [[round(t / 1e6, 3), b] for t, b in r.timeline]
         entry["ev_timeline"] = [[round(t / 1e6, 3), sent, got] for t, sent, got in r.ev_timeline]
         entry["offset_ms"] = round((r.start_ns - origin) / 1e6, 3)
+        # the longest interval with nothing new acknowledged, fault or not: on a fault-free run,
+        # the floor under which a stall is the emulator's (its scheduling), not the network's
+        entry["longest_gap_ms"] = round(max((b - a for a, b in r.ledger.get("gaps", ())), default=0) / 1e6, 3)
         rec = None
         if first_fault is not None and r.timeline:
             fault_rel = int((first_fault - entry["offset_ms"]) * 1e6)
@@ -242,6 +245,7 @@ def _summarise(transport: Transport, results: Run, runs: list[FaultRun], pcap: s
                                                 failed)
                 figures["failed_evs"] = None if failed is None else sorted(failed)
                 ref = ref_transfers.get(r.label)
+                figures["stall_noise_ms"] = ref.get("longest_gap_ms") if ref else None
                 if ref and rec is not None:
                     band = metrics.noise_band([(int(t * 1e6), b) for t, b in ref["timeline"]], fault_rel)
                     rec["noise_band"] = band
@@ -260,7 +264,8 @@ def _summarise(transport: Transport, results: Run, runs: list[FaultRun], pcap: s
     fault = None
     if hit:
         fault = {"detection_ms": _worst([f["detection_ms"] for f in hit]), "stall_ms": _worst([f["stall_ms"] for f in hit]),
-                 "repair_ms": _worst([f["repair_ms"] for f in hit]), "transfers_through_it": len(hit)}
+                 "repair_ms": _worst([f["repair_ms"] for f in hit]), "transfers_through_it": len(hit),
+                 "stall_noise_ms": _worst([f.get("stall_noise_ms") for f in hit])}
     ref_span = reference.get("completion_ms") if reference else None
     slowdowns = sorted(t["slowdown"] for t in transfers if t["slowdown"] is not None)
     return {
