@@ -59,3 +59,20 @@ def test_up_bgp_flag_is_routing_bgp_and_conflicts_are_refused():
     assert result.exit_code == 2 and "--bgp means --routing bgp" in result.output
     help_text = CliRunner().invoke(cli.main, ["up", "--help"]).output
     assert "--routing [none|static|bgp]" in help_text and "Same as --routing bgp" in help_text
+
+
+def test_frr_timers_are_dilated_with_the_transport_clock():
+    """Under time dilation K, BGP's keepalive/hold and BFD's intervals are K times longer in wall
+    time (the same in emulated time); at K = 1 the configuration is FRR's defaults, untouched."""
+    from mrc_emu.fabric import routing
+    from mrc_emu.topology import builtin
+
+    topo = builtin()
+    plain = routing.bgp_config(topo, "p0l0", True)
+    assert " timers 3 9" not in plain and "bfd profile" not in plain and " bfd\n" in plain
+    assert routing.bfd_config("p0l0") == "hostname p0l0\n"
+    dilated = routing.bgp_config(topo, "p0l0", True, dilation=2)
+    peers = plain.count(" remote-as ")
+    assert dilated.count(" timers 6 18\n") == peers and dilated.count(f" bfd profile {routing.BFD_PROFILE}\n") == peers
+    bfd = routing.bfd_config("p0l0", 2)
+    assert f"profile {routing.BFD_PROFILE}" in bfd and "receive-interval 600" in bfd and "transmit-interval 600" in bfd

@@ -332,7 +332,8 @@ def _run_transports(scn: Scenario, fabric: Fabric, transports: list[Transport], 
             progress(notes[-1])
         else:
             progress("starting FRR (BGP" + (" + BFD" if scn.bfd else "") + ") in every switch")
-            results["bgp_converged_s"] = round(routing.start(fabric, bfd=scn.bfd, progress=progress), 2)
+            results["bgp_converged_s"] = round(routing.start(fabric, bfd=scn.bfd, progress=progress,
+                                                             dilation=scn.time_dilation), 2)
     elif scn.routing == "static":
         progress("installing the static routes BGP would converge to")
         results["static_routes_s"] = round(static_routes.install(fabric), 3)

@@ -53,8 +53,25 @@ def _asn(topo: Topology, node: str) -> int:
     return 65100 + n.node_id  # one per leaf
 
 
-def bgp_config(topo: Topology, node: str, bfd: bool = True) -> str:
-    """bgpd's configuration for one switch."""
+BFD_INTERVAL_MS = 300  # bfdd's default transmit and receive interval (x 3 to detect)
+KEEPALIVE_S, HOLD_S = 3, 9  # frr defaults datacenter
+BFD_PROFILE = "mrc-emu-dilated"
+
+
+def bfd_config(node: str, dilation: float = 1.0) -> str:
+    """bfdd's configuration for one switch: its defaults, or under time dilation K a profile
+    whose intervals are K times longer in wall time, the same in the emulated time."""
+    if dilation == 1.0:
+        return f"hostname {node}\n"
+    interval = round(BFD_INTERVAL_MS * dilation)
+    return (f"hostname {node}\nbfd\n profile {BFD_PROFILE}\n  receive-interval {interval}\n"
+            f"  transmit-interval {interval}\n !\n!\n")
+
+
+def bgp_config(topo: Topology, node: str, bfd: bool = True, dilation: float = 1.0) -> str:
+    """bgpd's configuration for one switch. Under time dilation K (the transport's clock K
+    times slower than wall time) BGP's keepalive and hold timers and BFD's intervals are K
+    times longer in wall time, so that in the emulated time they are FRR's own."""
     n = topo.node(node)
     lines = ["frr defaults datacenter", f"hostname {node}", "!", f"router bgp {_asn(topo, node)}",
              f" bgp router-id 10.{n.node_id >> 16 & 255}.{n.node_id >> 8 & 255}.{n.node_id & 255}",
@@ -70,8 +87,10 @@ def bgp_config(topo: Topology, node: str, bfd: bool = True) -> str:
         # retry a lost session every second (FRR waits 10-120 s): a repaired link is used again
         # soon, so one run starts on a whole fabric after the last one's fault is reverted
         lines.append(f" neighbor {address} timers connect 1")
+        if dilation != 1.0:
+            lines.append(f" neighbor {address} timers {round(KEEPALIVE_S * dilation)} {round(HOLD_S * dilation)}")
         if bfd:
-            lines.append(f" neighbor {address} bfd")
+            lines.append(f" neighbor {address} bfd" + (f" profile {BFD_PROFILE}" if dilation != 1.0 else ""))
     lines.append(" address-family ipv6 unicast")
     if n.role is Role.LEAF:
         lines.append("  redistribute kernel route-map HOSTS")
@@ -91,9 +110,10 @@ def state_dir(name: str) -> Path:
     return registry.STATE_DIR / f"{name}-frr"
 
 
-def start(fabric: Fabric, bfd: bool = True, timeout: float = 60.0, progress=None) -> float:
+def start(fabric: Fabric, bfd: bool = True, timeout: float = 60.0, progress=None, dilation: float = 1.0) -> float:
     """Start FRR in every switch of the fabric; wait until every leaf has BGP routes to every
-    other leaf's hosts. Returns the seconds convergence took."""
+    other leaf's hosts. Returns the seconds convergence took. `dilation`: the runs' time
+    dilation K, FRR's timers K times longer (bgp_config)."""
     reason = frr_missing()
     if reason:
         raise FabricSetupError(reason)
@@ -110,8 +130,8 @@ def start(fabric: Fabric, bfd: bool = True, timeout: float = 60.0, progress=None
         # plain multipath routes, not kernel nexthop objects: after an interface flap FRR 8.4
         # left a shared nexthop group one path short in the kernel, while its own RIB was whole
         (folder / "zebra.conf").write_text(f"hostname {node}\nno zebra nexthop kernel enable\n")
-        (folder / "bfdd.conf").write_text(f"hostname {node}\n")
-        (folder / "bgpd.conf").write_text(bgp_config(topo, node, bfd))
+        (folder / "bfdd.conf").write_text(bfd_config(node, dilation))
+        (folder / "bgpd.conf").write_text(bgp_config(topo, node, bfd, dilation))
         for path in [folder, *folder.iterdir()]:
             os.chown(path, frr.pw_uid, frr.pw_gid)
         for daemon in DAEMONS if bfd else ("zebra", "bgpd"):
