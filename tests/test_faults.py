@@ -309,3 +309,27 @@ def test_a_delay_on_a_port_that_sends_control_ahead_goes_under_both_of_its_class
     off = impair.undelay_batch(_Ipr(*delayed), 3)
     assert _sent(off) == [(new, "pfifo", c) for c in classes]
     assert all(m.endswith(struct.pack("=HHI", 8, 2, max(1000, 2_550_000 // 256))) for m in off.messages())
+
+
+def test_a_faults_durations_are_emulated_time():
+    """Under time dilation K a blackhole's duration_ms and a flap's period are emulated: the agent
+    is asked for K times as long in wall time (as a delay's ms already are)."""
+    from mrc_emu.experiments import runner
+    from mrc_emu.experiments.fault_agent import After, Flap
+    from mrc_emu.experiments.faults import FAULT_KINDS
+
+    class Agent:
+        def __init__(self):
+            self.asked = []
+
+        def trigger(self, action):
+            self.asked.append(action)
+
+    agent = Agent()
+    runner._trigger(agent, FAULT_KINDS["blackhole"](at=0.3, link=("p0l0", "p0s1"), duration_ms=3000), 3.0)()
+    (after,) = [a for a in agent.asked if isinstance(a, After)]
+    assert after.ms == 9000
+    agent = Agent()
+    runner._trigger(agent, FAULT_KINDS["flap"](at=0.3, link=("p0l0", "p0s1"), period_ms=100, count=3), 2.0)()
+    (flap,) = agent.asked
+    assert isinstance(flap, Flap) and flap.period_ms == 200 and flap.count == 3

@@ -121,7 +121,7 @@ class FlapFault(Fault):
     kind = "flap"
 
     def apply(self, dilation: float = 1.0) -> Action:
-        return Flap(self.period_ms, self.count)
+        return Flap(self.period_ms * dilation, self.count)  # emulated ms: K times as long in wall time
 
     def detail(self) -> str:
         return f" every {self.period_ms:g} ms x{self.count}"

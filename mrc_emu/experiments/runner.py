@@ -184,7 +184,7 @@ def _trigger(agent: LinkFaultAgent, fault: Fault, dilation: float) -> Callable[[
     def fire() -> None:
         agent.trigger(apply)
         if fault.duration_ms and revert is not None:
-            agent.trigger(After(fault.duration_ms, revert))
+            agent.trigger(After(fault.duration_ms * dilation, revert))  # emulated ms: K times as long in wall time
 
     return fire
 
