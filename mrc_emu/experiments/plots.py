@@ -343,10 +343,11 @@ def _windowed(ax, levels, runs: dict[str, Any]) -> bool:
             continue
         once = (lambda label: label) if not tops else (lambda label: None)  # the legend names each mark once
 
-        if band := rec.get("noise_band"):
-            levels.bar(i, band["p95"] - band["p5"], bottom=band["p5"], width=0.5, color="lightgray",
+        if band := rec.get("noise_band"):  # ratios to the level before the fault: drawn against this run's level
+            low, high = band["p5"] * rec["pre_fault_gbps"], band["p95"] * rec["pre_fault_gbps"]
+            levels.bar(i, high - low, bottom=low, width=0.5, color="lightgray",
                        label=None if bands else f"fault-free run: {window:g} ms windows, p5 to p95")
-            bands.append((i, band))
+            bands.append((i, band, high))
         levels.hlines(rec["pre_fault_gbps"], i - 0.3, i + 0.3, color="black", linewidth=2, label=once("50 ms before the fault"))
         levels.hlines(rec["pre_fault_gbps"] * level, i - 0.3, i + 0.3, color="black", linestyle="--",
                       label=once(f"{level:.0%} of it: recovered"))
@@ -356,9 +357,10 @@ def _windowed(ax, levels, runs: dict[str, Any]) -> bool:
                         va="center", fontsize=8)
         tops.append(max(rec["pre_fault_gbps"], rec["worst_gbps"]))
     top = 2.5 * max(tops, default=1.0) or 1.0  # the levels readable, a far wider band clipped (its numbers say how wide)
-    for i, band in bands:
-        off = " (off the axis)" if band["p95"] > top else ""
-        levels.text(i, min(band["p95"], top * 0.97), f"p5 {band['p5']:.2f}\np95 {band['p95']:.2f}{off}", ha="center", va="top", fontsize=7)
+    for i, band, high in bands:
+        off = " (off the axis)" if high > top else ""
+        levels.text(i, min(high, top * 0.97), f"p5 {band['p5']:.2f}x\np95 {band['p95']:.2f}x{off}", ha="center", va="top",
+                    fontsize=7)
     levels.set_xticks(range(len(names)), names)
     levels.set_xlim(-0.6, len(names) - 0.4)
     levels.set_ylim(0, top)
