@@ -359,8 +359,7 @@ def _windowed(ax, levels, runs: dict[str, Any]) -> bool:
     top = 2.5 * max(tops, default=1.0) or 1.0  # the levels readable, a far wider band clipped (its numbers say how wide)
     for i, band, high in bands:
         off = " (off the axis)" if high > top else ""
-        levels.text(i, min(high, top * 0.97), f"p5 {band['p5']:.2f}x\np95 {band['p95']:.2f}x{off}", ha="center", va="top",
-                    fontsize=7)
+        levels.text(i, min(high, top * 0.97), f"p5 {band['p5']:.2f}x\np95 {band['p95']:.2f}x{off}", ha="center", va="top", fontsize=7)
     levels.set_xticks(range(len(names)), names)
     levels.set_xlim(-0.6, len(names) - 0.4)
     levels.set_ylim(0, top)
