@@ -3,7 +3,11 @@
 beside plain Mininet build/stop of the same graph for `large`, measured in one run (ratios
 matter on a noisy machine). Needs root.
 
-Usage: sudo .venv/bin/python scripts/bench_fabric.py [TOPOLOGY ...]   (default: large huge)
+Usage: sudo .venv/bin/python scripts/bench_fabric.py [TOPOLOGY[@RATE] ...]   (default: large huge)
+
+A topology name with `@RATE` (`large@1gbit`) is shaped to that link rate, so every switch port
+gets TBF, the ordering HTB and the port program: its `up_phases_s` say what that costs (`links`:
+the qdiscs; `ports`: loading, pinning and attaching the program).
 
 Plain Mininet means: every node a Mininet Host, every link a Mininet Link, built by
 Mininet(topo, controller=None) and stopped by net.stop(); it configures no SRv6 at all. It
@@ -36,7 +40,7 @@ from pathlib import Path
 
 from mrc_emu.fabric import build, static_routes
 from mrc_emu.fabric.running import Fabric
-from mrc_emu.topology import Topology, ev_count, resolve
+from mrc_emu.topology import Topology, ev_count, from_dict, resolve
 
 TARGETS_S = {"large": {"up": 5, "down": 5}, "huge": {"up": 30, "down": 5}}
 MiB = 1024 * 1024
@@ -149,9 +153,12 @@ def main() -> None:
     names = sys.argv[1:] or ["large", "huge"]
     report: dict = {}
     for topo_name in names:
-        topo = resolve(topo_name)
+        base, _, rate = topo_name.partition("@")  # large@1gbit: shaped, with the port programs on every switch port
+        topo = resolve(base)
+        if rate:
+            topo = from_dict({**topo.to_dict(), "link_rate": rate}, f"<{topo_name}>")
         entry = ours(topo, "benchf")
-        if topo_name == "large":
+        if topo_name == "large":  # (not large@RATE: Mininet shapes nothing)
             if shutil.which("mnexec") is None:
                 entry["plain_mininet"] = "skipped: mnexec not installed (apt-get install mininet)"
             else:

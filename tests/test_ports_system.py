@@ -265,13 +265,15 @@ def test_stats_command(fabric_name):
 
 
 @pytest.mark.slow
-def test_large_attaches_every_switch_port_within_seconds(fabric_name):
+def test_large_attaches_every_switch_port(fabric_name):
+    """All 3,072 egress ports of a shaped `large` get the program (how long it takes is
+    scripts/bench_fabric.py large@1gbit's business: no timed assertion here)."""
     from mrc_emu.topology import builtin
 
     topo = from_dict({**builtin("large").to_dict(), "link_rate": "1gbit"}, "<large>")
     result = build.up(topo, fabric_name)
     try:
-        assert result.phases["ports"] < 3.0, result.phases
+        assert "ports" in result.phases, result.phases
         with Fabric.open(fabric_name) as fabric:
             assert sum(len(p) for p in ports.counters(fabric).values()) == len(topo.egress_ports()) == 3072
     finally:
