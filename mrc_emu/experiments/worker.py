@@ -272,7 +272,10 @@ class _Worker:
     def tick(self, now: int) -> None:
         still = []
         for job in self.running:
-            job.timeline.append((now - job.start_ns, job.requester.bytes_acked))
+            r = job.requester
+            # a WRITE's last sample is at its completion, not at the tick that noticed it
+            at = min(now, r.completions[-1].time_ns) if r.done and r.completions and r.error is None else now
+            job.timeline.append((at - job.start_ns, r.bytes_acked))
             if job.key < EV_TIMELINE_JOBS and len(job.timeline) % EV_TIMELINE_EVERY == 1:
                 evs = job.requester.profile.evs.values()
                 job.ev_timeline.append((now - job.start_ns, [e.packets_sent for e in evs],
