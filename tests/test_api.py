@@ -272,3 +272,27 @@ def test_fields_are_rechecked_against_a_new_format():
     profile = gen_profile()
     with pytest.raises(RestrictionError, match="fields: 3 fields exceed the format's 2"):
         profile.modify(fmt=stev((16, 16)))
+
+
+# --- vectors printed by the unmodified OCP example program (examples/ev_expansion/ev_expansion.c @662a150,
+# srandom(0)): its own STEV and SRv6 profiles, compact EV -> expanded bytes ---
+
+STEV_FIXED = [EvField(16, init_val=0x100, min_val=1, max_val=0xF, mask=0xF), EvField(16, init_val=0x200, min_val=1, max_val=0xF, mask=0xF)]
+STEV_WEIRD = [EvField(16, init_val=0x1000, min_val=1, max_val=0xFF, mask=0xF0F),
+              EvField(16, init_val=0x2000, min_val=1, max_val=0xFF, mask=0xF0F)]
+SRV6_FIXED = [EvField(32, init_val=0x13131313)] + [EvField(16, init_val=k << 8, min_val=1, max_val=0xF, mask=0xF) for k in (1, 2, 3, 4)]
+OCP_PROGRAM = [
+    ("STEV Generated w/ Fixed", STEV_FIXED, [16, 16], "a4", "010a0204"),
+    ("STEV Generated w/ Fixed", STEV_FIXED, [16, 16], "7f", "0107020f"),
+    ("STEV Generated w/ Fixed & Weird Mask", STEV_WEIRD, [16, 16], "3312", "13032102"),
+    ("STEV Generated w/ Fixed & Weird Mask", STEV_WEIRD, [16, 16], "e33e", "1e03230e"),
+    ("SRv6 Generated w/ Fixed", SRV6_FIXED, [32, 16, 16, 16, 16], "9b79", "131313130109020b03070409"),
+    ("SRv6 Generated w/ Fixed", SRV6_FIXED, [32, 16, 16, 16, 16], "26c7", "1313131301020206030c0407"),
+]
+
+
+@pytest.mark.parametrize(("section", "fields", "widths", "compact", "expected"), OCP_PROGRAM,
+                         ids=[f"{s}-{c}" for s, _, _, c, _ in OCP_PROGRAM])
+def test_expansion_equals_the_ocp_example_program(section, fields, widths, compact, expected):
+    expanded, _ = expand(bytes.fromhex(compact).ljust(32, b"\0"), fields, widths)
+    assert expanded.hex() == expected + "00" * (32 - len(expected) // 2)
