@@ -4,7 +4,8 @@ Why it exists: users drive everything from here. It holds no logic a test cannot
 directly; it turns arguments into calls, results into text or JSON, and every known
 error into one clear line and exit code 1. One module per group of commands: fabric.py
 (the verbs of a running fabric), faults.py (`fault ...`: faults that stay until cleared),
-transfer.py (`send`), scenario.py (`run`, `demo`), plan.py (the capacity planner);
+transfer.py (`send`), scenario.py (`run`, `demo`), plan.py (the capacity planner),
+ev.py (`ev expand`: the EVs of an OCP EV profile);
 common.py holds what they share.
 """
 
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import click
 
-from . import fabric, faults, plan, scenario, transfer
+from . import ev, fabric, faults, plan, scenario, transfer
 from .common import parse_size
 
 __all__ = ["main", "parse_size"]
@@ -29,6 +30,6 @@ def main() -> None:
     """
 
 
-for _group in (fabric, faults, transfer, scenario, plan):
+for _group in (fabric, faults, transfer, scenario, plan, ev):
     for _command in _group.COMMANDS:
         main.add_command(_command)

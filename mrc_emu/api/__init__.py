@@ -1,0 +1,25 @@
+"""A pure-Python mirror of the OCP MRC controller API (mrc_ctl.h): EV format profiles, EV profiles.
+
+Why it exists: users coming from the OCP MRC specification expect its controller model, with its
+names: an EV format profile (STEV, SRV6, UDP; field widths), an EV profile (AUTO, EXP, GEN; fields
+with width, init_val, min_val, max_val, mask) and their INIT/OFFLINE/ONLINE lifecycles, and the
+expansion of a compact EV into the 32 bytes a packet carries. Modules: `errors` (one exception
+type per kind of failure, each with the errno the header gives), `formats` (EV format profiles),
+`profiles` (EV profiles and their restrictions), `expansion` (compact EV -> 32 bytes, the EVs a
+GEN or EXP profile yields), `files` (the profile YAML file). See docs/api.md.
+
+What it must never do: touch the system or import the fabric, the drivers (io) or the
+experiments; it is pure data and arithmetic, like the topology model it sits beside. It does not
+yet drive the transport (QPs do not take these profiles yet).
+"""
+
+from .errors import MrcApiError, RestrictionError
+from .expansion import ExpandedEv, expand, explicit_evs, generated_evs, srv6_address
+from .formats import EV_MAX_BYTES, EvFormatMode, EvFormatProfile, ProfileState
+from .profiles import EvEventMask, EvField, EvProfile, EvProfileMode
+
+__all__ = [
+    "EV_MAX_BYTES", "EvEventMask", "EvField", "EvFormatMode", "EvFormatProfile", "EvProfile", "EvProfileMode",
+    "ExpandedEv", "MrcApiError", "ProfileState", "RestrictionError", "expand", "explicit_evs", "generated_evs",
+    "srv6_address",
+]
