@@ -6,7 +6,9 @@ with width, init_val, min_val, max_val, mask) and their INIT/OFFLINE/ONLINE life
 expansion of a compact EV into the 32 bytes a packet carries. Modules: `errors` (one exception
 type per kind of failure, each with the errno the header gives), `formats` (EV format profiles),
 `profiles` (EV profiles and their restrictions), `expansion` (compact EV -> 32 bytes, the EVs a
-GEN or EXP profile yields), `files` (the profile YAML file). See docs/api.md.
+GEN or EXP profile yields), `files` (the profile YAML file), `evops` (REPLACE_EV, MODIFY_EV_STATE,
+QUERY_EV_STATE, QUERY_EV_ARRAY in batches; EV state lives in the profile), `events` (EV states and
+the bounded EV event queue). See docs/api.md.
 
 What it must never do: touch the system or import the fabric, the drivers (io) or the
 experiments; it is pure data and arithmetic, like the topology model it sits beside. It does not
@@ -14,11 +16,14 @@ yet drive the transport (QPs do not take these profiles yet).
 """
 
 from .errors import MrcApiError, RestrictionError
+from .events import EvEvent, EvEventQueue, EvState
+from .evops import EvOp, EvOpEntry, EvOpError, EvOpFlag, device_set_state, ev_op
 from .expansion import ExpandedEv, expand, explicit_evs, generated_evs, srv6_address
 from .formats import EV_MAX_BYTES, EvFormatMode, EvFormatProfile, ProfileState
 from .profiles import EvEventMask, EvField, EvProfile, EvProfileMode
 
 __all__ = [
+    "EvEvent", "EvEventQueue", "EvOp", "EvOpEntry", "EvOpError", "EvOpFlag", "EvState", "device_set_state", "ev_op",
     "EV_MAX_BYTES", "EvEventMask", "EvField", "EvFormatMode", "EvFormatProfile", "EvProfile", "EvProfileMode",
     "ExpandedEv", "MrcApiError", "ProfileState", "RestrictionError", "expand", "explicit_evs", "generated_evs",
     "srv6_address",

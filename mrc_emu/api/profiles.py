@@ -124,6 +124,8 @@ class EvProfile:
         self.ev_event_mask: EvEventMask | None = None
         self.fields: tuple[EvField, ...] = ()
         self.explicit: list[bytes] = []  # EXP: the EV array, UNPOPULATED after INIT -> OFFLINE
+        self.ev_ports: list[int] = []  # EXP: each slot's 1-based port (0 = UNPOPULATED), beside `explicit`
+        self.ev_states: list[int] = []  # each EV's state (evops.EvState), filled by the EV operations
 
     def modify(self, *, state: ProfileState | None = None, cur_state: ProfileState | None = None,
                mode: EvProfileMode | str | None = None, fmt: EvFormatProfile | None = None, ev_count: int | None = None,
@@ -166,6 +168,7 @@ class EvProfile:
             setattr(self, name, value)
         if first_offline or (new["mode"] == EvProfileMode.EXP and len(self.explicit) != (self.ev_count or 0)):
             self.explicit = [UNPOPULATED] * (self.ev_count or 0) if new["mode"] == EvProfileMode.EXP else []
+            self.ev_ports, self.ev_states = [0] * len(self.explicit), []
         if target == ProfileState.INIT:
             self._reset()
 
@@ -201,7 +204,7 @@ class EvProfile:
         if self.fmt is not None and self in self.fmt.dependents:
             self.fmt.dependents.remove(self)
         self.mode = self.fmt = self.ev_count = self.ev_min_active = self.ev_event_mask = None
-        self.fields, self.explicit = (), []
+        self.fields, self.explicit, self.ev_ports, self.ev_states = (), [], [], []
 
     @property
     def generated_bits(self) -> int:
