@@ -8,13 +8,15 @@ type per kind of failure, each with the errno the header gives), `formats` (EV f
 `profiles` (EV profiles and their restrictions), `expansion` (compact EV -> 32 bytes, the EVs a
 GEN or EXP profile yields), `files` (the profile YAML file), `evops` (REPLACE_EV, MODIFY_EV_STATE,
 QUERY_EV_STATE, QUERY_EV_ARRAY in batches; EV state lives in the profile), `events` (EV states and
-the bounded EV event queue). See docs/api.md.
+the bounded EV event queue), `cc` (CC profiles: algorithm name and NSCC config), `ports` (port
+admin state). See docs/api.md.
 
 What it must never do: touch the system or import the fabric, the drivers (io) or the
 experiments; it is pure data and arithmetic, like the topology model it sits beside. It does not
 yet drive the transport (QPs do not take these profiles yet).
 """
 
+from .cc import CcProfile
 from .errors import MrcApiError, RestrictionError
 from .events import EvEvent, EvEventQueue, EvState
 from .evops import EvOp, EvOpEntry, EvOpError, EvOpFlag, device_set_state, ev_op
@@ -23,6 +25,7 @@ from .formats import EV_MAX_BYTES, EvFormatMode, EvFormatProfile, ProfileState
 from .profiles import EvEventMask, EvField, EvProfile, EvProfileMode
 
 __all__ = [
+    "CcProfile",
     "EvEvent", "EvEventQueue", "EvOp", "EvOpEntry", "EvOpError", "EvOpFlag", "EvState", "device_set_state", "ev_op",
     "EV_MAX_BYTES", "EvEventMask", "EvField", "EvFormatMode", "EvFormatProfile", "EvProfile", "EvProfileMode",
     "ExpandedEv", "MrcApiError", "ProfileState", "RestrictionError", "expand", "explicit_evs", "generated_evs",
