@@ -22,10 +22,11 @@ from .events import EvEvent, EvEventQueue, EvState
 from .evops import EvOp, EvOpEntry, EvOpError, EvOpFlag, device_set_state, ev_op
 from .expansion import ExpandedEv, expand, explicit_evs, generated_evs, srv6_address
 from .formats import EV_MAX_BYTES, EvFormatMode, EvFormatProfile, ProfileState
+from .ports import PortAdmin, PortAdminState, PortState
 from .profiles import EvEventMask, EvField, EvProfile, EvProfileMode
 
 __all__ = [
-    "CcProfile",
+    "CcProfile", "PortAdmin", "PortAdminState", "PortState",
     "EvEvent", "EvEventQueue", "EvOp", "EvOpEntry", "EvOpError", "EvOpFlag", "EvState", "device_set_state", "ev_op",
     "EV_MAX_BYTES", "EvEventMask", "EvField", "EvFormatMode", "EvFormatProfile", "EvProfile", "EvProfileMode",
     "ExpandedEv", "MrcApiError", "ProfileState", "RestrictionError", "expand", "explicit_evs", "generated_evs",

@@ -30,6 +30,7 @@ from .errors import MrcApiError
 from .events import SETTABLE_STATES, EvEventQueue, EvState
 from .expansion import generated_evs
 from .formats import EV_MAX_BYTES, ProfileState
+from .ports import PortAdmin
 from .profiles import UNPOPULATED, EvProfile, EvProfileMode
 
 MAX_PORT = 255  # struct mrc_ctl_ev_entry { ...; uint8_t port; } (1-based; 0 only in UNPOPULATED)
@@ -87,9 +88,11 @@ def ev_states(profile: EvProfile) -> list[int]:
     return profile.ev_states
 
 
-def data_evs(profile: EvProfile) -> list[tuple[bytes, int]]:
-    """The EVs that may carry data now: the GOOD ones (a DENIED or ASSUMED_BAD EV never does)."""
-    return [slot for slot, state in zip(ev_slots(profile), ev_states(profile)) if EvState(state).carries_data]
+def data_evs(profile: EvProfile, ports: PortAdmin | None = None) -> list[tuple[bytes, int]]:
+    """The EVs that may carry data now: the GOOD ones (a DENIED or ASSUMED_BAD EV never does), on a port that
+    is up (none on a disabled port, whatever their state)."""
+    return [slot for slot, state in zip(ev_slots(profile), ev_states(profile))
+            if EvState(state).carries_data and (ports is None or ports.carries_data(slot[1]))]
 
 
 def ev_op(profile: EvProfile, op: EvOp, entries: Sequence[EvOpEntry], *, max_entries: int = 0,
