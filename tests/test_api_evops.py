@@ -121,8 +121,12 @@ def test_gen_profile_evs_have_states_and_cannot_be_replaced():
              ev_min_active=0, ev_event_mask=BOTH)
     compact = [a[0] for a in array(p)]
     assert [c[0] for c in compact] == [0x00, 0x40, 0x80, 0xC0]
-    ev_op(p, EvOp.MODIFY_EV_STATE, [EvOpEntry(ev=compact[1], port=0, state=EvState.DENIED)])
-    assert [a[2] for a in array(p)][1] == EvState.DENIED
+    assert [a[2] for a in array(p)] == [EvState.GOOD] * 4  # compact 0x00 is an EV here, not UNPOPULATED
+    ev_op(p, EvOp.MODIFY_EV_STATE, [EvOpEntry(ev=compact[1], port=0, state=EvState.DENIED),
+                                   EvOpEntry(ev=compact[0], port=0, state=EvState.DENIED)])
+    assert [a[2] for a in array(p)][:2] == [EvState.DENIED, EvState.DENIED]
+    p.modify(fields=[EvField(width=8, init_val=0x10, mask=0x03, max_val=3)])  # new fields: new EVs, states afresh
+    assert [a[2] for a in array(p)] == [EvState.GOOD] * 4
     with pytest.raises(EvOpError, match="^mode: REPLACE_EV needs an EXP profile") as info:
         ev_op(p, EvOp.REPLACE_EV, [EvOpEntry(ev=compact[0], ev_new=ev(1), port_new=1, state=EvState.GOOD)])
     assert info.value.errno == errno.EINVAL

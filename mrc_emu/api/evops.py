@@ -84,7 +84,8 @@ def ev_states(profile: EvProfile) -> list[int]:
     """The profile's per-EV states (GOOD once populated, UNKNOWN while UNPOPULATED), created on first use."""
     slots = ev_slots(profile)
     if len(profile.ev_states) != len(slots):
-        profile.ev_states = [EvState.UNKNOWN if value == UNPOPULATED else EvState.GOOD for value, _ in slots]
+        empty = (UNPOPULATED, 0) if profile.mode == EvProfileMode.EXP else None  # GEN's compact 0x00 is an EV
+        profile.ev_states = [EvState.UNKNOWN if slot == empty else EvState.GOOD for slot in slots]
     return profile.ev_states
 
 
@@ -182,7 +183,7 @@ def _apply(profile: EvProfile, op: EvOp, entry: EvOpEntry, where: str, events: E
             profile.explicit[index], profile.ev_ports[index], states[index] = new_value, entry.port_new, state
         return
     hits = _matches(profile, value, entry.port, entry.flags, where)
-    if value == UNPOPULATED:
+    if profile.mode == EvProfileMode.EXP and (value, entry.port) == (UNPOPULATED, 0):
         raise MrcApiError(f"{where}.ev: UNPOPULATED slots have no state to modify", errno.ENOENT)
     _set_states(profile, hits, state, where, events)
 

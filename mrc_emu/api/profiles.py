@@ -169,6 +169,8 @@ class EvProfile:
         if first_offline or (new["mode"] == EvProfileMode.EXP and len(self.explicit) != (self.ev_count or 0)):
             self.explicit = [UNPOPULATED] * (self.ev_count or 0) if new["mode"] == EvProfileMode.EXP else []
             self.ev_ports, self.ev_states = [0] * len(self.explicit), []
+        elif new["mode"] != EvProfileMode.EXP and given & {"mode", "fmt", "ev_count", "fields"}:
+            self.ev_states = []  # generated EVs from new fields are new EVs: their states start afresh
         if target == ProfileState.INIT:
             self._reset()
 
