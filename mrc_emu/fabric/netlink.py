@@ -282,29 +282,38 @@ def _attrs(data: bytes | memoryview, offset: int, end: int) -> dict[int, bytes]:
     return out
 
 
+def _dump(sock: socket.socket, request: bytes, what: str):
+    """The messages a dump request on `sock` answers, each as its bytes, until NLMSG_DONE; a
+    NLMSG_ERROR raises NetlinkError naming `what`."""
+    sock.send(request)
+    while True:
+        data = sock.recv(1 << 16)
+        offset = 0
+        while offset < len(data):
+            length, kind, _flags, _seq, _pid = _HDR.unpack_from(data, offset)
+            if kind == NLMSG_DONE:
+                return
+            if kind == NLMSG_ERROR:
+                (error,) = struct.unpack_from("=i", data, offset + _HDR.size)
+                raise NetlinkError(-error, f"{what}: {os.strerror(-error)}")
+            yield kind, data[offset:offset + length]
+            offset += (length + 3) & ~3
+
+
 def link_operstates() -> dict[str, int]:
     """ifname -> IF_OPER_* of every interface in the namespace this thread is in, from one
     RTM_GETLINK dump without statistics (pyroute2 takes milliseconds to build its socket)."""
     with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE) as sock:
         sock.bind((0, 0))
         body = struct.pack("=BxHiII", 0, 0, 0, 0, 0) + _nla(IFLA_EXT_MASK, struct.pack("=I", RTEXT_FILTER_SKIP_STATS))
-        sock.send(_HDR.pack(_HDR.size + len(body), RTM_GETLINK, NLM_F_REQUEST | NLM_F_DUMP, 1, 0) + body)
+        request = _HDR.pack(_HDR.size + len(body), RTM_GETLINK, NLM_F_REQUEST | NLM_F_DUMP, 1, 0) + body
         states: dict[str, int] = {}
-        while True:
-            data = sock.recv(1 << 16)
-            offset = 0
-            while offset < len(data):
-                length, kind, _flags, _seq, _pid = _HDR.unpack_from(data, offset)
-                if kind == NLMSG_DONE:
-                    return states
-                if kind == NLMSG_ERROR:
-                    (error,) = struct.unpack_from("=i", data, offset + _HDR.size)
-                    raise NetlinkError(-error, f"link dump: {os.strerror(-error)}")
-                if kind == RTM_NEWLINK:
-                    attrs = _attrs(data, offset + _HDR.size + 16, offset + length)
-                    if IFLA_IFNAME in attrs:
-                        states[attrs[IFLA_IFNAME].rstrip(b"\0").decode()] = attrs.get(IFLA_OPERSTATE, b"\0")[0]
-                offset += (length + 3) & ~3
+        for kind, message in _dump(sock, request, "link dump"):
+            if kind == RTM_NEWLINK:
+                attrs = _attrs(message, _HDR.size + 16, len(message))
+                if IFLA_IFNAME in attrs:
+                    states[attrs[IFLA_IFNAME].rstrip(b"\0").decode()] = attrs.get(IFLA_OPERSTATE, b"\0")[0]
+        return states
 
 
 def qdisc_counters(sock: socket.socket, index: int, kind: str = "tbf") -> tuple[int, int]:
@@ -313,23 +322,14 @@ def qdisc_counters(sock: socket.socket, index: int, kind: str = "tbf") -> tuple[
     get_qdiscs takes 2-5 ms of Python, tens of ms while the kernel forwards a burst on the same
     two cores, which is longer than a queue takes to fill (ports.tbf_counters reads it that way)."""
     body = struct.pack("=BxxxiIII", 0, index, 0, 0, 0)
-    sock.send(_HDR.pack(_HDR.size + len(body), RTM_GETQDISC, NLM_F_REQUEST | NLM_F_DUMP, 1, 0) + body)
+    request = _HDR.pack(_HDR.size + len(body), RTM_GETQDISC, NLM_F_REQUEST | NLM_F_DUMP, 1, 0) + body
     found: tuple[int, int] | None = None
-    while True:
-        data = sock.recv(1 << 16)
-        offset = 0
-        while offset < len(data):
-            length, msg_kind, _flags, _seq, _pid = _HDR.unpack_from(data, offset)
-            if msg_kind == NLMSG_DONE:
-                if found is None:
-                    raise NetlinkError(f"no {kind} qdisc on interface {index}")
-                return found
-            if msg_kind == NLMSG_ERROR:
-                (error,) = struct.unpack_from("=i", data, offset + _HDR.size)
-                raise NetlinkError(f"qdisc dump: {os.strerror(-error)}")
-            if msg_kind == RTM_NEWQDISC:
-                found = qdisc_message_counters(data[offset:offset + length], index, kind) or found
-            offset += (length + 3) & ~3
+    for msg_kind, message in _dump(sock, request, "qdisc dump"):
+        if msg_kind == RTM_NEWQDISC:
+            found = qdisc_message_counters(message, index, kind) or found
+    if found is None:
+        raise NetlinkError(f"no {kind} qdisc on interface {index}")
+    return found
 
 
 def qdisc_message_counters(message: bytes, index: int, kind: str) -> tuple[int, int] | None:
