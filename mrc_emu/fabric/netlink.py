@@ -320,7 +320,7 @@ def qdisc_counters(sock: socket.socket, index: int, kind: str = "tbf") -> tuple[
     """(bytes sent, backlog bytes) of the `kind` qdisc on interface `index`, from one RTM_GETQDISC
     dump on `sock` (a bound NETLINK_ROUTE socket in the port's namespace). About 0.2 ms; pyroute2's
     get_qdiscs takes 2-5 ms of Python, tens of ms while the kernel forwards a burst on the same
-    two cores, which is longer than a queue takes to fill (ports.tbf_counters reads it that way)."""
+    two cores, which is longer than a queue takes to fill (ports.tbf_counters_of reads a port with it)."""
     body = struct.pack("=BxxxiIII", 0, index, 0, 0, 0)
     request = _HDR.pack(_HDR.size + len(body), RTM_GETQDISC, NLM_F_REQUEST | NLM_F_DUMP, 1, 0) + body
     found: tuple[int, int] | None = None

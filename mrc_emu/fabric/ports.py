@@ -24,11 +24,9 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-from pyroute2 import IPRoute
-
 from ..topology import Topology
 from ..topology.port import HIST_BUCKETS, PortConfig, tbf_shape
-from . import bpfobj, cabling, netns
+from . import bpfobj, cabling, netlink, netns
 from .netlink import NLM_F_CREATE, NLM_F_EXCL, Batch, _nla
 from .nodes import FabricSetupError
 from .running import Fabric
@@ -307,23 +305,14 @@ def queue_now(fabric: Fabric, node: str, ifname: str) -> int:
     return max(0, queue - cfg[0] * max(0, now - last_ns) // 1_000_000_000)
 
 
-def tbf_counters(ipr: IPRoute, index: int) -> tuple[int, int]:
-    """(bytes sent, backlog bytes) of the TBF on interface `index`, from its netlink qdisc stats
-    (`ipr`: a pyroute2 IPRoute in the port's namespace): what the virtual queue is held against."""
-    (qdisc,) = [q for q in ipr.get_qdiscs(index=index) if q.get_attr("TCA_KIND") == "tbf"]
-    stats = qdisc.get_attr("TCA_STATS2")
-    return stats.get_attr("TCA_STATS_BASIC")["bytes"], stats.get_attr("TCA_STATS_QUEUE")["backlog"]
-
-
 def tbf_counters_of(fabric: Fabric, node: str, ifname: str) -> tuple[int, int]:
-    """tbf_counters of one port, looked up by name (one netlink socket for the call)."""
+    """(bytes sent, backlog bytes) of one port's TBF (netlink.qdisc_counters, one dump on a socket
+    made in the node's namespace): what the virtual queue is held against."""
     with netns.entered(fabric.netns(node)):
-        ipr = IPRoute()
-    try:
-        (index,) = ipr.link_lookup(ifname=ifname)
-        return tbf_counters(ipr, index)
-    finally:
-        ipr.close()
+        sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
+    with sock:
+        sock.bind((0, 0))
+        return netlink.qdisc_counters(sock, _indexes(fabric.topology)[(node, ifname)])
 
 
 def quantile(hist: list[int], width: int, q: float) -> int | None:
