@@ -20,6 +20,8 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 
+from .congestion import percentile
+
 
 def _time(sample: tuple[int, int]) -> int:
     return sample[0]
@@ -134,11 +136,9 @@ def noise_band(timeline: list[tuple[int, int]], at_ns: int, window_ns: int = 2_0
     pre = (bytes_at(timeline, at_ns) - bytes_at(timeline, pre_start)) / (at_ns - pre_start)
     if pre <= 0:
         return None
-    ratios = sorted((bytes_at(timeline, t + window_ns) - bytes_at(timeline, t)) / window_ns / pre
-                    for t in range(at_ns, end - window_ns + 1, window_ns // 2))
-    def rank(p: int) -> float:  # nearest rank
-        return ratios[max(1, -(-len(ratios) * p // 100)) - 1]
-    return {"p5": round(rank(5), 3), "p95": round(rank(95), 3), "windows": len(ratios)}
+    ratios = [(bytes_at(timeline, t + window_ns) - bytes_at(timeline, t)) / window_ns / pre
+              for t in range(at_ns, end - window_ns + 1, window_ns // 2)]
+    return {"p5": round(percentile(ratios, 5), 3), "p95": round(percentile(ratios, 95), 3), "windows": len(ratios)}
 
 
 def across_runs(values: list[float | None]) -> dict:

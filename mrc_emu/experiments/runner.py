@@ -228,29 +228,24 @@ def _summarise(transport: Transport, results: Run, runs: list[FaultRun], pcap: s
         # the longest interval with nothing new acknowledged, fault or not: on a fault-free run,
         # the floor under which a stall is the emulator's (its scheduling), not the network's
         entry["longest_gap_ms"] = round(max((b - a for a, b in r.ledger.get("gaps", ())), default=0) / 1e6, 3)
+        ref = ref_transfers.get(r.label)  # the same WRITE in the fault-free run, if there was one
+        fault_rel = None if first_fault is None else int((first_fault - entry["offset_ms"]) * 1e6)
+        completed = None if r.completion_ms is None else int(r.completion_ms * 1e6)
         rec = None
-        if first_fault is not None and r.timeline:
-            fault_rel = int((first_fault - entry["offset_ms"]) * 1e6)
-            if MIN_PRE_FAULT_NS <= fault_rel <= r.end_ns - r.start_ns:  # a level to come back to
-                completed = None if r.completion_ms is None else int(r.completion_ms * 1e6)
-                rec = metrics.recovery(r.timeline, fault_rel, completed).to_dict()
+        if fault_rel is not None and r.timeline and MIN_PRE_FAULT_NS <= fault_rel <= r.end_ns - r.start_ns:
+            rec = metrics.recovery(r.timeline, fault_rel, completed).to_dict()  # a level to come back to
         entry["recovery"] = rec
         figures = None
-        if first_fault is not None and topo is not None:
-            fault_rel = int((first_fault - entry["offset_ms"]) * 1e6)
+        if fault_rel is not None and topo is not None:
             failed = _failed_evs(transport, topo, first_run, r.src, r.dst)
             if 0 <= fault_rel <= r.end_ns - r.start_ns and failed != set():  # it ran during the fault, through it
-                completed = None if r.completion_ms is None else int(r.completion_ms * 1e6)
                 figures = metrics.fault_figures(r.ledger, r.ev_events, fault_rel, completed, r.end_ns - r.start_ns,
                                                 failed)
                 figures["failed_evs"] = None if failed is None else sorted(failed)
-                ref = ref_transfers.get(r.label)
                 figures["stall_noise_ms"] = ref.get("longest_gap_ms") if ref else None
                 if ref and rec is not None:
-                    band = metrics.noise_band([(int(t * 1e6), b) for t, b in ref["timeline"]], fault_rel)
-                    rec["noise_band"] = band
+                    rec["noise_band"] = metrics.noise_band([(int(t * 1e6), b) for t, b in ref["timeline"]], fault_rel)
         entry["fault_figures"] = figures
-        ref = ref_transfers.get(r.label)
         entry["slowdown"] = (round(r.completion_ms / ref["completion_ms"], 3)
                              if ref and ref.get("completion_ms") and r.completion_ms else None)
         transfers.append(entry)
