@@ -31,7 +31,7 @@ from pyroute2 import IPRoute
 from . import netns
 from .netlink import NLM_F_CREATE, NLM_F_REPLACE, Batch, NetlinkError, _nla
 from .nodes import FabricSetupError
-from .ports import CLASS_AHEAD, CLASS_DATA, ORDER_HANDLE
+from .ports import CLASS_AHEAD, CLASS_DATA, ORDER_HANDLE, leaf_limit
 from .running import Fabric
 
 RTM_NEWQDISC, RTM_DELQDISC = 36, 37
@@ -155,7 +155,7 @@ def undelay_batch(ipr: IPRoute, index: int) -> QdiscBatch:
             for classid in ORDER_CLASSES:  # the classes' own fifos back (ports.TcBatch.order_classes)
                 leaf = [q for q in qdiscs if q["parent"] == classid]
                 if leaf and leaf[0].get_attr("TCA_KIND") == "netem":
-                    batch.pfifo(index, classid, max(1000, _tbf_limit(root) // 256))
+                    batch.pfifo(index, classid, leaf_limit(_tbf_limit(root)))
             return batch
         child = [q for q in qdiscs if q["parent"] == root["handle"] | 1]
         if child and child[0].get_attr("TCA_KIND") == "netem":

@@ -79,6 +79,12 @@ def missing_object() -> str | None:
             f"libbpf-dev and bpftool and compiles it")
 
 
+def leaf_limit(tbf_limit_bytes: int) -> int:
+    """Packets the pfifo under each ordering class holds: TBF's byte limit in 256-byte packets,
+    at least 1,000 (the port program drops at the port's buffer before either fills)."""
+    return max(1000, tbf_limit_bytes // 256)
+
+
 def _tcmsg(index: int, handle: int, parent: int) -> bytes:
     return struct.pack("=BxxxiIII", socket.AF_UNSPEC, index, handle, parent, 0)
 
@@ -114,7 +120,7 @@ class TcBatch(Batch):
             leaf = (0x20 + (classid & 0xFFFF)) << 16
             self._add(RTM_NEWQDISC, NLM_F_CREATE | NLM_F_EXCL,
                       _tcmsg(index, leaf, classid) + _nla(TCA_KIND, b"pfifo\0")
-                      + _nla(TCA_OPTIONS, struct.pack("=I", max(1000, limit // 256))), f"pfifo under {classid:#x} on {index}")
+                      + _nla(TCA_OPTIONS, struct.pack("=I", leaf_limit(limit))), f"pfifo under {classid:#x} on {index}")
 
     def bpf_egress(self, index: int, prog_fd: int) -> None:
         info = (1 << 16) | socket.htons(ETH_P_ALL)  # priority 1, every protocol
