@@ -26,6 +26,7 @@ class Target(Enum):
     LINK = "link"  # link: [node, node], or baseline-path (the link under the baseline's flow)
     SWITCH = "switch"  # node: a leaf or spine
     HOST_PLANE = "host-plane"  # host and plane: that host's link into that plane
+    SWITCH_OR_LINK = "switch-or-link"  # node: a leaf or spine, or link: [node, node]
 
 
 @dataclass
@@ -38,6 +39,7 @@ class Fault:
     qdiscs: ClassVar[bool] = False  # its agent changes the links' egress qdiscs (TBF, netem)
     directed: ClassVar[bool] = False  # it may act in one direction only (`direction: A->B`)
     needs_percent: ClassVar[bool] = False
+    controller: ClassVar[bool] = False  # a step of MRC's controller (experiments/controller.py), not of the fabric
 
     at: float
     link: tuple[str, str] | str | None = None  # a pair, or "baseline-path"
@@ -274,9 +276,70 @@ class CongestionFault(Fault):
         return f" {self.flows} flow(s)"
 
 
+class ControllerStep(Fault):
+    """A step of MRC's controller: it changes EV or port states in the controller record, which
+    the running QPs follow; the fabric is not touched (no agent). The baseline has no controller."""
+
+    controller = True
+
+    def agent_links(self, topo: Topology, link: tuple[str, str] | None) -> None:
+        return None
+
+    def apply(self, dilation: float = 1.0) -> None:
+        return None
+
+    def selector(self):
+        from .controller import Selector
+
+        return Selector(node=self.node) if self.node else Selector(link=self.link)
+
+    def act(self, record, by: str) -> None:
+        raise NotImplementedError
+
+
+class DrainStep(ControllerStep):
+    "Maintenance: every EV through a switch or link is DENIED (it carries nothing until undrained)."
+
+    kind = "drain"
+    target = Target.SWITCH_OR_LINK
+
+    def act(self, record, by: str) -> None:
+        record.deny(self.selector(), by)
+
+
+class UndrainStep(ControllerStep):
+    "The end of a drain: the EVs through the switch or link are allowed again (probed before use)."
+
+    kind = "undrain"
+    target = Target.SWITCH_OR_LINK
+
+    def act(self, record, by: str) -> None:
+        record.allow(self.selector(), by)
+
+
+class PortDisableStep(ControllerStep):
+    "A host's MRC port into one plane is admin-disabled: its EVs stop at once (the link stays up)."
+
+    kind = "port-disable"
+    target = Target.HOST_PLANE
+
+    def act(self, record, by: str) -> None:
+        record.set_port(self.host, self.plane, False, by)
+
+
+class PortEnableStep(ControllerStep):
+    "A disabled port is enabled again."
+
+    kind = "port-enable"
+    target = Target.HOST_PLANE
+
+    def act(self, record, by: str) -> None:
+        record.set_port(self.host, self.plane, True, by)
+
+
 FAULT_KINDS: dict[str, type[Fault]] = {cls.kind: cls for cls in (
     LinkDownFault, FlapFault, LossFault, BlackholeFault, DegradeFault, DelayFault, SwitchRebootFault, PlaneDownFault,
-    CongestionFault)}
+    CongestionFault, DrainStep, UndrainStep, PortDisableStep, PortEnableStep)}
 
 
 def parse_direction(text: object, link: tuple[str, str]) -> tuple[str, str]:

@@ -204,6 +204,19 @@ def port_rows(results: dict[str, Any], shown: int = 8) -> list[list[str]]:
     return rows if len(rows) > 1 else []
 
 
+def controller_rows(transfer: dict) -> list[list[str]]:
+    """The controller's changes to a WRITE's EVs; at each allow, the packets each EV carried since its
+    deny (from the per-EV counters taken at both: 0 is what a drain promises)."""
+    rows, denied_at = [], {}
+    for op in transfer.get("ev_ops", []):
+        sent = {int(k): v for k, v in op["sent"].items()}
+        carried = [f"EV {ev}: {sent[ev] - denied_at.pop(ev)}" for ev in op["allow"] if ev in denied_at]
+        denied_at.update({ev: sent[ev] for ev in op["deny"]})
+        rows.append([f"{op['time_ms']}", ", ".join(map(str, op["deny"])) or "-", ", ".join(map(str, op["allow"])) or "-",
+                     op["reason"], ", ".join(carried) or "-"])
+    return rows
+
+
 def table(rows: list[list[str]]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows)
@@ -274,6 +287,12 @@ def markdown(results: dict[str, Any]) -> str:
         if what in results.get("plots", {}):
             lines += ["", f"![{what}]({results['plots'][what]})"]
     for transport, run in results["runs"].items():
+        if ops := controller_rows(run["transfers"][0]):
+            lines += ["", f"## Controller ({transport})", "", "| ms | denied | allowed | why | sent on them while denied |",
+                      "|---|---|---|---|---|", *[f"| {' | '.join(r)} |" for r in ops]]
+            if drained := run["transfers"][0].get("drained_at_fault"):
+                lines += ["", f"The fault hit EV(s) {', '.join(map(str, drained))} only while they were drained: nothing "
+                              "of the WRITE was on them, so it has no detection, stall or repair."]
         events = run["transfers"][0]["ev_events"]
         if events:
             lines += ["", f"## EV events ({transport})", "", "| ms | EV | from | to | reason |", "|---|---|---|---|---|"]

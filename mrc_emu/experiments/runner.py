@@ -26,6 +26,7 @@ from ..fabric import build, netns, ops, ports, routing, static_routes
 from ..fabric.running import Fabric
 from ..topology import Role, evs_between
 from . import congestion, metrics
+from .controller import ControlRecord
 from .fault_agent import After, Done, LinkFaultAgent, RecordAs
 from .faults import Fault
 from .scenario import Scenario
@@ -114,6 +115,7 @@ def run_transport(scn: Scenario, fabric: Fabric, transport: Transport, baseline_
     agents: list[tuple[FaultRun, LinkFaultAgent | None]] = []
     control = Control()
     skipped = skipped_faults(scn)
+    record = ControlRecord(fabric)
     try:
         for i, fault in enumerate(scn.faults):
             link = baseline_link if fault.link == "baseline-path" else fault.link
@@ -121,6 +123,13 @@ def run_transport(scn: Scenario, fabric: Fabric, transport: Transport, baseline_
             runs.append(fr)
             if fr.skipped:
                 agents.append((fr, None))
+                continue
+            if fault.controller:
+                agents.append((fr, None))
+                if transport is Transport.MRC:
+                    control.hooks.append((fault.at, _controller_step(fr, record, f"scenario {scn.name}")))
+                else:
+                    fr.events.append({"action": "not for this transport: RoCE RC has no EV controller"})
                 continue
             specs += [Transport.MRC.spec(a, b, fault.size, scn.mtu, evs, start_at=fault.at, topology=topo,
                                          label=f"competing flow {a}->{b} over {'-'.join(fr.link)}")
@@ -161,6 +170,7 @@ def run_transport(scn: Scenario, fabric: Fabric, transport: Transport, baseline_
         for _, agent in agents:
             if agent is not None:
                 agent.close()
+        _undo_steps(record, runs, f"scenario {scn.name}")
     if scn.routing == "bgp" and routing.frr_missing() is None:
         routing.wait_converged(fabric, 60)  # the next run starts on a repaired fabric
     summary = _summarise(transport, results, runs, captured.path if captured else None, topo, reference)
@@ -176,6 +186,24 @@ def _busy_ports(delta: dict) -> dict:
     return {node: {ifname: {k: v for k, v in entry.items() if k != "config"} for ifname, entry in ifaces.items()
                    if entry.get("packets")}
             for node, ifaces in delta.items() if any(e.get("packets") for e in ifaces.values())}
+
+
+def _controller_step(fr: FaultRun, record: ControlRecord, by: str) -> Callable[[], None]:
+    def fire() -> None:
+        fr.events.append({"action": fr.fault.kind, "at_ns": time.monotonic_ns()})
+        fr.fault.act(record, by)
+
+    return fire
+
+
+def _undo_steps(record: ControlRecord, runs: list[FaultRun], by: str) -> None:
+    """What a scenario's controller steps left in force (a drain without its undrain, a port left
+    disabled) is lifted when the run ends: the next run, and the user's, start from a clean slate."""
+    for step in [fr.fault for fr in runs if any(e.get("action") == fr.fault.kind for e in fr.events)]:
+        if step.kind == "drain":
+            record.allow(step.selector(), f"{by}: run over")
+        elif step.kind == "port-disable":
+            record.set_port(step.host, step.plane, True, f"{by}: run over")
 
 
 def _trigger(agent: LinkFaultAgent, fault: Fault, dilation: float) -> Callable[[], None]:
@@ -201,6 +229,15 @@ def _failed_evs(transport: Transport, topo, fr: FaultRun | None, src: str, dst: 
     return {ev.index for ev in evs_between(topo, src, dst) if any(ev.crosses(link.a, link.b) for link in links)}
 
 
+def _denied_at(ev_events: list[dict[str, Any]], time_ms: float) -> set[int]:
+    """The EVs that were DENIED at `time_ms` (since the WRITE began), from its EV events."""
+    state: dict[int, str] = {}
+    for e in ev_events:
+        if e["time_ms"] <= time_ms:
+            state[e["ev"]] = e["new"]
+    return {ev for ev, s in state.items() if s == "DENIED"}
+
+
 def _worst(values: list, *, never_wins: bool = True) -> float | None:
     """The largest of a figure over several transfers; None (never) if any is None."""
     if not values or (never_wins and any(v is None for v in values)):
@@ -213,6 +250,8 @@ def _summarise(transport: Transport, results: Run, runs: list[FaultRun], pcap: s
     origin = min(r.start_ns for r in results)
     for fr in runs:
         for e in fr.events:
+            if "at_ns" in e:  # a controller step's monotonic time (never a fault's begin: it is no fault)
+                e["at_ms"] = round((results.transport_time(e.pop("at_ns")) - origin) / 1e6, 3)
             if "began_ns" in e:  # the agent's monotonic times, onto the transport's (dilated) clock
                 e["began_ms"] = round((results.transport_time(e.pop("began_ns")) - origin) / 1e6, 3)
                 e["returned_ms"] = round((results.transport_time(e.pop("returned_ns")) - origin) / 1e6, 3)
@@ -238,6 +277,10 @@ def _summarise(transport: Transport, results: Run, runs: list[FaultRun], pcap: s
         figures = None
         if fault_rel is not None and topo is not None:
             failed = _failed_evs(transport, topo, first_run, r.src, r.dst)
+            drained = _denied_at(r.ev_events, fault_rel / 1e6)  # EVs the controller had taken out of use
+            if failed and drained & failed:
+                entry["drained_at_fault"] = sorted(drained & failed)
+                failed -= drained  # a fault on a drained EV hits nothing of this WRITE
             if 0 <= fault_rel <= r.end_ns - r.start_ns and failed != set():  # it ran during the fault, through it
                 figures = metrics.fault_figures(r.ledger, r.ev_events, fault_rel, completed, r.end_ns - r.start_ns,
                                                 failed)

@@ -32,6 +32,10 @@ only parses and validates: every problem is one ScenarioError naming file, line 
       - {kind: switch-reboot, node: p0s1, at: 0.3, duration_ms: 500}
       - {kind: plane-down, host: h0, plane: 1, at: 0.3}
       - {kind: congestion, link: [p0l1, p0s0], at: 0.2, flows: 2, size: 32MiB}
+      - {kind: drain, node: p0s1, at: 0.2}         # MRC's controller: every EV through p0s1 DENIED
+      - {kind: undrain, node: p0s1, at: 0.8}       # ... allowed again (probed before use); also link: [a, b]
+      - {kind: port-disable, host: h0, plane: 1, at: 0.3}   # h0's MRC port into plane 1 off (link stays up)
+      - {kind: port-enable, host: h0, plane: 1, at: 0.6}
     capture: false           # pcaps of the source host's ports
     reference: true          # with faults: each transport also runs the workloads fault-free first
                              # (completion inflation, per-flow slowdown, the windowed figure's noise band)
@@ -216,7 +220,20 @@ def from_dict(data: Any, source: str = "<dict>", lines: dict[str, int] | None = 
         if extra:
             raise c.fail(fld, f"unknown key {extra[0]!r} (known: {', '.join(sorted(allowed))})")
         item = kind(number(f"{fld}.at", f.get("at", 0.3), 0.0, 0.99))
-        if kind.target is Target.LINK:
+        if kind.target is Target.SWITCH_OR_LINK:
+            if ("node" in f) == ("link" in f):
+                raise c.fail(fld, f"a {kind.kind} names a node (a leaf or spine) or a link [node, node], one of them")
+            if "node" in f:
+                if f["node"] not in switches:
+                    raise c.fail(f"{fld}.node", f"{f['node']!r} is not a switch of topology {topo.name}")
+                item.node = f["node"]
+            else:
+                link = f["link"]
+                if not (isinstance(link, list) and len(link) == 2 and all(x in topo.nodes for x in link)
+                        and topo.links_between(*link)):
+                    raise c.fail(f"{fld}.link", f"give [node, node] of one link of topology {topo.name}")
+                item.link = (link[0], link[1])
+        elif kind.target is Target.LINK:
             link = f.get("link")
             if link == "baseline-path":
                 if Transport.BASELINE not in transports:

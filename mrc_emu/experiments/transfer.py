@@ -32,6 +32,8 @@ from ..transport.config import QpConfig
 from ..transport.nscc import max_wnd_for
 from ..transport.paths import QpPaths, qp_paths
 from . import emulation
+from . import worker as w
+from .controller import ControlRecord, LiveControl
 from .worker import Accept, Accepted, Final, Hash, Hashed, HostSpec, JobProgress, Prepare, Prepared, Progress, Start, Started, serve_hosts
 
 
@@ -97,6 +99,7 @@ class TransferResult:
     ev_timeline: list[tuple[int, list[int], list[int]]] = field(default_factory=list)  # (ns, sent, delivered per EV)
     emulation: dict[str, Any] | None = None  # the run's emulation report (send), see emulation.py
     ledger: dict[str, Any] = field(default_factory=dict)  # the requester's progress gaps and loss repairs (ns since start)
+    ev_ops: list[dict[str, Any]] = field(default_factory=list)  # the controller's changes: time_ms, deny, allow, per-EV sent
 
     @property
     def verified(self) -> bool:
@@ -202,6 +205,11 @@ def run_transfers(fabric: Fabric, specs: list[TransferSpec], control: Control | 
             _expect_key(pool.of[spec.src], Prepared, key, timeout=120.0)
             if on_prepare is not None:
                 on_prepare(key + 1, len(specs))
+        # the controller's record (EVs denied, ports disabled) holds from the first packet on, and
+        # is followed live while the WRITEs run (UDP EVs are the fabric's hash: no controller)
+        live = LiveControl(ControlRecord(fabric), {key: (spec.src, {ev.index: ev for ev in plans[key].evs})
+                                                   for key, spec in enumerate(specs) if spec.ev_format is not EvFormat.UDP})
+        push_controller(live, pool.of, specs)
         now_keys: dict[Child, list[int]] = {}
         for key, spec in enumerate(specs):
             if spec.start_at is None:
@@ -212,7 +220,8 @@ def run_transfers(fabric: Fabric, specs: list[TransferSpec], control: Control | 
             worker.send(Start(tuple(now_keys.get(worker, ()))))
         control.started_ns = min(s.start_ns for s in (w.expect(Started) for w in pool.workers) if s.keys)
         deferred.sort(key=lambda d: d[0])
-        _watch(pool.workers, specs, control, on_progress, linger_s, timeout_s, deferred)
+        _watch(pool.workers, specs, control, on_progress, linger_s, timeout_s, deferred,
+               lambda: push_controller(live, pool.of, specs))
         placed = {}
         for key, spec in enumerate(specs):
             pool.of[spec.dst].send(Hash(key))
@@ -265,11 +274,19 @@ def _expect_key(worker: Child, kind: type, key: int, timeout: float = 30.0):
     return worker.expect(kind, timeout, where=lambda message: message.key == key)
 
 
+def push_controller(live: LiveControl, worker_of: dict[str, Child], specs: list[TransferSpec]) -> None:
+    """Send the controller record's changes since the last look to the workers of the QPs they concern."""
+    ev_changes, _ = live.changes()
+    for key, host, deny, allow, why in ev_changes:
+        worker_of[host].send(w.SetEvStates(key, deny, allow, why))
+
+
 def _watch(workers: list[Child], specs: list[TransferSpec], control: Control,
            on_progress: Callable[[int, int], None] | None, linger_s: float, timeout_s: float,
-           deferred: list[tuple[float, Child, int]]) -> None:
-    """Follow the workers' progress reports until every transfer is done (and lingering ended)."""
-    watch = _Watch(workers, specs, control, on_progress, linger_s, deferred)
+           deferred: list[tuple[float, Child, int]], on_step: Callable[[], None]) -> None:
+    """Follow the workers' progress reports until every transfer is done (and lingering ended);
+    `on_step` runs at every step (after the hooks: the controller's changes go out at once)."""
+    watch = _Watch(workers, specs, control, on_progress, linger_s, deferred, on_step)
     try:
         until(watch.step, timeout_s, "the transfers to finish", interval=0.05, wake=list(workers))
     except WaitTimeout:
@@ -281,8 +298,9 @@ class _Watch:
 
     def __init__(self, workers: list[Child], specs: list[TransferSpec], control: Control,
                  on_progress: Callable[[int, int], None] | None, linger_s: float,
-                 deferred: list[tuple[float, Child, int]]) -> None:
+                 deferred: list[tuple[float, Child, int]], on_step: Callable[[], None]) -> None:
         self.workers, self.specs, self.control, self.on_progress = workers, specs, control, on_progress
+        self.on_step = on_step
         self.linger_s, self.deferred = linger_s, deferred
         self.primary = {k for k, s in enumerate(specs) if s.start_at is None}
         self.total = sum(s.size for k, s in enumerate(specs) if k in self.primary)
@@ -309,6 +327,7 @@ class _Watch:
         while control.hooks and control.progress >= control.hooks[0][0]:
             _, action = control.hooks.pop(0)
             action()
+        self.on_step()
         now = time.monotonic()
         if self.on_progress is not None and now - self.last_bar > 0.1:
             self.last_bar = now
@@ -347,7 +366,7 @@ def _result(spec: TransferSpec, paths: QpPaths, req: dict, dst: Final, key: int,
                    "unknown_qp": dst.unknown_qp[spec.dst]},
         per_ev=per_ev, ev_events=req["ev_events"], timeline=req["timeline"],
         imm_completions=resp["imm_completions"], label=spec.label, ev_timeline=req["ev_timeline"],
-        ledger=req["ledger"],
+        ledger=req["ledger"], ev_ops=req["ev_ops"],
     )
 
 

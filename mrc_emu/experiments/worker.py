@@ -110,6 +110,17 @@ class Start:
 
 
 @dataclass(frozen=True)
+class SetEvStates:
+    """The controller's word on transfer `key`'s EVs (experiments/controller.py): deny these, allow
+    those (an allowed EV is probed before it carries data again)."""
+
+    key: int
+    deny: tuple[int, ...]
+    allow: tuple[int, ...]
+    reason: str
+
+
+@dataclass(frozen=True)
 class Hash:
     """Ask for the SHA-256 of transfer `key`'s registered buffer."""
 
@@ -201,6 +212,7 @@ class _Job:
     start_ns: int = 0
     timeline: list[tuple[int, int]] = field(default_factory=list)
     ev_timeline: list[tuple[int, list[int], list[int]]] = field(default_factory=list)
+    ev_ops: list[dict[str, Any]] = field(default_factory=list)  # the controller's changes, with per-EV packets sent then
     end_ns: int | None = None
 
 
@@ -220,7 +232,7 @@ class _Worker:
         self.stopped = False
         self.next_report = 0
         self.handlers = {Accept: self.accept, Prepare: self.prepare, Start: self.start, Hash: self.hash,
-                         Stop: self.stop}
+                         SetEvStates: self.set_ev_states, Stop: self.stop}
 
     def on_control(self) -> None:
         while self.parent.poll():
@@ -261,6 +273,16 @@ class _Worker:
             self.loop.add_endpoint(job.requester, job.port)
             self.running.append(job)
         self.parent.send(Started(msg.keys, now))
+
+    def set_ev_states(self, msg: SetEvStates) -> None:
+        job = self.jobs[msg.key]
+        profile, now = job.requester.profile, self.clock.now()
+        for ev in msg.deny:
+            profile.deny(ev, now, msg.reason)
+        for ev in msg.allow:
+            profile.allow(ev, now)
+        job.ev_ops.append({"time_ns": now, "deny": list(msg.deny), "allow": list(msg.allow), "reason": msg.reason,
+                           "sent": {ev: s.packets_sent for ev, s in profile.evs.items()}})
 
     def hash(self, msg: Hash) -> None:
         self.loop.measure(False)
@@ -312,6 +334,8 @@ class _Worker:
                 "per_ev": per_ev, "ev_events": [e.to_dict(job.start_ns) for e in r.ev_events],
                 "timeline": job.timeline, "ev_timeline": job.ev_timeline, "cc": r.cc.name,
                 "ledger": _since(r.recovery.ledger.to_dict(), job.start_ns),
+                "ev_ops": [{k: v for k, v in op.items() if k != "time_ns"} | {"time_ms": round((op["time_ns"] - job.start_ns) / 1e6, 3)}
+                           for op in job.ev_ops],
             }
         responders = {key: {"stats": resp.stats, "drops": resp.drops, "reorder": resp.reorder(),
                             "imm_completions": [{"psn": c.psn, "imm": c.imm, "time_ns": c.time_ns}

@@ -156,8 +156,8 @@ class EvProfile:
         self._dirty = True
         return True
 
-    def deny(self, ev: int, now: int) -> None:
-        self.set_state(ev, EvState.DENIED, now, "denied by controller")
+    def deny(self, ev: int, now: int, reason: str = "") -> None:
+        self.set_state(ev, EvState.DENIED, now, "denied by controller" + (f": {reason}" if reason else ""))
 
     def allow(self, ev: int, now: int) -> None:
         if self.evs[ev].state is EvState.DENIED:

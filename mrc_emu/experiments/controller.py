@@ -1,0 +1,270 @@
+"""The controller record of a running fabric: which EVs are denied, which host ports disabled, and the EV events.
+
+Why it exists: the OCP controller (mrc_ctl.h) denies EVs and disables ports on a host while QPs
+run, and a user drives it from a shell (`mrc-emu ev deny --spine p0s1`, `port disable h0
+--plane 1`) or a scenario does (`drain`, `undrain`, `port-disable`). Those commands end long
+before the transfers they affect, and a transfer started later must obey them too. So every
+controller operation is written here, append-only JSON lines in
+/run/mrc-emu/<fabric>-ctl/record (one write per line, as the fault record does), and
+whoever runs QPs reads it: at the start of a run, and again whenever the file grows (one
+`stat` per watch step), pushing the changes to the QPs live (experiments/transfer.py).
+
+A selector names EVs the way an operator thinks of them: a node (a spine or leaf: every EV
+through it), a link (every EV over it), a plane, or one EV of a host pair. `deny` makes every
+matching EV DENIED; `allow` lifts every deny that covers a matching EV: an EV is DENIED when
+the latest deny/allow that matches it is a deny. The record never acts on the fabric.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..fabric import registry
+from ..fabric.running import Fabric
+from ..topology import Role, Topology, TopologyError, evs_between
+from ..topology.evs import Ev
+
+RECORD = "record"
+DENY, ALLOW, PORT, EVENTS, POLLED = "deny", "allow", "port", "events", "polled"
+
+
+def directory(name: str) -> Path:
+    return registry.STATE_DIR / f"{name}-ctl"
+
+
+@dataclass(frozen=True)
+class Selector:
+    """EVs by node, link, plane, or one EV (src, dst, index); exactly one of them is set."""
+
+    node: str | None = None
+    link: tuple[str, str] | None = None
+    plane: int | None = None
+    ev: tuple[str, str, int] | None = None
+
+    def matches(self, ev: Ev) -> bool:
+        if self.node is not None:
+            return self.node in ev.hops
+        if self.link is not None:
+            return ev.crosses(*self.link)
+        if self.plane is not None:
+            return ev.plane == self.plane
+        return (ev.src, ev.dst, ev.index) == self.ev
+
+    def to_dict(self) -> dict[str, Any]:
+        for key in ("node", "link", "plane", "ev"):
+            value = getattr(self, key)
+            if value is not None:
+                return {key: list(value) if isinstance(value, tuple) else value}
+        raise ValueError("an empty selector")
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Selector:
+        (key, value), = data.items()
+        return cls(**{key: tuple(value) if isinstance(value, list) else value})
+
+    def describe(self) -> str:
+        if self.node is not None:
+            return self.node
+        if self.link is not None:
+            return "-".join(self.link)
+        if self.plane is not None:
+            return f"plane {self.plane}"
+        src, dst, index = self.ev
+        return f"EV {index} {src}->{dst}"
+
+    def check(self, topo: Topology) -> Selector:
+        """This selector, if it names things the topology has; else ValueError saying what is wrong."""
+        try:
+            if self.node is not None:
+                role = topo.node(self.node).role
+                if role is Role.HOST:
+                    raise ValueError(f"{self.node} is a host: deny a host's plane with `port disable`, or name a "
+                                     f"switch (spine or leaf)")
+            elif self.link is not None:
+                if not topo.links_between(*self.link):
+                    raise ValueError(f"no link between {self.link[0]} and {self.link[1]}")
+            elif self.plane is not None:
+                if not 0 <= self.plane < topo.planes:
+                    raise ValueError(f"plane {self.plane}: {topo.name} has planes 0..{topo.planes - 1}")
+            else:
+                src, dst, index = self.ev
+                count = len(evs_between(topo, src, dst))
+                if not 0 <= index < count:
+                    raise ValueError(f"no EV {index} from {src} to {dst} (EVs 0..{count - 1})")
+        except TopologyError as exc:
+            raise ValueError(str(exc)) from None
+        return self
+
+
+@dataclass
+class State:
+    """The controller's state, replayed from the record."""
+
+    rules: list[tuple[str, Selector, str]]  # (deny|allow, selector, by), in record order
+    ports: dict[tuple[str, int], bool]  # (host, plane) -> enabled; absent: enabled
+    events: dict[str, list[dict[str, Any]]]  # host -> EV events not yet polled, oldest first
+    dropped: dict[str, int]  # host -> events dropped since the last poll
+
+    def denied_by(self, ev: Ev) -> str | None:
+        """What denies this EV now (the selector, described, and by whom), or None: it may carry data."""
+        why = None
+        for op, selector, by in self.rules:
+            if selector.matches(ev):
+                why = f"{selector.describe()} (by {by})" if op == DENY else None
+        return why
+
+    def port_enabled(self, host: str, plane: int) -> bool:
+        return self.ports.get((host, plane), True)
+
+
+class ControlRecord:
+    """The controller record of one running fabric (opened from its `Fabric`, whose journal it joins)."""
+
+    MAX_EVENTS = 1024  # EV events kept per host until polled; beyond, they are counted as dropped
+
+    def __init__(self, fabric: Fabric) -> None:
+        self.fabric = fabric
+        self.directory = directory(fabric.name)
+        self.path = self.directory / RECORD
+
+    def _append(self, line: dict[str, Any]) -> None:
+        if not self.directory.exists():
+            self.fabric.journal.directory(self.directory)  # journaled first: down/clean remove it
+            self.directory.mkdir(parents=True, exist_ok=True)
+        line.setdefault("time", time.time())
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            os.write(fd, (json.dumps(line, separators=(",", ":")) + "\n").encode())
+        finally:
+            os.close(fd)
+
+    def size(self) -> int:
+        """The record's length: it only grows, so a change of size is a change of state (one stat)."""
+        try:
+            return self.path.stat().st_size
+        except FileNotFoundError:
+            return 0
+
+    def deny(self, selector: Selector, by: str = "cli") -> None:
+        self._append({"op": DENY, "sel": selector.check(self.fabric.topology).to_dict(), "by": by})
+
+    def allow(self, selector: Selector, by: str = "cli") -> None:
+        self._append({"op": ALLOW, "sel": selector.check(self.fabric.topology).to_dict(), "by": by})
+
+    def set_port(self, host: str, plane: int, enabled: bool, by: str = "cli") -> None:
+        topo = self.fabric.topology
+        try:
+            if topo.node(host).role is not Role.HOST:
+                raise ValueError(f"{host} is a {topo.node(host).role.value}, not a host: only hosts have MRC ports")
+        except TopologyError as exc:
+            raise ValueError(str(exc)) from None
+        if not 0 <= plane < topo.planes:
+            raise ValueError(f"plane {plane}: {topo.name} has planes 0..{topo.planes - 1} (ports 1..{topo.planes})")
+        self._append({"op": PORT, "host": host, "plane": plane, "enabled": enabled, "by": by})
+
+    def post_events(self, host: str, events: list[dict[str, Any]]) -> None:
+        """EV events a run's QPs of `host` posted (already filtered by their profile's event mask)."""
+        if events:
+            self._append({"op": EVENTS, "host": host, "events": events})
+
+    def poll(self, host: str, max_events: int) -> tuple[list[dict[str, Any]], int]:
+        """Up to `max_events` of `host`'s queued events, oldest first, and how many were dropped
+        before them; those returned are gone from the queue (mrc_ctl's poll)."""
+        state = self.state()
+        events = state.events.get(host, [])[:max_events]
+        if events:
+            self._append({"op": POLLED, "host": host, "count": len(events)})
+        return events, state.dropped.get(host, 0) if events else 0
+
+    def state(self) -> State:
+        state = State([], {}, {}, {})
+        try:
+            text = self.path.read_text()
+        except FileNotFoundError:
+            return state
+        for raw in text.splitlines():
+            try:
+                line = json.loads(raw)
+                op = line["op"]
+                if op in (DENY, ALLOW):
+                    state.rules.append((op, Selector.from_dict(line["sel"]), line.get("by", "?")))
+                elif op == PORT:
+                    state.ports[(line["host"], int(line["plane"]))] = bool(line["enabled"])
+                elif op == EVENTS:
+                    queue = state.events.setdefault(line["host"], [])
+                    queue += line["events"]
+                    over = len(queue) - self.MAX_EVENTS
+                    if over > 0:
+                        del queue[:over]
+                        state.dropped[line["host"]] = state.dropped.get(line["host"], 0) + over
+                elif op == POLLED:
+                    del state.events.setdefault(line["host"], [])[:int(line["count"])]
+                    state.dropped.pop(line["host"], None)
+            except (ValueError, KeyError, TypeError):
+                continue  # a line cut short by a kill, or one this version does not know
+        return state
+
+    def listing(self, src: str | None = None, dst: str | None = None) -> list[dict[str, Any]]:
+        """Every EV between the hosts asked for (default: every ordered pair), with its admin state."""
+        topo = self.fabric.topology
+        hosts = [h.name for h in topo.hosts]
+        for name in (src, dst):
+            if name is not None and name not in hosts:
+                raise ValueError(f"{name!r} is not a host of {topo.name} (hosts: {', '.join(hosts)})")
+        state = self.state()
+        out = []
+        for a in [src] if src else hosts:
+            for b in [dst] if dst else hosts:
+                if a == b:
+                    continue
+                for ev in evs_between(topo, a, b):
+                    why = state.denied_by(ev)
+                    out.append({"src": a, "dst": b, "ev": ev.index, "plane": ev.plane, "spine": ev.spine,
+                                "port": ev.plane + 1, "port_enabled": state.port_enabled(a, ev.plane),
+                                "state": "DENIED" if why else "ALLOWED", "why": why})
+        return out
+
+
+class LiveControl:
+    """What the record says, pushed to the QPs of a run: the changes since the last look, as
+    (source host, what to set) pairs, read only when the record grew."""
+
+    def __init__(self, record: ControlRecord | None, evs_by_key: dict[int, tuple[str, dict[int, Ev]]]) -> None:
+        self.record = record
+        self.evs_by_key = evs_by_key  # transfer key -> (source host, its QP's EVs by transport index)
+        self.size = -1
+        self.denied: dict[int, set[int]] = {key: set() for key in evs_by_key}
+        self.ports: dict[tuple[str, int], bool] = {}
+
+    def changes(self) -> tuple[list[tuple[int, str, tuple[int, ...], tuple[int, ...], str]], list[tuple[str, int, bool]]]:
+        """([(key, host, EVs to deny, EVs to allow, why)], [(host, plane, enabled)]) since the last call."""
+        if self.record is None:
+            return [], []
+        size = self.record.size()
+        if size == self.size:
+            return [], []
+        self.size = size
+        state = self.record.state()
+        ev_changes = []
+        for key, (host, evs) in self.evs_by_key.items():
+            reasons = {index: state.denied_by(ev) or (None if state.port_enabled(host, ev.plane) else
+                                                      f"{host} port {ev.plane + 1} disabled")
+                       for index, ev in evs.items()}
+            now = {index for index, why in reasons.items() if why}
+            deny, allow = tuple(sorted(now - self.denied[key])), tuple(sorted(self.denied[key] - now))
+            if deny or allow:
+                why = "; ".join(sorted({reasons[i] for i in deny})) or "allowed"
+                ev_changes.append((key, host, deny, allow, why))
+            self.denied[key] = now
+        port_changes = []
+        hosts = {host for host, _ in self.evs_by_key.values()}
+        for (host, plane), enabled in state.ports.items():
+            if host in hosts and self.ports.get((host, plane), True) != enabled:
+                port_changes.append((host, plane, enabled))
+                self.ports[(host, plane)] = enabled
+        return ev_changes, port_changes
