@@ -268,3 +268,21 @@ class LiveControl:
                 port_changes.append((host, plane, enabled))
                 self.ports[(host, plane)] = enabled
         return ev_changes, port_changes
+
+
+EVENT_STATES = ("GOOD", "ASSUMED_BAD")  # the states an EV event may report (mrc_ctl.h's ev_event_mask: DENIED never)
+
+
+def post_run_events(record: ControlRecord, results: list) -> None:
+    """Queue the EV events a run's QPs saw on their hosts' controllers: state changes to GOOD or
+    ASSUMED_BAD, as the OCP event queue carries them (DENIED is the controller's own doing and is
+    never an event; the reports keep every change). `results`: TransferResults of the run."""
+    by_host: dict[str, list[dict[str, Any]]] = {}
+    for r in results:
+        if r.ev_format == "UDP":
+            continue
+        by_host.setdefault(r.src, []).extend(
+            {"dst": r.dst, "ev": e["ev"], "state": e["new"], "reason": e["reason"], "ms_into_write": e["time_ms"]}
+            for e in r.ev_events if e["new"] in EVENT_STATES)
+    for host, events in by_host.items():
+        record.post_events(host, events)

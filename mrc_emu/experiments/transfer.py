@@ -33,7 +33,7 @@ from ..transport.nscc import max_wnd_for
 from ..transport.paths import QpPaths, qp_paths
 from . import emulation
 from . import worker as w
-from .controller import ControlRecord, LiveControl
+from .controller import ControlRecord, LiveControl, post_run_events
 from .worker import Accept, Accepted, Final, Hash, Hashed, HostSpec, JobProgress, Prepare, Prepared, Progress, Start, Started, serve_hosts
 
 
@@ -236,6 +236,7 @@ def run_transfers(fabric: Fabric, specs: list[TransferSpec], control: Control | 
     by_host = {h: f for f in finals for h in f.hosts}
     results = [_result(spec, plans[key], by_host[spec.src].requesters[key], by_host[spec.dst], key, placed[key])
                for key, spec in enumerate(specs)]
+    post_run_events(live.record, results)
     report = emulation.assess(finals, results, kernel_before, emulation.softnet(), dilation)
     return Run(results, report, pool.clock, finals)
 

@@ -282,7 +282,7 @@ class _Worker:
         for ev in msg.allow:
             profile.allow(ev, now)
         job.ev_ops.append({"time_ns": now, "deny": list(msg.deny), "allow": list(msg.allow), "reason": msg.reason,
-                           "sent": {ev: s.packets_sent for ev, s in profile.evs.items()}})
+                           "sent": {str(ev): s.packets_sent for ev, s in profile.evs.items()}})  # str: as JSON has it
 
     def hash(self, msg: Hash) -> None:
         self.loop.measure(False)

@@ -1,0 +1,115 @@
+"""The controller record (experiments/controller.py): selectors, replay, live diffs, the event queue (no root)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from mrc_emu.experiments import controller
+from mrc_emu.experiments.controller import ControlRecord, LiveControl, Selector
+from mrc_emu.fabric import registry
+from mrc_emu.topology import builtin, evs_between
+
+
+@pytest.fixture
+def record(tmp_path, monkeypatch):
+    monkeypatch.setattr(registry, "STATE_DIR", tmp_path)
+    journaled = []
+    fabric = SimpleNamespace(name="t1", topology=builtin(), journal=SimpleNamespace(directory=journaled.append))
+    rec = ControlRecord(fabric)
+    rec.journaled = journaled
+    return rec
+
+
+def test_selectors_match_the_evs_through_what_they_name():
+    topo = builtin()
+    evs = evs_between(topo, "h0", "h2")
+    assert [e.index for e in evs if Selector(node="p0s1").matches(e)] == [1]
+    assert [e.index for e in evs if Selector(node="p1l0").matches(e)] == [4, 5, 6, 7]
+    assert [e.index for e in evs if Selector(link=("p0s2", "p0l0")).matches(e)] == [2]
+    assert [e.index for e in evs if Selector(plane=0).matches(e)] == [0, 1, 2, 3]
+    assert [e.index for e in evs if Selector(ev=("h0", "h2", 6)).matches(e)] == [6]
+    assert not any(Selector(ev=("h1", "h2", 6)).matches(e) for e in evs)
+
+
+@pytest.mark.parametrize("selector, problem", [
+    (Selector(node="h0"), "is a host"),
+    (Selector(node="p9s9"), "p9s9"),
+    (Selector(link=("p0s0", "p0s1")), "no link between p0s0 and p0s1"),
+    (Selector(plane=2), "planes 0..1"),
+    (Selector(ev=("h0", "h2", 8)), "EVs 0..7"),
+])
+def test_a_selector_naming_what_the_fabric_lacks_is_refused(record, selector, problem):
+    with pytest.raises(ValueError, match=problem):
+        record.deny(selector)
+    assert record.size() == 0  # nothing written
+
+
+def test_the_latest_matching_rule_decides_and_allow_lifts_what_covers(record):
+    topo = record.fabric.topology
+    ev1, ev5 = evs_between(topo, "h0", "h2")[1], evs_between(topo, "h0", "h2")[5]
+    record.deny(Selector(node="p0s1"), by="op")
+    record.deny(Selector(plane=1))
+    state = record.state()
+    assert state.denied_by(ev1) == "p0s1 (by op)" and state.denied_by(ev5) == "plane 1 (by cli)"
+    record.allow(Selector(ev=("h0", "h2", 5)))
+    state = record.state()
+    assert state.denied_by(ev5) is None and state.denied_by(evs_between(topo, "h0", "h2")[6]) == "plane 1 (by cli)"
+    assert state.denied_by(evs_between(topo, "h0", "h3")[5]) == "plane 1 (by cli)"  # only that pair's EV 5 was allowed
+    record.allow(Selector(plane=0))
+    assert record.state().denied_by(ev1) is None
+    assert record.journaled == [controller.directory("t1")]  # the directory is journaled once, before it exists
+
+
+def test_ports_and_a_cut_line_are_replayed(record):
+    record.set_port("h0", 1, False)
+    with pytest.raises(ValueError, match="not a host"):
+        record.set_port("p0s1", 0, False)
+    with pytest.raises(ValueError, match="ports 1..2"):
+        record.set_port("h0", 2, False)
+    with open(record.path, "a") as f:
+        f.write('{"op": "deny", "sel": {"node"')  # a line a kill cut short
+    state = record.state()
+    assert not state.port_enabled("h0", 1) and state.port_enabled("h0", 0) and state.rules == []
+
+
+def test_live_control_sends_only_changes_and_only_when_the_record_grew(record):
+    topo = record.fabric.topology
+    live = LiveControl(record, {0: ("h0", {e.index: e for e in evs_between(topo, "h0", "h2")}),
+                                1: ("h1", {e.index: e for e in evs_between(topo, "h1", "h3")})})
+    assert live.changes() == ([], [])
+    record.deny(Selector(node="p0s1"))
+    evs, _ = live.changes()
+    assert evs == [(0, "h0", (1,), (), "p0s1 (by cli)"), (1, "h1", (1,), (), "p0s1 (by cli)")]
+    assert live.changes() == ([], [])  # nothing new
+    record.set_port("h0", 1, False)
+    evs, ports = live.changes()
+    assert evs == [(0, "h0", (4, 5, 6, 7), (), "h0 port 2 disabled")] and ports == [("h0", 1, False)]
+    record.allow(Selector(node="p0s1"))
+    record.set_port("h0", 1, True)
+    evs, ports = live.changes()
+    assert evs == [(0, "h0", (), (1, 4, 5, 6, 7), "allowed"), (1, "h1", (), (1,), "allowed")]
+    assert ports == [("h0", 1, True)]
+
+
+def test_event_queue_polls_in_order_counts_drops_and_forgets_what_was_taken(record, monkeypatch):
+    monkeypatch.setattr(ControlRecord, "MAX_EVENTS", 3)
+    record.post_events("h0", [{"ev": i, "state": "ASSUMED_BAD"} for i in range(5)])
+    events, dropped = record.poll("h0", 2)
+    assert [e["ev"] for e in events] == [2, 3] and dropped == 2
+    events, dropped = record.poll("h0", 10)
+    assert [e["ev"] for e in events] == [4] and dropped == 0
+    assert record.poll("h0", 10) == ([], 0) and record.poll("h1", 10) == ([], 0)
+
+
+def test_run_events_are_queued_as_the_ocp_queue_carries_them(record):
+    r = SimpleNamespace(src="h0", dst="h2", ev_format="SRV6", ev_events=[
+        {"ev": 1, "new": "DENIED", "reason": "drain", "time_ms": 1.0},
+        {"ev": 1, "new": "ASSUMED_BAD", "reason": "allowed", "time_ms": 2.0},
+        {"ev": 1, "new": "GOOD", "reason": "probe returned", "time_ms": 3.0}])
+    udp = SimpleNamespace(src="h1", dst="h2", ev_format="UDP", ev_events=[{"ev": 0, "new": "GOOD", "reason": "", "time_ms": 0}])
+    controller.post_run_events(record, [r, udp])
+    events, _ = record.poll("h0", 10)
+    assert [e["state"] for e in events] == ["ASSUMED_BAD", "GOOD"]  # DENIED is never an event (ev_event_mask)
+    assert record.poll("h1", 10) == ([], 0)
