@@ -76,6 +76,8 @@ def _responders(config: QpConfig, size: int):
         responder.accept(0x22, 0x11, 0xFFFFF0, PATHS.back, peer=SRC, pd=1)
         responder.accept(0x44, 0x33, 0, {0: OTHER.back[0]}, peer=H1, pd=2,
                          config=QpConfig.baseline(mtu=config.mtu, cnp=True, cnp_interval_ns=5_000))
+        responder.post_recv(0x22, 1 << 20)
+        responder.post_recv(0x44, 1 << 20)
         out.append((responder, mr, own, buffer, other))
     return out
 
@@ -171,6 +173,7 @@ def _transfer(c_path: bool, size: int, faults: dict, seed: int, config: QpConfig
     buffer = bytearray(size)
     mr = responder.register(buffer)
     responder.accept(0x22, 0x11, 12345, PATHS.back, config=config)
+    responder.post_recv(0x22)  # the WRITE_WITH_IMM's receive, posted first (MRC has no RNR)
     requester = Requester(SRC, 0x11, 0x22, PATHS.forward, PATHS.probes, config, start_psn=12345, random_bits=bits(2))
     net = _Recording(seed)
     for ev, settings_ in faults.items():

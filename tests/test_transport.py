@@ -49,6 +49,7 @@ def pair(size: int, config: QpConfig | None = None, start_psn: int = 0, **kw):
     buffer = bytearray(size)
     mr = responder.register(buffer)
     responder.accept(0x22, 0x11, start_psn, PATHS.back)
+    responder.post_recv(0x22, 64)  # for WRITE_WITH_IMMs: MRC has no RNR, receives come first
     requester = Requester(SRC, 0x11, 0x22, PATHS.forward, PATHS.probes, config, start_psn=start_psn,
                           random_bits=bits(2), **kw)
     return requester, responder, mr, buffer
@@ -288,6 +289,30 @@ def test_write_with_imm_completes_only_when_all_data_placed():
     assert not seen_early
     assert [c.imm for c in responder.completions] == [0xABCD]
     assert buffer == data
+
+
+def test_write_with_imm_without_a_posted_receive_fails_clearly_and_places_nothing_of_it():
+    """MRC has no RNR: a WRITE_WITH_IMM that finds no receive posted is refused (NAK remote
+    operational error) and the requester's QP goes to error, saying why; with receives for two of
+    three WRITE_WITH_IMMs, the third fails."""
+    config = QpConfig(mtu=1024)
+    responder = Responder(DST, config, random_bits=bits(1))
+    buffer = bytearray(3 * 4096)
+    mr = responder.register(buffer)
+    responder.accept(0x22, 0x11, 0, PATHS.back)
+    responder.post_recv(0x22, 2)
+    with pytest.raises(ValueError, match="no such QP"):
+        responder.post_recv(0x99)
+    requester = Requester(SRC, 0x11, 0x22, PATHS.forward, PATHS.probes, config, random_bits=bits(2))
+    data = os.urandom(len(buffer))
+    for i in range(3):
+        requester.post_write(data[i * 4096:(i + 1) * 4096], mr.va + i * 4096, mr.rkey, imm=i)
+    net = MemoryNetwork(0)
+    assert net.run([requester, responder], lambda: requester.done or requester.error is not None)
+    assert requester.error is not None and "no receive posted" in requester.error and "no RNR" in requester.error
+    assert [c.imm for c in responder.completions] == [0, 1]
+    assert responder.drops["imm_without_receive"] >= 1 and responder.recvs[0x22] == 0
+    assert buffer[:8192] == data[:8192] and buffer[8192 + 3072:] == bytes(1024)  # its immediate packet: not placed
 
 
 def test_several_outstanding_writes_complete_in_order():

@@ -115,6 +115,9 @@ def _transfer_text(r) -> str:
 @click.option("--ev-min-active", type=int, default=1, show_default=True,
               help="Never mark so many EVs ASSUMED_BAD that fewer than this stay GOOD.")
 @click.option("--imm", type=int, default=None, help="Send a WRITE_WITH_IMM with this 32-bit immediate.")
+@click.option("--recvs", type=click.IntRange(0, 1 << 20), default=None,
+              help="Receives DST posts before the WRITE (default: 1 with --imm, else 0). MRC has no RNR: a "
+                   "WRITE_WITH_IMM that finds none fails the QP (try --imm 7 --recvs 0).")
 @click.option("--ack-timeout-exp", type=click.IntRange(0, 24), default=14, show_default=True,
               help="t in ACK timeout = 1.024 us x 2^t (14: 16.8 ms).")
 @click.option("--retry-exp", type=click.IntRange(0, 25), default=4, show_default=True,
@@ -128,8 +131,8 @@ def _transfer_text(r) -> str:
 @JSON_OPTION
 @friendly
 def send(src: str, dst: str, size: int, evs: str | None, cc: str, mtu: int, ev_format: str, ev_min_active: int,
-         imm: int | None, ack_timeout_exp: int, retry_exp: int, workers: int | None, dilation: float, name: str,
-         as_json: bool) -> None:
+         imm: int | None, recvs: int | None, ack_timeout_exp: int, retry_exp: int, workers: int | None,
+         dilation: float, name: str, as_json: bool) -> None:
     """RDMA WRITE from SRC to a buffer at DST, sprayed over the EVs; verify by SHA-256.
 
     Starts the responder in DST's namespace and the requester in SRC's, on a running fabric.
@@ -163,7 +166,7 @@ def send(src: str, dst: str, size: int, evs: str | None, cc: str, mtu: int, ev_f
                 done[0] = acked
 
             result = run_send(fabric, src, dst, size, selection, cc, mtu, EvFormat(ev_format), ev_min_active, imm,
-                              config, on_progress=progress, workers=workers, dilation=dilation)
+                              config, on_progress=progress, workers=workers, dilation=dilation, recvs=recvs)
     emit(result.to_dict(), as_json, _transfer_text(result))
     if not result.verified:
         sys.exit(1)

@@ -69,6 +69,7 @@ class TransferSpec:
     imm: int | None = None
     label: str = ""
     start_at: float | None = None  # start when the other transfers reach this progress (competing flows)
+    recvs: int | None = None  # receives the destination posts first (None: one for a WRITE_WITH_IMM, else none)
 
 
 @dataclass
@@ -196,8 +197,9 @@ def run_transfers(fabric: Fabric, specs: list[TransferSpec], control: Control | 
             qpn_req, qpn_resp = next(_qpns) << 8 | os.getpid() & 0xFF, next(_qpns) << 8 | os.getpid() & 0xFF
             start_psn = int.from_bytes(os.urandom(3), "big")
             dst, src = pool.of[spec.dst], pool.of[spec.src]
+            recvs = spec.recvs if spec.recvs is not None else int(spec.imm is not None)
             dst.send(Accept(key, spec.dst, spec.size, qpn_resp, qpn_req, start_psn, paths.back, paths.src_address,
-                            spec.config))
+                            spec.config, recvs))
             region = _expect_key(dst, Accepted, key).region
             src.send(Prepare(key, spec.src, qpn_req, qpn_resp, paths.forward, paths.probes, spec.config, spec.cc,
                              spec.ev_min_active, start_psn, region, spec.size, spec.imm))
@@ -389,7 +391,7 @@ def send(fabric: Fabric, src: str, dst: str, size: int, evs: list[int] | None = 
          mtu: int = 4096, ev_format: EvFormat = EvFormat.SRV6, ev_min_active: int = 1,
          imm: int | None = None, config: QpConfig | None = None, control: Control | None = None,
          on_progress: Callable[[int, int], None] | None = None, linger_s: float = 0.0,
-         workers: int | None = None, dilation: float = 1.0) -> TransferResult:
+         workers: int | None = None, dilation: float = 1.0, recvs: int | None = None) -> TransferResult:
     """WRITE `size` random bytes from host `src` to a buffer registered at host `dst`. Without a
     `config`, the QP learns the fabric's link rate and base RTT (its CC's BDP) from the topology,
     and a DCQCN QP's responder answers CE marks with CNPs."""
@@ -397,7 +399,7 @@ def send(fabric: Fabric, src: str, dst: str, size: int, evs: list[int] | None = 
         topo = fabric.topology
         config = QpConfig(mtu=mtu, link_rate_bps=topo.link_rate_bps, base_rtt_ns=topo.ports.base_rtt_ns,
                           cnp=cc == "dcqcn", cc_options=cc_options_for(cc, topo))
-    spec = TransferSpec(src, dst, size, evs, ev_format, config, cc, ev_min_active, imm)
+    spec = TransferSpec(src, dst, size, evs, ev_format, config, cc, ev_min_active, imm, recvs=recvs)
     run = run_transfers(fabric, [spec], control, on_progress, linger_s, workers=workers, dilation=dilation)
     result = run[0]
     result.emulation = run.emulation.to_dict()

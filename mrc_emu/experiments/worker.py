@@ -81,6 +81,7 @@ class Accept:
     back: dict[int, Path]  # the ACKs' paths, by the forward EV's index
     peer: str  # the requester's address
     config: QpConfig
+    recvs: int = 0  # receives posted before the WRITE starts (one per WRITE_WITH_IMM: MRC has no RNR)
 
 
 @dataclass(frozen=True)
@@ -245,6 +246,7 @@ class _Worker:
         mr = responder.register(bytearray(msg.size), va=0x1000_0000 + (msg.key << 36), pd=msg.key)
         responder.accept(msg.qpn, msg.peer_qpn, msg.start_psn, msg.back,
                          peer=socket.inet_pton(socket.AF_INET6, msg.peer), pd=msg.key)
+        responder.post_recv(msg.qpn, msg.recvs)
         self.responders[msg.key], self.regions[msg.key] = responder, mr
         port.mux.add(msg.qpn, responder)
         self.loop.add_endpoint(responder, port, first=True)

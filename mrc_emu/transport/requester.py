@@ -43,7 +43,8 @@ DATA_OVERHEAD = fmt.IPV6_LEN + fmt.UDP_LEN + fmt.BTH_LEN + fmt.RETH_LEN + fmt.IC
 _FATAL_NAKS = {
     Syndrome.NAK_INVALID_REQUEST: "invalid request",
     Syndrome.NAK_REMOTE_ACCESS: "remote access error (wrong R_Key, or address and length outside the registered region)",
-    Syndrome.NAK_REMOTE_OPERATIONAL: "remote operational error",
+    Syndrome.NAK_REMOTE_OPERATIONAL: "remote operational error (a WRITE_WITH_IMM found no receive posted at the "
+                                     "responder: MRC has no RNR, so the QP is in error; post receives in advance)",
 }
 
 

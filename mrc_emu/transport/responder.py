@@ -140,6 +140,7 @@ class Responder:
         self._place = (_place.Placer(self.qps, self.regions, self.stats, address, ROCE_UDP_PORT, UDP_SPORT_BASE).place
                        if self._qp_class is _CQp else None)
         self.drops: Counter[str] = Counter()
+        self.recvs: dict[int, int] = {}  # QPN -> receives posted and not yet consumed (by WRITE_WITH_IMM)
         self._random_bits = random_bits
         self._last_now = 0
 
@@ -160,6 +161,16 @@ class Responder:
         if not paths_back:
             raise ValueError("a responder QP needs at least one path back to the requester")
         self.qps[qpn] = self._qp_class(qpn, peer_qpn, peer, start_psn, paths_back, config or self.config, pd)
+        self.recvs.setdefault(qpn, 0)
+
+    def post_recv(self, qpn: int, count: int = 1) -> None:
+        """Post `count` receives on QP `qpn`: each WRITE_WITH_IMM consumes one for its completion.
+        MRC has no RNR: a WRITE_WITH_IMM that finds none is refused with a NAK (remote operational
+        error), which puts the requester's QP into error; so receives are posted in advance."""
+        if qpn not in self.qps or count < 0:
+            raise ValueError(f"cannot post {count} receive(s) on QP {qpn:#x}: " +
+                             ("a count is at least 0" if qpn in self.qps else "no such QP accepted"))
+        self.recvs[qpn] += count
 
     def on_datagram(self, payload: bytes | memoryview, src: bytes, sport: int, now: int, tclass: int = 0) -> None:
         if self._place is not None and self._place(payload, src, sport, now, tclass):
@@ -217,6 +228,12 @@ class Responder:
             self.drops["out_of_bounds"] += 1
             self._nak(qp, Syndrome.NAK_REMOTE_ACCESS, psn)
             return
+        if packet.imm is not None:
+            if self.recvs.get(qp.qpn, 0) <= 0:  # no RNR in MRC: refused, and the requester's QP errs
+                self.drops["imm_without_receive"] += 1
+                self._nak(qp, Syndrome.NAK_REMOTE_OPERATIONAL, psn)
+                return
+            self.recvs[qp.qpn] -= 1
         mr.view[start:start + len(data)] = data
         late = qp.top_psn - psn if psn < qp.top_psn else 0  # how far out of PSN order it came
         if not late:
