@@ -67,6 +67,11 @@ def test_profiles_by_id_created_on_first_modify_or_by_create():
         ctl.modify_ev_profile(3, fmt=ctl.ev_fmt_profile(13))
     with raises(errno.EINVAL, "cc_profile_id: 'x' is not a cc profile of controller h0"):
         ctl.cc_profile("x")
+    with raises(errno.EINVAL, "algorithm: INIT -> OFFLINE needs ALGORITHM"):
+        ctl.modify_cc_profile(8, state=OFFLINE)
+    assert 3 not in ctl.ev_profiles and 8 not in ctl.cc_profiles  # a failed first modify creates nothing
+    with raises(errno.EINVAL, "ev_profile_id: -1 is not a u64"):
+        ctl.create_ev_profile(-1)
 
 
 def test_the_device_limits():
@@ -93,6 +98,7 @@ def test_the_device_limits():
     gen_profile(ctl, 1, count=4)
     with raises(errno.ENOSPC, "ev_count: 4 EVs, the device has 2 free (ev_max_count 6)"):
         gen_profile(ctl, 2, count=4)
+    assert ctl.create_ev_profile().profile_id == 2  # the failed modify did not create profile 2
     with raises(errno.ENOSPC, "ev_profile_id: the device holds at most 2 ev profiles"):
         ctl.create_ev_profile()
     ctl.create_cc_profile()

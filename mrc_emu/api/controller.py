@@ -97,6 +97,7 @@ class Controller:
         self.cc_profiles: dict[int, CcProfile] = {}
         self.ev_active_qps: dict[int, int] = {}  # EV profile id -> QPs bound to it (CcProfile counts its own)
         self.qps: list[Qp] = []
+        self._qpns = 0
         self.req_ids = ReqIdPool()
 
     # device
@@ -135,20 +136,30 @@ class Controller:
             raise MrcApiError(f"{kind}_profile_id: the device holds at most {limit} {kind} profiles", errno.ENOSPC)
         return profile_id
 
+    def _new(self, kind: str, profile_id: int | None) -> Any:
+        """A new profile of `kind` (ev_fmt, ev, cc) in INIT, not yet in its table."""
+        if kind == "ev_fmt":
+            return EvFormatProfile(self._new_id(self.fmt_profiles, profile_id, self.attrs.ev_max_fmt_profiles, kind))
+        if kind == "ev":
+            return EvProfile(self._new_id(self.ev_profiles, profile_id, self.attrs.ev_max_profiles, kind))
+        pid = self._new_id(self.cc_profiles, profile_id, self.attrs.cc_max_profiles, kind)
+        return CcProfile(pid, self.attrs.algorithms, self.has(OptAttr.CC_PROFILE_MODIFY_ONLINE))
+
     def create_ev_fmt_profile(self, profile_id: int | None = None) -> EvFormatProfile:
-        pid = self._new_id(self.fmt_profiles, profile_id, self.attrs.ev_max_fmt_profiles, "ev_fmt")
-        self.fmt_profiles[pid] = EvFormatProfile(pid)
-        return self.fmt_profiles[pid]
+        """A format profile in INIT, by the id given or the lowest free one (ENOSPC past ev_max_fmt_profiles)."""
+        fmt = self._new("ev_fmt", profile_id)
+        self.fmt_profiles[fmt.profile_id] = fmt
+        return fmt
 
     def create_ev_profile(self, profile_id: int | None = None) -> EvProfile:
-        pid = self._new_id(self.ev_profiles, profile_id, self.attrs.ev_max_profiles, "ev")
-        self.ev_profiles[pid] = EvProfile(pid)
-        return self.ev_profiles[pid]
+        profile = self._new("ev", profile_id)
+        self.ev_profiles[profile.profile_id] = profile
+        return profile
 
     def create_cc_profile(self, profile_id: int | None = None) -> CcProfile:
-        pid = self._new_id(self.cc_profiles, profile_id, self.attrs.cc_max_profiles, "cc")
-        self.cc_profiles[pid] = CcProfile(pid, self.attrs.algorithms, self.has(OptAttr.CC_PROFILE_MODIFY_ONLINE))
-        return self.cc_profiles[pid]
+        cc = self._new("cc", profile_id)
+        self.cc_profiles[cc.profile_id] = cc
+        return cc
 
     def _get(self, table: dict, profile_id: Any, kind: str) -> Any:
         if isinstance(profile_id, bool) or profile_id not in table:
@@ -193,17 +204,18 @@ class Controller:
 
     def modify_ev_fmt_profile(self, profile_id: int, **attrs: Any) -> EvFormatProfile:
         """mrc_ctl_modify_ev_fmt_profile(id, state=, cur_state=, mode=, fields=); an id never seen is created."""
-        fmt = self.fmt_profiles.get(profile_id) or self.create_ev_fmt_profile(profile_id)
+        fmt = self.fmt_profiles[profile_id] if profile_id in self.fmt_profiles else self._new("ev_fmt", profile_id)
         mode = attrs.get("mode")
         if mode is not None and not self.attrs.ev_fmt_mode_mask & int(_mode(mode, EvFormatMode)):
             raise MrcApiError(f"mode: {mode!r} is not in the device's ev_fmt_mode_mask 0x{self.attrs.ev_fmt_mode_mask:X}")
         fmt.modify(**attrs)
+        self.fmt_profiles[profile_id] = fmt  # a new id exists once a modify succeeded: a failed call changes nothing
         return fmt
 
     def modify_ev_profile(self, profile_id: int, *, fmt_id: int | None = None, **attrs: Any) -> EvProfile:
         """mrc_ctl_modify_ev_profile(id, state=, cur_state=, mode=, fmt_id=, ev_count=, ev_min_active=,
         ev_event_mask=, fields=) with the device's limits; EV_OP is `ev_op()`. An id never seen is created."""
-        profile = self.ev_profiles.get(profile_id) or self.create_ev_profile(profile_id)
+        profile = self.ev_profiles[profile_id] if profile_id in self.ev_profiles else self._new("ev", profile_id)
         if self.ev_active_qps.get(profile_id):
             raise MrcApiError(f"state: {self.ev_active_qps[profile_id]} active QP(s) use EV profile {profile_id}",
                               errno.EBUSY)
@@ -223,6 +235,7 @@ class Controller:
             raise MrcApiError(f"fields: total width {sum(f.width for f in fields)} extends past the device's "
                               f"ev_max_width {self.attrs.ev_max_width}", errno.E2BIG)
         profile.modify(**attrs)
+        self.ev_profiles[profile_id] = profile
         return profile
 
     def _check_count(self, profile_id: int, count: int, mode: EvProfileMode | None) -> None:
@@ -240,8 +253,9 @@ class Controller:
 
     def modify_cc_profile(self, profile_id: int, **attrs: Any) -> CcProfile:
         """mrc_ctl_modify_cc_profile(id, state=, cur_state=, algorithm=, config=); an id never seen is created."""
-        cc = self.cc_profiles.get(profile_id) or self.create_cc_profile(profile_id)
+        cc = self.cc_profiles[profile_id] if profile_id in self.cc_profiles else self._new("cc", profile_id)
         cc.modify(**attrs)
+        self.cc_profiles[profile_id] = cc
         return cc
 
     def ev_op(self, profile_id: int, op: EvOp | int, entries: Sequence[EvOpEntry]) -> int:
@@ -263,7 +277,8 @@ class Controller:
 
     def create_qp(self, max_send_wr: int = 128, max_recv_wr: int = 128) -> Qp:
         """mrc_create_qp: a QP in RST whose ->INIT binds this controller's profiles."""
-        qp = Qp(self.device, self, qpn=len(self.qps) + 1, max_send_wr=max_send_wr, max_recv_wr=max_recv_wr)
+        self._qpns += 1
+        qp = Qp(self.device, self, qpn=self._qpns, max_send_wr=max_send_wr, max_recv_wr=max_recv_wr)
         self.qps.append(qp)
         return qp
 
