@@ -61,11 +61,11 @@ def test_profiles_by_id_created_on_first_modify_or_by_create():
     assert ctl.create_ev_profile().profile_id == 2 and ctl.create_cc_profile(7).profile_id == 7
     with raises(errno.EINVAL, "ev_profile_id: 2 exists already"):
         ctl.create_ev_profile(2)
-    with raises(errno.EINVAL, "ev_fmt_profile_id: 99 is not a ev fmt profile of controller h0"):
+    with raises(errno.EINVAL, "ev_fmt_profile_id: 99 is not an EV format profile of controller h0"):
         ctl.modify_ev_profile(3, state=OFFLINE, mode="GEN", fmt_id=99, ev_count=1, fields=[EvField(8)])
     with raises(errno.EINVAL, "fmt: a controller takes the format by id (fmt_id=, FMT_ID)"):
         ctl.modify_ev_profile(3, fmt=ctl.ev_fmt_profile(13))
-    with raises(errno.EINVAL, "cc_profile_id: 'x' is not a cc profile of controller h0"):
+    with raises(errno.EINVAL, "cc_profile_id: 'x' is not a CC profile of controller h0"):
         ctl.cc_profile("x")
     with raises(errno.EINVAL, "algorithm: INIT -> OFFLINE needs ALGORITHM"):
         ctl.modify_cc_profile(8, state=OFFLINE)
@@ -79,7 +79,7 @@ def test_the_device_limits():
                                          ev_max_count_profile=4, ev_count_align=4,
                                          ev_fmt_mode_mask=1, ev_mode_mask=6))
     stev_format(ctl)
-    with raises(errno.ENOSPC, "ev_fmt_profile_id: the device holds at most 1 ev_fmt profiles"):
+    with raises(errno.ENOSPC, "ev_fmt_profile_id: the device holds at most 1 EV format profiles"):
         ctl.create_ev_fmt_profile()
     ctl.modify_ev_fmt_profile(13, state=OFFLINE)
     with raises(errno.EINVAL, "mode: 'UDP' is not in the device's ev_fmt_mode_mask 0x1"):
@@ -99,10 +99,10 @@ def test_the_device_limits():
     with raises(errno.ENOSPC, "ev_count: 4 EVs, the device has 2 free (ev_max_count 6)"):
         gen_profile(ctl, 2, count=4)
     assert ctl.create_ev_profile().profile_id == 2  # the failed modify did not create profile 2
-    with raises(errno.ENOSPC, "ev_profile_id: the device holds at most 2 ev profiles"):
+    with raises(errno.ENOSPC, "ev_profile_id: the device holds at most 2 EV profiles"):
         ctl.create_ev_profile()
     ctl.create_cc_profile()
-    with raises(errno.ENOSPC, "cc_profile_id: the device holds at most 1 cc profiles"):
+    with raises(errno.ENOSPC, "cc_profile_id: the device holds at most 1 CC profiles"):
         ctl.modify_cc_profile(5, state=OFFLINE, algorithm="uet-1.0-nscc")
 
 
@@ -170,8 +170,9 @@ def test_ports_and_endpoint_batches_go_through_the_controller():
     batch = ctl.ep_batch(EpOpType.EV_PROBE, [request], 1000, now_ns=0)
     with raises(errno.EAGAIN, "req_id: 5 is outstanding"):
         ctl.ep_batch(EpOpType.EV_PROBE, [request], 1000, now_ns=0)
+    assert not batch.on_response(EpResponse(5, 3, 100), 5)  # no port 3 on this host
     batch.on_response(EpResponse(5, 1, 100), 10)
-    assert batch.result(10) == ([EpResponse(5, 1, 100)], 0)
+    assert batch.result(10) == ([EpResponse(5, 1, 100)], 0) and batch.ignored == {"malformed": 1}
     with raises(errno.EINVAL, "req[0].req_port: port 2 is DISABLED"):
         ctl.ep_batch(EpOpType.EV_PROBE, [EpRequest(6, "fd00::1", "fd00::2", 1, b"\x01", 2)], 1000)
     no_probes = Controller(attrs=CtlDeviceAttr(opt_attr=OptAttr.EV_EVENT))

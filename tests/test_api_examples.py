@@ -89,7 +89,7 @@ def test_exp_ev_configure_populate_online_deny_replace_query_destroy():
     # The example gives no fields; the header's INIT -> OFFLINE needs MODIFY_FIELDS (c:705-723) even for EXP.
     with raises(errno.EINVAL, "fields: INIT -> OFFLINE needs MODE, FMT_ID, COUNT and MODIFY_FIELDS"):
         ctl.modify_ev_profile(1, **step1)
-    with raises(errno.EINVAL, "ev_fmt_profile_id: 12 is not a ev fmt profile of controller h0"):
+    with raises(errno.EINVAL, "ev_fmt_profile_id: 12 is not an EV format profile of controller h0"):
         ctl.modify_ev_profile(1, **{**step1, "fmt_id": 12})  # a wrong format id
     fields = [EvField(16, mask=0xFFFF, max_val=0xFFFF), EvField(16, mask=0xFFFF, max_val=0xFFFF)]
     ctl.modify_ev_profile(1, fields=fields, **step1)
@@ -116,7 +116,7 @@ def test_exp_ev_configure_populate_online_deny_replace_query_destroy():
         ctl.ev_op(1, EvOp.MODIFY_EV_STATE, [EvOpEntry(le32(i << 16 | i), 1, state=DENIED)])
     with raises(errno.ENOENT, "entries[0].ev: 0x0d000d on port 2 not found (0 of 1 entries applied)"):
         ctl.ev_op(1, EvOp.MODIFY_EV_STATE, [EvOpEntry(le32(13 << 16 | 13), 2, state=DENIED)])  # the wrong port
-    with raises(errno.EINVAL, "ev_profile_id: 2 is not a ev profile of controller h0"):
+    with raises(errno.EINVAL, "ev_profile_id: 2 is not an EV profile of controller h0"):
         ctl.ev_op(2, EvOp.MODIFY_EV_STATE, [EvOpEntry(le32(13 << 16 | 13), 1, state=DENIED)])  # a wrong id
     assert ctl.poll_events(4) == []  # DENIED is never an event (ev_event_mask holds GOOD and ASSUMED_BAD only)
     # Replace the Values of EVs 13..42 by +128 (ONLINE: needs EV_PROFILE_MODIFY_ONLINE, which this device has)
@@ -261,7 +261,7 @@ def test_ev_events_register_poll_and_drop_count():
     with raises(errno.EINVAL, "state: an ONLINE EV profile may only move to OFFLINE (EVENT_MASK and MODIFY_FIELDS "
                               "online need EV_PROFILE_MODIFY_ONLINE, not mirrored)"):
         ctl.modify_ev_profile(13, ev_event_mask=GOOD | ASSUMED_BAD)
-    with raises(errno.EINVAL, "ev_profile_id: 14 is not a ev profile of controller h0"):
+    with raises(errno.EINVAL, "ev_profile_id: 14 is not an EV profile of controller h0"):
         ctl.ev_profile(14)  # a wrong id
     ctl.modify_ev_profile(13, state=OFFLINE)
     with raises(errno.EINVAL, "ev_event_mask: 0x04 has bits other than GOOD (0x01) and ASSUMED_BAD (0x02)",
@@ -367,7 +367,7 @@ def test_mrc_qp_create_init_rtr_rts_query_destroy():
     with raises(errno.EINVAL, "state: RST -> RTR is not a QP transition (RST -> INIT -> RTR -> RTS, any -> RST or ERR)"):
         qp.modify(state=QpState.RTR, max_wimm_dest=128, mpr_dest=8)
     # Modify to INIT: the EV/CC profile ids learned out of band, no hint
-    with raises(errno.EINVAL, "ev_profile_id: 7 is not a ev profile of controller h0"):
+    with raises(errno.EINVAL, "ev_profile_id: 7 is not an EV profile of controller h0"):
         qp.modify(state=QpState.INIT, ev_profile_id=7, cc_profile_id=2)  # a wrong id
     with raises(errno.EINVAL, "cc_profile_id: RST -> INIT needs CC_PROFILE_ID"):
         qp.modify(state=QpState.INIT, ev_profile_id=1)  # a missing attribute

@@ -201,7 +201,7 @@ def test_the_ibv_attributes_the_header_rejects(name, why):
 def test_profiles_must_exist_and_be_online_and_count_the_qp():
     ctl = online_controller()
     qp = ctl.create_qp()
-    with raises(errno.EINVAL, "ev_profile_id: 9 is not a ev profile of controller h0"):
+    with raises(errno.EINVAL, "ev_profile_id: 9 is not an EV profile of controller h0"):
         qp.modify(state=INIT, ev_profile_id=9, cc_profile_id=2)
     ctl.modify_cc_profile(3, state=ProfileState.OFFLINE, algorithm="uet-1.0-nscc")
     with raises(errno.EINVAL, "cc_profile_id: profile 3 is OFFLINE, not ONLINE"):

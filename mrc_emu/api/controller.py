@@ -30,6 +30,8 @@ from .profiles import EvProfile, EvProfileMode
 from .qp import DeviceAttr, Qp
 
 U64 = (1 << 64) - 1
+KINDS = {"ev_fmt": "EV format", "ev": "EV", "cc": "CC"}
+ARTICLE = {"ev_fmt": "an", "ev": "an", "cc": "a"}
 
 
 class OptAttr(IntFlag):
@@ -133,7 +135,7 @@ class Controller:
         elif profile_id in table:
             raise MrcApiError(f"{kind}_profile_id: {profile_id} exists already")
         if len(table) >= limit:
-            raise MrcApiError(f"{kind}_profile_id: the device holds at most {limit} {kind} profiles", errno.ENOSPC)
+            raise MrcApiError(f"{kind}_profile_id: the device holds at most {limit} {KINDS[kind]} profiles", errno.ENOSPC)
         return profile_id
 
     def _new(self, kind: str, profile_id: int | None) -> Any:
@@ -163,7 +165,7 @@ class Controller:
 
     def _get(self, table: dict, profile_id: Any, kind: str) -> Any:
         if isinstance(profile_id, bool) or profile_id not in table:
-            raise MrcApiError(f"{kind}_profile_id: {profile_id!r} is not a {kind.replace('_', ' ')} profile of "
+            raise MrcApiError(f"{kind}_profile_id: {profile_id!r} is not {ARTICLE[kind]} {KINDS[kind]} profile of "
                               f"controller {self.host}")
         return table[profile_id]
 

@@ -154,6 +154,7 @@ class EpBatch:
         if pool is not None:
             pool.reserve(ids, now_ns)
         self.pool = pool
+        self.port_numbers = set(ports.admin) if ports is not None else None  # where a response may arrive
         self.responses: list[EpResponse] = []
         self.ignored: Counter[str] = Counter()  # responses dropped: unknown, duplicate, late, malformed
         self.closed = False
@@ -224,7 +225,8 @@ class EpBatch:
 
     def _reject(self, resp: Any, now_ns: int) -> str:
         if not isinstance(resp, EpResponse) or not _is_uint(resp.req_id, U16) or not _is_uint(resp.port, U8) \
-                or resp.port == 0 or not _is_uint(resp.rtt_ns, U32):
+                or resp.port == 0 or not _is_uint(resp.rtt_ns, U32) \
+                or (self.port_numbers is not None and resp.port not in self.port_numbers):
             return "malformed"
         if self.closed or now_ns > self.deadline_ns:
             return "late"
