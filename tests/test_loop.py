@@ -72,7 +72,7 @@ class Echo:
         self.pumps: list[tuple[int, int]] = []
         self.wake: int | None = None
 
-    def on_datagram(self, payload, src, sport, now, tclass=0):
+    def on_datagram(self, payload, src, sport, now, tclass=0, port=0):
         self.got.append((bytes(payload), now))
 
     def pump(self, now, send, clock=None, horizon=None):

@@ -196,7 +196,7 @@ def run_transfers(fabric: Fabric, specs: list[TransferSpec], control: Control | 
             dst.send(Accept(key, spec.dst, spec.size, qpn_resp, qpn_req, start_psn, paths.back, paths.src_address,
                             spec.config))
             region = _expect_key(dst, Accepted, key).region
-            src.send(Prepare(key, spec.src, qpn_req, qpn_resp, paths.forward, paths.probes, spec.config, spec.cc,
+            src.send(Prepare(key, spec.src, qpn_req, qpn_resp, paths.forward, spec.config, spec.cc,
                              spec.ev_min_active, start_psn, region, spec.size, spec.imm))
         for key, spec in enumerate(specs):
             _expect_key(pool.of[spec.src], Prepared, key, timeout=120.0)

@@ -92,7 +92,6 @@ class Prepare:
     qpn: int
     dest_qp: int
     forward: dict[int, Path]
-    probes: dict[int, Path]
     config: QpConfig
     cc: str
     ev_min_active: int
@@ -242,7 +241,7 @@ class _Worker:
         port = self.ports[msg.host]
         data = os.urandom(msg.size)
         digest = hashlib.sha256(data).hexdigest()  # before the clock starts: hashing is not the transfer
-        requester = Requester(port.mux.address, msg.qpn, msg.dest_qp, msg.forward, msg.probes, msg.config,
+        requester = Requester(port.mux.address, msg.qpn, msg.dest_qp, msg.forward, msg.config,
                               make_cc(msg.cc, msg.config.mtu, msg.config.link_rate_bps, msg.config.base_rtt_ns,
                                       **(msg.config.cc_options or {})), start_psn=msg.start_psn,
                               ev_min_active=msg.ev_min_active, random_bits=secrets.randbits,
