@@ -149,3 +149,25 @@ class MemoryNetwork:
             while self._heap and self._heap[0].time <= self.now:
                 a = heapq.heappop(self._heap)
                 a.endpoint.on_datagram(a.payload, a.src, a.sport, self.now, a.tclass, a.port)
+
+
+class MemoryHost:
+    """All the endpoints of one host (a transport.mux.HostMux: QPs and the host's MRC endpoint at
+    QPN 0x2) as one endpoint of the in-memory network, as a worker's Port serves them."""
+
+    def __init__(self, mux) -> None:
+        self.mux = mux
+        self.address = mux.address
+
+    def on_datagram(self, payload: bytes, src: bytes, sport: int, now: int, tclass: int = 0, port: int = 0) -> None:
+        endpoint = self.mux.route(payload)
+        if endpoint is not None:
+            endpoint.on_datagram(payload, src, sport, now, tclass, port)
+
+    def pump(self, now: int, send, clock=None, horizon=None) -> None:
+        for endpoint in list(self.mux.by_qpn.values()):
+            endpoint.pump(now, send)
+
+    def next_wakeup(self) -> int | None:
+        wakes = [w for w in (e.next_wakeup() for e in self.mux.by_qpn.values()) if w is not None]
+        return min(wakes) if wakes else None
