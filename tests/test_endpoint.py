@@ -245,3 +245,42 @@ def test_retransmissions_and_probes_avoid_a_disabled_port_too():
     assert buffer == data and requester.retransmits > 0
     assert not [x for x in log if x[1] == PATHS.src_address and x[3] == 0]
     assert requester.prober.probes_sent == 0 or all(PATHS.forward[e].plane == 1 for e in requester.prober.answers)
+
+
+def test_both_receive_paths_name_the_arrival_port():
+    """IPV6_PKTINFO: the interface a datagram came in by, mapped to the host's 1-based port, in the
+    plain receive (recvmsg) and in the batched one (recvmmsg, C)."""
+    import time
+
+    from mrc_emu.io import port as port_module
+    from mrc_emu.io.sockets import SocketLink
+
+    lo = socket.if_nametoindex("lo")
+    recv = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+    recv.bind(("::1", 0))
+    sender = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+    try:
+        link = SocketLink(sender, recv, ports_by_ifindex={lo: 3})
+        got = []
+
+        class Endpoint:
+            address = b""
+
+            def on_datagram(self, payload, src, sport, now, tclass=0, port=0):
+                got.append(port)
+
+        sender.sendto(b"x", recv.getsockname()[:2])
+        deadline = time.monotonic() + 5
+        while not got and time.monotonic() < deadline:
+            link.receive(Endpoint(), time.monotonic_ns)
+        assert got == [3]
+        if port_module._sockio is not None:
+            port_module._sockio.enable_stamps(recv.fileno())
+            sender.sendto(b"y", recv.getsockname()[:2])
+            batch = []
+            while not batch and time.monotonic() < deadline:
+                batch = port_module._sockio.recv_batch(recv.fileno(), 4)
+            assert batch[0][5] == lo
+    finally:
+        sender.close()
+        recv.close()

@@ -131,7 +131,7 @@ class _Pool:
         self.of: dict[str, Child] = {}
         shares: list[list[HostSpec]] = [[] for _ in range(count)]
         for i, host in enumerate(names):  # round robin: neighbours of a ring land on different workers
-            shares[i % count].append(HostSpec(host, str(fabric.node_path(host)), hosts[host]))
+            shares[i % count].append(HostSpec(host, str(fabric.node_path(host)), hosts[host], host_ports(fabric.topology, host)))
         try:
             for index, share in enumerate(shares):
                 child = Child(fabric, f"MRC endpoint worker {index} ({len(share)} hosts)", serve_hosts,
@@ -147,6 +147,15 @@ class _Pool:
         for worker in self.workers:
             worker.stop()
         self.horizon.close()
+
+
+def host_ports(topo: Topology, host: str) -> dict[str, int]:
+    """A host's interfaces and their 1-based ports: its link to the leaf of plane p is port p + 1."""
+    ports = {}
+    for plane in range(topo.planes):
+        (link,) = topo.links_between(host, topo.leaf_of(host, plane))
+        ports[topo.peer(link, host)[1]] = plane + 1
+    return ports
 
 
 def _host_order(name: str) -> tuple:

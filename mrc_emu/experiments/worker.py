@@ -33,6 +33,7 @@ from ..io.loop import Clock, EventLoop, Horizon, Port
 from ..io.sockets import udp_receiver
 from ..transport.cc import make_cc
 from ..transport.config import QpConfig
+from ..transport.endpoint import HostEndpoint
 from ..transport.mux import HostMux
 from ..transport.paths import Path
 from ..transport.requester import Requester
@@ -60,11 +61,13 @@ def _since(ledger: dict, start_ns: int) -> dict:
 
 @dataclass(frozen=True)
 class HostSpec:
-    """A host this worker serves: its name, namespace and address."""
+    """A host this worker serves: its name, namespace and address, and its interfaces' 1-based
+    ports (interface name -> port: the NIC on plane p is port p + 1)."""
 
     name: str
     ns_path: str
     address: str
+    ports: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -180,12 +183,14 @@ def kernel_udp_counters() -> dict[str, int]:
     return out
 
 
-def _host_sockets(spec: HostSpec) -> tuple[socket.socket, socket.socket, dict[str, int]]:
-    """The host's raw socket (out) and UDP socket on port 4791 (in), made inside its namespace."""
+def _host_sockets(spec: HostSpec) -> tuple[socket.socket, socket.socket, dict[str, int], dict[int, int]]:
+    """The host's raw socket (out) and UDP socket on port 4791 (in), made inside its namespace,
+    its kernel UDP counters, and its interface indexes' ports."""
     with netns.entered(spec.ns_path):
         recv = udp_receiver(spec.address, buffer=RECV_BUFFER)
         raw = socket.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_RAW)
-        return raw, recv, kernel_udp_counters()
+        ports = {socket.if_nametoindex(intf): port for intf, port in spec.ports.items()}
+        return raw, recv, kernel_udp_counters(), ports
 
 
 @dataclass
@@ -330,9 +335,12 @@ def serve_hosts(parent: Parent, index: int, hosts: list[HostSpec], horizon: Hori
     ports: dict[str, Port] = {}
     before: dict[str, dict[str, int]] = {}
     for spec in hosts:
-        raw, recv, before[spec.name] = _host_sockets(spec)
-        port = ports[spec.name] = Port(spec.name, raw, recv, HostMux(socket.inet_pton(socket.AF_INET6, spec.address)))
+        raw, recv, before[spec.name], by_ifindex = _host_sockets(spec)
+        mux = HostMux(socket.inet_pton(socket.AF_INET6, spec.address))
+        port = ports[spec.name] = Port(spec.name, raw, recv, mux, by_ifindex)
+        mux.serve(HostEndpoint(mux.address, mux, None, max(1, len(spec.ports))))  # QPN 0x2: probes, port status
         loop.add_port(port)
+        loop.add_endpoint(mux.endpoint, port, first=True)
     worker = _Worker(parent, loop, {spec.name: spec for spec in hosts}, ports)
     loop.add_control(parent.fileno(), worker.on_control)
     parent.ready()

@@ -47,6 +47,28 @@ def packed_peer(path: Path) -> bytes:
     return ipaddress.IPv6Address(path.template.ends.dst).packed
 
 
+def qp_paths_to(mux: Any) -> Callable[[bytes], dict[int, Path]]:
+    """`paths_to` from a host's own QPs: a requester's forward paths towards its peer, or a
+    responder QP's paths back to its requester (the same EV indexes: the reverse of the peer's
+    EV i is this host's EV i), whichever the host has. Hosts no QP of this one talks to have none."""
+
+    def paths_to(peer: bytes) -> dict[int, Path]:
+        for qpn, qp in mux.by_qpn.items():
+            if qpn == fmt.ENDPOINT_QPN:
+                continue
+            if hasattr(qp, "profile"):
+                if packed_peer(next(iter(qp.paths.values()))) == peer:
+                    return qp.paths
+            else:
+                for rq in qp.qps.values():
+                    back = rq.paths_back
+                    if (rq.peer if rq.peer is not None else packed_peer(next(iter(back.values())))) == peer:
+                        return back
+        return {}
+
+    return paths_to
+
+
 class ProbeAnswers:
     """Probe requests that arrived and wait for their response (sent at the next pump)."""
 
@@ -113,11 +135,13 @@ class HostEndpoint:
     """The MRC endpoint of one host (QPN 0x2): answers probes, probes for its controller, and
     keeps the port status of the host and its peers, applied to the host's QPs (`mux`)."""
 
-    def __init__(self, address: bytes, mux: Any, paths_to: Callable[[bytes], dict[int, Path]], ports: int,
+    def __init__(self, address: bytes, mux: Any, paths_to: Callable[[bytes], dict[int, Path]] | None, ports: int,
                  pkey: int = fmt.DEFAULT_PKEY) -> None:
+        """`paths_to(peer)`: this host's paths towards `peer` by EV index (None: those its own
+        QPs have, `qp_paths_to`); `ports`: how many ports (planes) the host has."""
         self.address = address
         self.mux = mux
-        self.paths_to = paths_to
+        self.paths_to = paths_to if paths_to is not None else qp_paths_to(mux)
         self.pkey = pkey
         self.status = PortStatus(ports)
         self.answers = ProbeAnswers()
