@@ -75,3 +75,41 @@ def test_assumed_bad_evs_are_revived_by_probes_the_destination_answers(pro_fabri
         assert answer["port"] == plane + 1
         assert 0 < answer["service_ns"] < answer["rtt_ns"]
     assert result.responder["drops"].get("unknown_probe", 0) == 0
+
+
+def test_port_disabled_live_carries_nothing_more_and_controller_probes_name_ports(pro_fabric):
+    """During a WRITE h0 -> h2, h0's port 1 is disabled at 30 % and enabled at 70 %: plane 0's EVs
+    carry no data in between (per-EV counters), with zero retransmissions, and the data is
+    verified; an EV_PROBE batch from h0's controller at 50 % is answered by h2's endpoint, each
+    response naming the arrival port of its EV's plane (plane 1 only: port 1 is disabled then)."""
+    fabric, topo = pro_fabric, pro_fabric.topology
+    evs = evs_between(topo, "h0", "h2")
+    plane0 = [ev.index for ev in evs if ev.plane == 0]
+    plane1 = [ev.index for ev in evs if ev.plane == 1]
+    control, box = Control(), {}
+    ops = control.endpoint
+    probes = [(k, "h2", ev) for k, ev in enumerate(plane1)]
+    # rsp_timeout 100 ms: under a full-rate WRITE on this 2-core VM a response takes a few ms
+    control.hooks += [(0.3, lambda: ops.set_port_status("h0", 0b100)),
+                      (0.5, lambda: box.setdefault("batch", ops.ev_probe("h0", probes, 100_000_000))),
+                      (0.7, lambda: ops.set_port_status("h0", 0b110))]
+    result = send(fabric, "h0", "h2", 128 * MiB, control=control, linger_s=2.0)
+    assert result.verified, result.error
+    assert result.requester["stats"]["retransmits"] == 0
+    off, on = (a.time_ns - result.start_ns for a in ops.applied)
+    assert [a.mask for a in ops.applied] == [0b100, 0b110]
+    samples = [(t, sent) for t, sent, _ in result.ev_timeline]
+    order = sorted(result.evs)
+    during = [sent for t, sent in samples if off < t < on]
+    assert len(during) >= 2, "no per-EV sample while the port was disabled"
+    for ev in plane0:
+        i = order.index(ev)
+        assert during[0][i] == during[-1][i], f"EV {ev} carried data on the disabled port"
+    assert all(during[-1][order.index(ev)] > during[0][order.index(ev)] for ev in plane1)
+    assert result.per_ev[order.index(plane0[0])]["packets_sent"] > during[-1][order.index(plane0[0])]  # back after
+    batch = box["batch"]
+    assert batch.done.wait(10) and not batch.timed_out
+    print("\n" + "\n".join(f"EV_PROBE req {r['req_id']}: port {r['port']}, rtt {r['rtt']} ns, "
+                            f"adj_svc_time {r['adj_svc_time']} ns" for r in batch.responses))
+    assert sorted(r["req_id"] for r in batch.responses) == list(range(len(plane1)))
+    assert all(r["port"] == 2 and r["rtt"] > 0 and r["adj_svc_time"] <= r["rtt"] for r in batch.responses)

@@ -32,6 +32,7 @@ from ..transport.config import QpConfig
 from ..transport.nscc import max_wnd_for
 from ..transport.paths import QpPaths, qp_paths
 from . import emulation
+from .endpoint_ops import EndpointOps
 from .worker import Accept, Accepted, Final, Hash, Hashed, HostSpec, JobProgress, Prepare, Prepared, Progress, Start, Started, serve_hosts
 
 
@@ -52,6 +53,8 @@ class Control:
     # (progress fraction, action): run once by the parent when progress reaches it (a fault
     # agent times the fault itself, to the microsecond)
     hooks: list[tuple[float, Callable[[], object]]] = field(default_factory=list)
+    # EV_PROBE batches and port status on the run's hosts, from any thread (endpoint_ops.py)
+    endpoint: EndpointOps = field(default_factory=EndpointOps)
 
 
 @dataclass
@@ -221,7 +224,8 @@ def run_transfers(fabric: Fabric, specs: list[TransferSpec], control: Control | 
             worker.send(Start(tuple(now_keys.get(worker, ()))))
         control.started_ns = min(s.start_ns for s in (w.expect(Started) for w in pool.workers) if s.keys)
         deferred.sort(key=lambda d: d[0])
-        _watch(pool.workers, specs, control, on_progress, linger_s, timeout_s, deferred)
+        _watch(pool.workers, specs, control, on_progress, linger_s, timeout_s, deferred,
+               lambda: control.endpoint.step(pool.of, address_of, fabric.topology))
         placed = {}
         for key, spec in enumerate(specs):
             pool.of[spec.dst].send(Hash(key))
@@ -276,9 +280,10 @@ def _expect_key(worker: Child, kind: type, key: int, timeout: float = 30.0):
 
 def _watch(workers: list[Child], specs: list[TransferSpec], control: Control,
            on_progress: Callable[[int, int], None] | None, linger_s: float, timeout_s: float,
-           deferred: list[tuple[float, Child, int]]) -> None:
-    """Follow the workers' progress reports until every transfer is done (and lingering ended)."""
-    watch = _Watch(workers, specs, control, on_progress, linger_s, deferred)
+           deferred: list[tuple[float, Child, int]], endpoint_step: Callable[[], None] | None = None) -> None:
+    """Follow the workers' progress reports until every transfer is done (and lingering ended);
+    `endpoint_step` carries the controller's endpoint operations to the workers on each step."""
+    watch = _Watch(workers, specs, control, on_progress, linger_s, deferred, endpoint_step)
     try:
         until(watch.step, timeout_s, "the transfers to finish", interval=0.05, wake=list(workers))
     except WaitTimeout:
@@ -290,8 +295,9 @@ class _Watch:
 
     def __init__(self, workers: list[Child], specs: list[TransferSpec], control: Control,
                  on_progress: Callable[[int, int], None] | None, linger_s: float,
-                 deferred: list[tuple[float, Child, int]]) -> None:
+                 deferred: list[tuple[float, Child, int]], endpoint_step: Callable[[], None] | None = None) -> None:
         self.workers, self.specs, self.control, self.on_progress = workers, specs, control, on_progress
+        self.endpoint_step = endpoint_step
         self.linger_s, self.deferred = linger_s, deferred
         self.primary = {k for k, s in enumerate(specs) if s.start_at is None}
         self.total = sum(s.size for k, s in enumerate(specs) if k in self.primary)
@@ -303,6 +309,8 @@ class _Watch:
         control, latest, deferred = self.control, self.latest, self.deferred
         if control.stop.is_set():
             return True
+        if self.endpoint_step is not None:
+            self.endpoint_step()
         for worker in self.workers:
             while (report := worker.poll(Progress)) is not None:  # other answers wait for their expect
                 latest.update(report.jobs)

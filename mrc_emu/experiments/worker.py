@@ -38,6 +38,7 @@ from ..transport.mux import HostMux
 from ..transport.paths import Path
 from ..transport.requester import Requester
 from ..transport.responder import Responder
+from .endpoint_ops import WorkerOps
 
 TIMELINE_TICK_NS = 1_000_000  # goodput timeline resolution (transport time)
 REPORT_NS = 10_000_000  # progress reports to the parent
@@ -223,8 +224,9 @@ class _Worker:
         self.running: list[_Job] = []  # started, not done
         self.stopped = False
         self.next_report = 0
+        self.ops = WorkerOps(parent, loop, ports)  # EV_PROBE batches, port status (experiments/endpoint_ops.py)
         self.handlers = {Accept: self.accept, Prepare: self.prepare, Start: self.start, Hash: self.hash,
-                         Stop: self.stop}
+                         Stop: self.stop, **self.ops.handlers}
 
     def on_control(self) -> None:
         while self.parent.poll():
@@ -274,6 +276,7 @@ class _Worker:
         self.stopped = True
 
     def tick(self, now: int) -> None:
+        self.ops.tick(now)
         still = []
         for job in self.running:
             r = job.requester

@@ -142,6 +142,7 @@ class HostEndpoint:
         self.address = address
         self.mux = mux
         self.paths_to = paths_to if paths_to is not None else qp_paths_to(mux)
+        self._known: dict[bytes, dict[int, Path]] = {}  # paths given with `learn`, before paths_to
         self.pkey = pkey
         self.status = PortStatus(ports)
         self.answers = ProbeAnswers()
@@ -159,6 +160,13 @@ class HostEndpoint:
 
     # ---- the controller's side -----------------------------------------------------------
 
+    def learn(self, peer: bytes, paths: dict[int, Path]) -> None:
+        """This host's paths towards `peer` (by EV index), for hosts its QPs do not talk to."""
+        self._known[peer] = paths
+
+    def _paths(self, peer: bytes) -> dict[int, Path]:
+        return self._known.get(peer) or self.paths_to(peer)
+
     def ev_probe(self, requests: list[EpRequest]) -> None:
         """Queue a batch of EV probes (sent at the next pump); ValueError for a req_id already
         outstanding or an EV with no path (nothing of the batch is queued then)."""
@@ -166,7 +174,7 @@ class HostEndpoint:
         for r in requests:
             if not 0 <= r.req_id <= 0xFFFF or r.req_id in ids:
                 raise ValueError(f"req_id {r.req_id} is outstanding or not a u16")
-            if r.ev not in self.paths_to(r.peer):
+            if r.ev not in self._paths(r.peer):
                 raise ValueError(f"req_id {r.req_id}: no EV {r.ev} towards that host")
             ids.add(r.req_id)
         self._queued += requests
@@ -262,7 +270,7 @@ class HostEndpoint:
 
     def _way(self, peer: bytes, ev: int | None = None) -> Path | None:
         """A usable path to `peer`: EV `ev`'s when given (None if it is not usable), else the first usable one."""
-        paths = self.paths_to(peer)
+        paths = self._paths(peer)
         if ev is not None:
             path = paths.get(ev)
             return path if path is not None and self.status.usable(peer, path) else None

@@ -304,18 +304,17 @@ class Responder:
 
     def _signal(self, qp: _PyQp | _CQp, send: Send) -> None:
         """Send the QP's pending TRIM NACKs (each back along the trimmed packet's EV) and CNP."""
-        first = next(iter(qp.paths_back.values()))
         for nack in qp.trims:
-            path = qp.paths_back.get(nack.ev) or first
-            if send(path.template.encode(nack), path):
+            path = self._back_path(qp, nack.ev)
+            if path is not None and send(path.template.encode(nack), path):
                 self.stats["trim_nacks_sent"] += 1
             else:
                 self.drops["trim_nack_not_sent"] += 1
         qp.trims.clear()
         if qp.cnp_due:
             qp.cnp_due = False
-            path = qp.paths_back.get(qp.echo_ev) or first
-            if send(path.template.encode(CnpPacket(qp.peer_qpn, qp.pkey)), path):
+            path = self._back_path(qp, qp.echo_ev)
+            if path is not None and send(path.template.encode(CnpPacket(qp.peer_qpn, qp.pkey)), path):
                 self.stats["cnps_sent"] += 1
             else:
                 self.drops["cnp_not_sent"] += 1
@@ -366,10 +365,10 @@ class Responder:
             return None  # a disabled port: the probe is not answered, its EV is not usable
         return path, qp.peer_qpn, qp.pkey
 
-    def _ack_path(self, qp: _PyQp | _CQp) -> Path | None:
-        """The way back for the QP's ACK: the echoed packet's EV's, or, when that crosses a
-        disabled port, the first usable one (None: none is)."""
-        path = qp.paths_back.get(qp.echo_ev) or next(iter(qp.paths_back.values()))
+    def _back_path(self, qp: _PyQp | _CQp, ev: int) -> Path | None:
+        """The way back for an ACK, TRIM NACK or CNP about a packet that came on `ev`: that EV's
+        back path, or, when it crosses a disabled port, the first usable one (None: none is)."""
+        path = qp.paths_back.get(ev) or next(iter(qp.paths_back.values()))
         ports = self.ports
         if ports is None or ports.all_up:
             return path
@@ -387,7 +386,7 @@ class Responder:
                 self._signal(qp, send)
             if not qp.ack_due and not (qp.unacked_since >= 0 and now >= qp.unacked_since + qp.config.ack_delay_ns):
                 continue
-            path = self._ack_path(qp)
+            path = self._back_path(qp, qp.echo_ev)
             if path is None:
                 self.drops["ack_not_sent"] += 1
                 qp.ack_due, qp.nak, qp.since_ack, qp.unacked_since = False, None, 0, -1
