@@ -78,19 +78,20 @@ def test_live_control_sends_only_changes_and_only_when_the_record_grew(record):
     topo = record.fabric.topology
     live = LiveControl(record, {0: ("h0", {e.index: e for e in evs_between(topo, "h0", "h2")}),
                                 1: ("h1", {e.index: e for e in evs_between(topo, "h1", "h3")})})
-    assert live.changes() == ([], [])
+    assert live.changes() == ([], {})
     record.deny(Selector(node="p0s1"))
     evs, _ = live.changes()
     assert evs == [(0, "h0", (1,), (), "p0s1 (by cli)"), (1, "h1", (1,), (), "p0s1 (by cli)")]
-    assert live.changes() == ([], [])  # nothing new
+    assert live.changes() == ([], {})  # nothing new
     record.set_port("h0", 1, False)
     evs, ports = live.changes()
-    assert evs == [(0, "h0", (4, 5, 6, 7), (), "h0 port 2 disabled")] and ports == [("h0", 1, False)]
+    assert evs == [] and ports == {"h0": 0b010}  # a port is no deny: h0's endpoint gets its mask (port 1 only)
+    record.set_port("h3", 0, False)  # a host with no QP of the run here: nothing to tell
     record.allow(Selector(node="p0s1"))
     record.set_port("h0", 1, True)
     evs, ports = live.changes()
-    assert evs == [(0, "h0", (), (1, 4, 5, 6, 7), "allowed"), (1, "h1", (), (1,), "allowed")]
-    assert ports == [("h0", 1, True)]
+    assert evs == [(0, "h0", (), (1,), "allowed"), (1, "h1", (), (1,), "allowed")]
+    assert ports == {"h0": 0b110}
 
 
 def test_event_queue_polls_in_order_counts_drops_and_forgets_what_was_taken(record, monkeypatch):

@@ -58,7 +58,7 @@ def test_port_disable_mid_transfer_stops_its_evs_at_once_without_a_resend(tmp_pa
     t = results["runs"]["mrc"]["transfers"][0]
     _no_losses(t)
     off, on = t["ev_ops"]
-    assert off["deny"] == [4, 5, 6, 7] and on["allow"] == [4, 5, 6, 7] and off["reason"] == "h0 port 2 disabled"
+    assert off["deny"] == [4, 5, 6, 7] and on["allow"] == [4, 5, 6, 7] and off["reason"] == "h0 port(s) 2 disabled"
     for ev in ("4", "5", "6", "7"):
         assert on["sent"][ev] == off["sent"][ev] > 0  # nothing on the port's EVs while it was disabled
     assert all(on["sent"][ev] > off["sent"][ev] for ev in ("0", "1", "2", "3"))

@@ -70,7 +70,7 @@ def _pair(size: int):
     buffer = bytearray(size)
     mr = responder.register(buffer)
     responder.accept(0x22, 0x11, 0, PATHS.back)
-    requester = Requester(SRC, 0x11, 0x22, PATHS.forward, PATHS.probes, config,
+    requester = Requester(SRC, 0x11, 0x22, PATHS.forward, config,
                           random_bits=random.Random(2).getrandbits)
     return requester, responder, mr, buffer
 

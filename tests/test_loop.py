@@ -72,7 +72,7 @@ class Echo:
         self.pumps: list[tuple[int, int]] = []
         self.wake: int | None = None
 
-    def on_datagram(self, payload, src, sport, now, tclass=0):
+    def on_datagram(self, payload, src, sport, now, tclass=0, port=0):
         self.got.append((bytes(payload), now))
 
     def pump(self, now, send, clock=None, horizon=None):
@@ -120,7 +120,7 @@ def _until_the_kernel_stamps(rx, tx, deadline_s: float = 5.0) -> None:
         while time.monotonic_ns() < held_until:
             pass
         read = time.time_ns()
-        (_, _, _, stamp, _), = lp._sockio.recv_batch(rx.fileno(), 1)
+        (_, _, _, stamp, _, _), = lp._sockio.recv_batch(rx.fileno(), 1)
         if stamp and read - stamp >= 2_000_000:
             return
     pytest.fail("the kernel never stamped a datagram on arrival")

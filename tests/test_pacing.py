@@ -32,7 +32,7 @@ def paced_pair(rate_bps: float, size: int, c_loop: bool, profile: str = "dcqcn",
     mr = responder.register(buffer)
     responder.accept(0x22, 0x11, 0, PATHS.back)
     requester = Requester(socket.inet_pton(socket.AF_INET6, PATHS.src_address), 0x11, 0x22, PATHS.forward,
-                          PATHS.probes, config, make_cc(profile, MTU, rate_bps, **params), c_loop=c_loop,
+                          config, make_cc(profile, MTU, rate_bps, **params), c_loop=c_loop,
                           random_bits=random.Random(2).getrandbits)
     data = os.urandom(size)
     requester.post_write(data, mr.va, mr.rkey)
@@ -105,7 +105,7 @@ def test_a_go_back_n_rewind_resends_one_window_at_the_paced_rate():
     cc = make_cc("dcqcn", MTU, rate, base_rtt)
     assert cc.cwnd == rate * base_rtt / 8e9  # one BDP: 12,500 bytes
     requester = Requester(socket.inet_pton(socket.AF_INET6, PATHS.src_address), 0x11, 0x22, {0: PATHS.forward[0]},
-                          None, config, cc, random_bits=random.Random(2).getrandbits)
+                          config, cc, random_bits=random.Random(2).getrandbits)
     requester.post_write(os.urandom(200_000), 0x1000_0000, 0x1234)
     sends: list[int] = []  # send times
     now = 0

@@ -174,7 +174,7 @@ def _transfer(c_path: bool, size: int, faults: dict, seed: int, config: QpConfig
     mr = responder.register(buffer)
     responder.accept(0x22, 0x11, 12345, PATHS.back, config=config)
     responder.post_recv(0x22)  # the WRITE_WITH_IMM's receive, posted first (MRC has no RNR)
-    requester = Requester(SRC, 0x11, 0x22, PATHS.forward, PATHS.probes, config, start_psn=12345, random_bits=bits(2))
+    requester = Requester(SRC, 0x11, 0x22, PATHS.forward, config, start_psn=12345, random_bits=bits(2))
     net = _Recording(seed)
     for ev, settings_ in faults.items():
         for key, value in settings_.items():

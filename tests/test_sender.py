@@ -106,7 +106,7 @@ def _spray_in_own_namespace(c_send: bool, c_loop: bool) -> dict:
         src = socket.inet_pton(socket.AF_INET6, qp.src_address)
         out = {}
         for clocked in (False, True):
-            requester = Requester(src, 0x11, 0x22, paths, None, QpConfig(mtu=1024), c_loop=c_loop,
+            requester = Requester(src, 0x11, 0x22, paths, QpConfig(mtu=1024), c_loop=c_loop,
                                   random_bits=random.Random(2).getrandbits)
             requester.post_write(bytes(range(256)) * 800, 0x1000, 7)
             clock = itertools.count(5_000_000, 7_000).__next__ if clocked else None

@@ -89,7 +89,7 @@ def transfer(size: int, faults: dict[int, dict], config: QpConfig | None = None,
     mr = responder.register(buffer)
     responder.accept(0x22, 0x11, 0, PATHS.back, config=config)
     cc = RecordingCc()
-    requester = Requester(SRC, 0x11, 0x22, PATHS.forward, PATHS.probes, config, cc=cc, random_bits=bits(2))
+    requester = Requester(SRC, 0x11, 0x22, PATHS.forward, config, cc=cc, random_bits=bits(2))
     net = Watching(seed)
     for ev, settings_ in faults.items():
         for key, value in settings_.items():
@@ -242,7 +242,7 @@ def test_hostile_signals_are_counted_drops():
     assert responder.drops["unknown_qp"] == 1 and responder.drops["trim_out_of_window"] == 1
     assert _sent(responder) == [] and responder.stats["packets_placed"] == 0
 
-    requester = Requester(SRC, 0x11, 0x22, PATHS.forward, PATHS.probes, QpConfig(mtu=1024), random_bits=bits(2))
+    requester = Requester(SRC, 0x11, 0x22, PATHS.forward, QpConfig(mtu=1024), random_bits=bits(2))
     template = PATHS.back[0].template
     for packet in (fmt.TrimNackPacket(0x11, 5, 0), fmt.TrimNackPacket(0x11, 0, 99), fmt.TrimNackPacket(0x77, 0, 0),
                    fmt.CnpPacket(0x77), fmt.CnpPacket(0x11, pkey=0x1234)):
@@ -289,7 +289,7 @@ def test_socket_link_reads_the_traffic_class():
         class Endpoint:
             address = b""
 
-            def on_datagram(self, payload, src, sport, now, tclass=0):
+            def on_datagram(self, payload, src, sport, now, tclass=0, port=0):
                 got.append((bytes(payload), tclass))
 
         for tclass in (fmt.TCLASS_DATA | fmt.ECN_CE, TRIMMED, fmt.TCLASS_CONTROL):
@@ -331,7 +331,7 @@ def test_the_baseline_with_dcqcn_slows_down_on_cnps():
     mr = responder.register(buffer)
     responder.accept(0x22, 0x11, 0, {0: PATHS.back[0]}, config=config)
     cc = make_cc("dcqcn", config.mtu, config.link_rate_bps)
-    requester = Requester(SRC, 0x11, 0x22, {0: PATHS.forward[0]}, None, config, cc=cc, random_bits=bits(2))
+    requester = Requester(SRC, 0x11, 0x22, {0: PATHS.forward[0]}, config, cc=cc, random_bits=bits(2))
     net = MemoryNetwork(0)
     net.fault(0).ce = 0.3
     data = os.urandom(len(buffer))
@@ -351,7 +351,7 @@ def test_the_baseline_does_not_understand_trims_and_recovers_them_by_go_back_n()
     buffer = bytearray(200_000)
     mr = responder.register(buffer)
     responder.accept(0x22, 0x11, 0, {0: PATHS.back[0]}, config=config)
-    requester = Requester(SRC, 0x11, 0x22, {0: PATHS.forward[0]}, None, config, random_bits=bits(2))
+    requester = Requester(SRC, 0x11, 0x22, {0: PATHS.forward[0]}, config, random_bits=bits(2))
     net = MemoryNetwork(0)
     net.fault(0).trim = 0.02
     data = os.urandom(len(buffer))
@@ -368,7 +368,7 @@ def test_a_trimmed_packet_is_resent_first_once_the_window_has_room():
     its bytes out of flight, and a window cut by as much (NSCC) makes it wait for an ACK."""
     config = QpConfig(mtu=1024)
     window = FixedWindow(2 * 1024, 1024)
-    requester = Requester(SRC, 0x11, 0x22, PATHS.forward, PATHS.probes, config, cc=window, random_bits=bits(2))
+    requester = Requester(SRC, 0x11, 0x22, PATHS.forward, config, cc=window, random_bits=bits(2))
     requester.post_write(os.urandom(8 * 1024), 0x1000, 7)
     sent: list = []
     requester.pump(1_000, lambda frame, path: sent.append(path.ev) or True)

@@ -50,7 +50,7 @@ def pair(size: int, config: QpConfig | None = None, start_psn: int = 0, **kw):
     mr = responder.register(buffer)
     responder.accept(0x22, 0x11, start_psn, PATHS.back)
     responder.post_recv(0x22, 64)  # for WRITE_WITH_IMMs: MRC has no RNR, receives come first
-    requester = Requester(SRC, 0x11, 0x22, PATHS.forward, PATHS.probes, config, start_psn=start_psn,
+    requester = Requester(SRC, 0x11, 0x22, PATHS.forward, config, start_psn=start_psn,
                           random_bits=bits(2), **kw)
     return requester, responder, mr, buffer
 
@@ -179,7 +179,7 @@ def test_socket_driver_pumps_at_least_every_32_datagrams():
         class Counter:
             address = b""
 
-            def on_datagram(self, payload, src, sport, now, tclass=0):
+            def on_datagram(self, payload, src, sport, now, tclass=0, port=0):
                 got.append(int.from_bytes(payload, "big"))
 
         deadline = time.monotonic() + 5
@@ -303,7 +303,7 @@ def test_write_with_imm_without_a_posted_receive_fails_clearly_and_places_nothin
     responder.post_recv(0x22, 2)
     with pytest.raises(ValueError, match="no such QP"):
         responder.post_recv(0x99)
-    requester = Requester(SRC, 0x11, 0x22, PATHS.forward, PATHS.probes, config, random_bits=bits(2))
+    requester = Requester(SRC, 0x11, 0x22, PATHS.forward, config, random_bits=bits(2))
     data = os.urandom(len(buffer))
     for i in range(3):
         requester.post_write(data[i * 4096:(i + 1) * 4096], mr.va + i * 4096, mr.rkey, imm=i)
@@ -375,7 +375,7 @@ class _Hostile:
             DataPacket(self.own_qpn, psn + 0x400000, own.va, own.rkey, junk),  # far outside the PSN window
         ]
 
-    def on_datagram(self, payload, src, sport, now, tclass=0) -> None:
+    def on_datagram(self, payload, src, sport, now, tclass=0, port=0) -> None:
         pass  # NAKs
 
     def pump(self, now: int, send) -> None:
@@ -400,7 +400,7 @@ def test_hostile_peer_neither_corrupts_memory_nor_stalls_another_qp():
     responder.accept(0x22, 0x11, 0, PATHS.back, peer=SRC, pd=1)
     hostile = _Hostile(0x22, 0x33, mr.rkey, own)
     responder.accept(0x33, 0x44, 0, qp_paths(TOPO, "h2", "h1").forward, peer=hostile.address, pd=2)
-    requester = Requester(SRC, 0x11, 0x22, PATHS.forward, PATHS.probes, config, random_bits=bits(2))
+    requester = Requester(SRC, 0x11, 0x22, PATHS.forward, config, random_bits=bits(2))
     data = os.urandom(len(buffer))
     requester.post_write(data, mr.va, mr.rkey)
     net = MemoryNetwork(0)
@@ -427,8 +427,8 @@ def test_one_responder_serves_mrc_and_go_back_n_qps_at_once():
     responder.accept(0x22, 0x11, 0, PATHS.back, peer=SRC, pd=1)  # the responder's own config: MRC
     responder.accept(0x44, 0x33, 0, {0: other.back[0]}, peer=h1, pd=2, config=gbn)
     spray_paths = {k: p for k, p in PATHS.forward.items() if k != 0}
-    requester_mrc = Requester(SRC, 0x11, 0x22, spray_paths, PATHS.probes, mrc, random_bits=bits(2))
-    requester_gbn = Requester(h1, 0x33, 0x44, {0: other.forward[0]}, None, gbn, random_bits=bits(3))
+    requester_mrc = Requester(SRC, 0x11, 0x22, spray_paths, mrc, random_bits=bits(2))
+    requester_gbn = Requester(h1, 0x33, 0x44, {0: other.forward[0]}, gbn, random_bits=bits(3))
     data_mrc, data_gbn = os.urandom(len(sprayed)), os.urandom(len(in_order))
     requester_mrc.post_write(data_mrc, mr_sprayed.va, mr_sprayed.rkey)
     requester_gbn.post_write(data_gbn, mr_in_order.va, mr_in_order.rkey)
@@ -494,7 +494,7 @@ def test_every_ev_format_and_topology_transfers(topo_name, ev_format):
     buffer = bytearray(50_000)
     mr = responder.register(buffer)
     responder.accept(5, 6, 0, paths.back)
-    requester = Requester(src, 6, 5, paths.forward, paths.probes, QpConfig(mtu=512), random_bits=bits(2))
+    requester = Requester(src, 6, 5, paths.forward, QpConfig(mtu=512), random_bits=bits(2))
     data = os.urandom(50_000)
     requester.post_write(data, mr.va, mr.rkey)
     assert MemoryNetwork(0).run([requester, responder], lambda: requester.done)
@@ -527,7 +527,7 @@ def test_baseline_go_back_n_on_one_ev_delivers_exactly(loss, reorder, duplicate,
     mr = responder.register(buffer)
     one = {0: PATHS.forward[0]}
     responder.accept(0x22, 0x11, 0, {0: PATHS.back[0]})
-    requester = Requester(SRC, 0x11, 0x22, one, None, config, random_bits=bits(2))
+    requester = Requester(SRC, 0x11, 0x22, one, config, random_bits=bits(2))
     net = _CountingDataLoss(seed)
     f = net.fault(0)
     f.loss, f.reorder, f.duplicate = loss, reorder, duplicate

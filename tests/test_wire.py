@@ -43,7 +43,12 @@ trim_nacks = st.builds(fmt.TrimNackPacket, dest_qp=u24, psn=u24, ev=st.integers(
 cnps = st.builds(fmt.CnpPacket, dest_qp=u24, pkey=st.integers(0, 0xFFFF))
 probe_packets = st.builds(fmt.ProbePacket, dest_qp=u24, probe_id=u32, ev=st.integers(0, 0xFFFF),
                           send_time_ns=st.integers(0, 2**64 - 1))
-packets = data_packets | ack_packets | probe_packets | trim_nacks | cnps
+probe_responses = st.builds(fmt.ProbeResponsePacket, dest_qp=u24, probe_id=u32, ev=st.integers(0, 0xFFFF),
+                            send_time_ns=st.integers(0, 2**64 - 1), port=st.integers(0, 255), service_ns=u32,
+                            pkey=st.integers(0, 0xFFFF))
+port_statuses = st.builds(fmt.PortStatusPacket, dest_qp=u24, req_id=u32, port_status=u32, ack=st.booleans(),
+                          pkey=st.integers(0, 0xFFFF))
+packets = data_packets | ack_packets | probe_packets | trim_nacks | cnps | probe_responses | port_statuses
 formats = st.sampled_from(["SRV6", "SRV6_USID", "UDP"])
 
 
@@ -314,3 +319,61 @@ def test_ce_block_that_overruns_the_extension_is_bad():
     roce[33] = 5  # says 5 entries, carries 1
     frame = encoder.FrameTemplate(ends, encoder.Encap.udp()).frame(bytes(roce))
     assert decoder.decode_frame(frame) == fmt.DropReason.BAD_EXTENSION
+
+
+def test_probe_response_and_port_status_layouts():
+    """The MRCX PROBE_RESPONSE and PORT_STATUS bytes as docs/wire-format.md draws them."""
+    ends = fmt.Endpoints(SRC, DST, 0xC001)
+    rsp = encoder.encode_roce(fmt.ProbeResponsePacket(fmt.ENDPOINT_QPN, 0xA1B2C3D4, 5, 0x1122334455667788, 2, 70_000))
+    assert rsp[12:16] == bytes(4)  # AETH: ACK, MSN 0
+    assert rsp[16:20] == bytes([fmt.MrcxType.PROBE_RESPONSE, 0, 0, fmt.PROBE_RESPONSE_LEN])
+    assert rsp[20:] == bytes.fromhex("a1b2c3d4" "0005" "02" "00" "1122334455667788") + (70_000).to_bytes(4, "big")
+    assert rsp[5:8] == fmt.ENDPOINT_QPN.to_bytes(3, "big")
+    upd = encoder.encode_roce(fmt.PortStatusPacket(fmt.ENDPOINT_QPN, 9, 0b101, ack=True))
+    assert upd[16:] == bytes([fmt.MrcxType.PORT_STATUS, fmt.PORT_STATUS_FLAG_ACK, 0, fmt.PORT_STATUS_LEN]) + \
+        (9).to_bytes(4, "big") + (0b101).to_bytes(4, "big")
+    frame = encoder.FrameTemplate(ends, encoder.Encap.udp()).encode(fmt.ProbeResponsePacket(2, 1, 2, 3, 1, 4))
+    assert layers.MRCXProbeResponse in layers.IPv6(frame)
+
+
+@pytest.mark.parametrize("packet", [fmt.ProbeResponsePacket(2, 1, 3, 4, 2, 5), fmt.PortStatusPacket(2, 1, 6),
+                                    fmt.PortStatusPacket(2, 1, 6, ack=True), fmt.ProbePacket(2, 1, 3, 4)])
+def test_short_or_hostile_endpoint_messages_are_rejected(packet):
+    """Every truncation, a wrong MRCX length and random bytes after the header: a DropReason or a
+    record, never an exception."""
+    ends = fmt.Endpoints(SRC, DST, 0xC000)
+    body = encoder.encode_roce(packet)
+    src, dst = headers.packed(SRC), headers.packed(DST)
+
+    def sealed(roce: bytes) -> bytes:
+        return roce + headers.ICRC.pack(headers.icrc(src, dst, 0xC000, 4791, roce))
+
+    assert decoder.decode_roce(sealed(body), ends) == packet
+    for cut in range(len(body)):
+        got = decoder.decode_roce(sealed(body[:cut]), ends)
+        assert isinstance(got, fmt.DropReason) or got != packet, cut
+    wrong_len = body[:18] + (len(body) - 12).to_bytes(2, "big") + body[20:]
+    assert decoder.decode_roce(sealed(wrong_len), ends) == fmt.DropReason.BAD_EXTENSION
+    rng = random.Random(3)
+    for _ in range(300):
+        junk = body[:16] + bytes(rng.randrange(256) for _ in range(rng.randrange(0, 40)))
+        assert isinstance(decoder.decode_roce(sealed(junk), ends), (fmt.DropReason, *fmt.RocePacket.__args__))
+    assert decoder.decode_roce(body, ends) == fmt.DropReason.BAD_ICRC  # no ICRC
+
+
+@pytest.mark.skipif(shutil.which("tshark") is None, reason="tshark not installed (apt-get install tshark)")
+def test_tshark_decodes_endpoint_messages(tmp_path):
+    """Probe responses and PORT_STATUS_UPDATEs decode as RoCE ACKNOWLEDGEs (MRCX as data), no error."""
+    path = tmp_path / "endpoint.pcap"
+    writer = PcapWriter(str(path), linktype=229)
+    samples = [fmt.ProbeResponsePacket(2, 5, 3, 99, 2, 1234), fmt.PortStatusPacket(2, 7, 0b110),
+               fmt.PortStatusPacket(2, 7, 0b110, ack=True)]
+    for packet in samples:
+        for ev_format in ("SRV6", "SRV6_USID", "UDP"):
+            _, encap, ends = both(packet, ev_format)
+            writer.write(encoder.FrameTemplate(ends, encap).encode(packet))
+    writer.close()
+    out = subprocess.run(["tshark", "-r", str(path), "-V", "-o", "ip.check_checksum:FALSE"],
+                         capture_output=True, text=True, check=True).stdout
+    assert "Malformed" not in out and "Expert Info (Error" not in out
+    assert out.count("AETH - ACK Extended Transport Header") == 9

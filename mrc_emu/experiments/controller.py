@@ -241,33 +241,36 @@ class LiveControl:
         self.denied: dict[int, set[int]] = {key: set() for key in evs_by_key}
         self.ports: dict[tuple[str, int], bool] = {}
 
-    def changes(self) -> tuple[list[tuple[int, str, tuple[int, ...], tuple[int, ...], str]], list[tuple[str, int, bool]]]:
-        """([(key, host, EVs to deny, EVs to allow, why)], [(host, plane, enabled)]) since the last call."""
+    def changes(self) -> tuple[list[tuple[int, str, tuple[int, ...], tuple[int, ...], str]], dict[str, int]]:
+        """([(key, host, EVs to deny, EVs to allow, why)], {host: its port-status mask}) since the
+        last call; a mask's bit p is 1-based port p (plane p - 1), set while the port is enabled.
+        A disabled port is not a deny: the host's endpoint stops using its EVs and tells its peers."""
         if self.record is None:
-            return [], []
+            return [], {}
         size = self.record.size()
         if size == self.size:
-            return [], []
+            return [], {}
         self.size = size
         state = self.record.state()
         ev_changes = []
         for key, (host, evs) in self.evs_by_key.items():
-            reasons = {index: state.denied_by(ev) or (None if state.port_enabled(host, ev.plane) else
-                                                      f"{host} port {ev.plane + 1} disabled")
-                       for index, ev in evs.items()}
+            reasons = {index: state.denied_by(ev) for index, ev in evs.items()}
             now = {index for index, why in reasons.items() if why}
             deny, allow = tuple(sorted(now - self.denied[key])), tuple(sorted(self.denied[key] - now))
             if deny or allow:
                 why = "; ".join(sorted({reasons[i] for i in deny})) or "allowed"
                 ev_changes.append((key, host, deny, allow, why))
             self.denied[key] = now
-        port_changes = []
+        masks = {}
         hosts = {host for host, _ in self.evs_by_key.values()}
         for (host, plane), enabled in state.ports.items():
             if host in hosts and self.ports.get((host, plane), True) != enabled:
-                port_changes.append((host, plane, enabled))
                 self.ports[(host, plane)] = enabled
-        return ev_changes, port_changes
+                masks[host] = 0
+        planes = self.record.fabric.topology.planes
+        for host in masks:
+            masks[host] = sum(1 << (p + 1) for p in range(planes) if self.ports.get((host, p), True))
+        return ev_changes, masks
 
 
 EVENT_STATES = ("GOOD", "ASSUMED_BAD")  # the states an EV event may report (mrc_ctl.h's ev_event_mask: DENIED never)

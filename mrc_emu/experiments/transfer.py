@@ -34,6 +34,7 @@ from ..transport.paths import QpPaths, qp_paths
 from . import emulation
 from . import worker as w
 from .controller import ControlRecord, LiveControl, post_run_events
+from .endpoint_ops import EndpointOps
 from .worker import Accept, Accepted, Final, Hash, Hashed, HostSpec, JobProgress, Prepare, Prepared, Progress, Start, Started, serve_hosts
 
 
@@ -54,6 +55,8 @@ class Control:
     # (progress fraction, action): run once by the parent when progress reaches it (a fault
     # agent times the fault itself, to the microsecond)
     hooks: list[tuple[float, Callable[[], object]]] = field(default_factory=list)
+    # EV_PROBE batches and port status on the run's hosts, from any thread (endpoint_ops.py)
+    endpoint: EndpointOps = field(default_factory=EndpointOps)
 
 
 @dataclass
@@ -135,7 +138,7 @@ class _Pool:
         self.of: dict[str, Child] = {}
         shares: list[list[HostSpec]] = [[] for _ in range(count)]
         for i, host in enumerate(names):  # round robin: neighbours of a ring land on different workers
-            shares[i % count].append(HostSpec(host, str(fabric.node_path(host)), hosts[host]))
+            shares[i % count].append(HostSpec(host, str(fabric.node_path(host)), hosts[host], host_ports(fabric.topology, host)))
         try:
             for index, share in enumerate(shares):
                 child = Child(fabric, f"MRC endpoint worker {index} ({len(share)} hosts)", serve_hosts,
@@ -151,6 +154,15 @@ class _Pool:
         for worker in self.workers:
             worker.stop()
         self.horizon.close()
+
+
+def host_ports(topo: Topology, host: str) -> dict[str, int]:
+    """A host's interfaces and their 1-based ports: its link to the leaf of plane p is port p + 1."""
+    ports = {}
+    for plane in range(topo.planes):
+        (link,) = topo.links_between(host, topo.leaf_of(host, plane))
+        ports[topo.peer(link, host)[1]] = plane + 1
+    return ports
 
 
 def _host_order(name: str) -> tuple:
@@ -201,7 +213,7 @@ def run_transfers(fabric: Fabric, specs: list[TransferSpec], control: Control | 
             dst.send(Accept(key, spec.dst, spec.size, qpn_resp, qpn_req, start_psn, paths.back, paths.src_address,
                             spec.config, recvs))
             region = _expect_key(dst, Accepted, key).region
-            src.send(Prepare(key, spec.src, qpn_req, qpn_resp, paths.forward, paths.probes, spec.config, spec.cc,
+            src.send(Prepare(key, spec.src, qpn_req, qpn_resp, paths.forward, spec.config, spec.cc,
                              spec.ev_min_active, start_psn, region, spec.size, spec.imm))
         for key, spec in enumerate(specs):
             _expect_key(pool.of[spec.src], Prepared, key, timeout=120.0)
@@ -223,7 +235,7 @@ def run_transfers(fabric: Fabric, specs: list[TransferSpec], control: Control | 
         control.started_ns = min(s.start_ns for s in (w.expect(Started) for w in pool.workers) if s.keys)
         deferred.sort(key=lambda d: d[0])
         _watch(pool.workers, specs, control, on_progress, linger_s, timeout_s, deferred,
-               lambda: push_controller(live, pool.of, specs))
+               lambda: push_controller(live, pool.of, specs, control, address_of, fabric.topology))
         placed = {}
         for key, spec in enumerate(specs):
             pool.of[spec.dst].send(Hash(key))
@@ -277,18 +289,25 @@ def _expect_key(worker: Child, kind: type, key: int, timeout: float = 30.0):
     return worker.expect(kind, timeout, where=lambda message: message.key == key)
 
 
-def push_controller(live: LiveControl, worker_of: dict[str, Child], specs: list[TransferSpec]) -> None:
-    """Send the controller record's changes since the last look to the workers of the QPs they concern."""
-    ev_changes, _ = live.changes()
+def push_controller(live: LiveControl, worker_of: dict[str, Child], specs: list[TransferSpec], control: Control,
+                    address_of: dict[str, str], topo: Topology) -> None:
+    """Send the controller record's changes since the last look to the workers of the QPs they
+    concern (EV states) and to the hosts' endpoints (port status), then the endpoint operations
+    other threads asked for (control.endpoint)."""
+    ev_changes, port_masks = live.changes()
     for key, host, deny, allow, why in ev_changes:
         worker_of[host].send(w.SetEvStates(key, deny, allow, why))
+    for host, mask in port_masks.items():
+        control.endpoint.set_port_status(host, mask)
+    control.endpoint.step(worker_of, address_of, topo)
 
 
 def _watch(workers: list[Child], specs: list[TransferSpec], control: Control,
            on_progress: Callable[[int, int], None] | None, linger_s: float, timeout_s: float,
            deferred: list[tuple[float, Child, int]], on_step: Callable[[], None]) -> None:
     """Follow the workers' progress reports until every transfer is done (and lingering ended);
-    `on_step` runs at every step (after the hooks: the controller's changes go out at once)."""
+    `on_step` runs at every step (after the hooks: the controller's changes and endpoint
+    operations go out at once)."""
     watch = _Watch(workers, specs, control, on_progress, linger_s, deferred, on_step)
     try:
         until(watch.step, timeout_s, "the transfers to finish", interval=0.05, wake=list(workers))

@@ -33,10 +33,12 @@ from ..io.loop import Clock, EventLoop, Horizon, Port
 from ..io.sockets import udp_receiver
 from ..transport.cc import make_cc
 from ..transport.config import QpConfig
+from ..transport.endpoint import HostEndpoint
 from ..transport.mux import HostMux
 from ..transport.paths import Path
 from ..transport.requester import Requester
 from ..transport.responder import Responder
+from .endpoint_ops import SetPortStatus, WorkerOps
 
 TIMELINE_TICK_NS = 1_000_000  # goodput timeline resolution (transport time)
 REPORT_NS = 10_000_000  # progress reports to the parent
@@ -60,11 +62,13 @@ def _since(ledger: dict, start_ns: int) -> dict:
 
 @dataclass(frozen=True)
 class HostSpec:
-    """A host this worker serves: its name, namespace and address."""
+    """A host this worker serves: its name, namespace and address, and its interfaces' 1-based
+    ports (interface name -> port: the NIC on plane p is port p + 1)."""
 
     name: str
     ns_path: str
     address: str
+    ports: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -93,7 +97,6 @@ class Prepare:
     qpn: int
     dest_qp: int
     forward: dict[int, Path]
-    probes: dict[int, Path]
     config: QpConfig
     cc: str
     ev_min_active: int
@@ -193,12 +196,14 @@ def kernel_udp_counters() -> dict[str, int]:
     return out
 
 
-def _host_sockets(spec: HostSpec) -> tuple[socket.socket, socket.socket, dict[str, int]]:
-    """The host's raw socket (out) and UDP socket on port 4791 (in), made inside its namespace."""
+def _host_sockets(spec: HostSpec) -> tuple[socket.socket, socket.socket, dict[str, int], dict[int, int]]:
+    """The host's raw socket (out) and UDP socket on port 4791 (in), made inside its namespace,
+    its kernel UDP counters, and its interface indexes' ports."""
     with netns.entered(spec.ns_path):
         recv = udp_receiver(spec.address, buffer=RECV_BUFFER)
         raw = socket.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_RAW)
-        return raw, recv, kernel_udp_counters()
+        ports = {socket.if_nametoindex(intf): port for intf, port in spec.ports.items()}
+        return raw, recv, kernel_udp_counters(), ports
 
 
 @dataclass
@@ -232,9 +237,10 @@ class _Worker:
         self.running: list[_Job] = []  # started, not done
         self.stopped = False
         self.next_report = 0
+        self.ops = WorkerOps(parent, loop, ports)  # EV_PROBE batches, port status (experiments/endpoint_ops.py)
         self.handlers = {Accept: self.accept, Prepare: self.prepare, Start: self.start, Hash: self.hash,
-                         SetEvStates: self.set_ev_states, Stop: self.stop}
-
+                         SetEvStates: self.set_ev_states, Stop: self.stop, **self.ops.handlers}
+        self.handlers[SetPortStatus] = self.set_port_status
     def on_control(self) -> None:
         while self.parent.poll():
             message = self.parent.recv()
@@ -256,7 +262,7 @@ class _Worker:
         port = self.ports[msg.host]
         data = os.urandom(msg.size)
         digest = hashlib.sha256(data).hexdigest()  # before the clock starts: hashing is not the transfer
-        requester = Requester(port.mux.address, msg.qpn, msg.dest_qp, msg.forward, msg.probes, msg.config,
+        requester = Requester(port.mux.address, msg.qpn, msg.dest_qp, msg.forward, msg.config,
                               make_cc(msg.cc, msg.config.mtu, msg.config.link_rate_bps, msg.config.base_rtt_ns,
                                       **(msg.config.cc_options or {})), start_psn=msg.start_psn,
                               ev_min_active=msg.ev_min_active, random_bits=secrets.randbits,
@@ -286,6 +292,27 @@ class _Worker:
         job.ev_ops.append({"time_ns": now, "deny": list(msg.deny), "allow": list(msg.allow), "reason": msg.reason,
                            "sent": {str(ev): s.packets_sent for ev, s in profile.evs.items()}})  # str: as JSON has it
 
+    def set_port_status(self, msg: SetPortStatus) -> None:
+        """A host's port-status mask (endpoint_ops), and, for the report, what it did to each of the
+        host's QPs: the EVs it took out of use or gave back, with the per-EV counters then."""
+        before = {key: self._port_excluded(job, self.ports[msg.host].mux.endpoint.status.local)
+                  for key, job in self.jobs.items() if job.port is self.ports[msg.host]}
+        self.ops.port_status(msg)
+        now = self.clock.now()
+        for key, was in before.items():
+            job = self.jobs[key]
+            off = self._port_excluded(job, msg.mask)
+            disabled = [p for p in range(1, 17) if not msg.mask >> p & 1 and any(
+                (path.plane or 0) + 1 == p for path in job.requester.paths.values())]
+            job.ev_ops.append({"time_ns": now, "deny": sorted(off - was), "allow": sorted(was - off),
+                               "reason": f"{msg.host} port(s) {', '.join(map(str, disabled))} disabled" if disabled
+                               else f"{msg.host} ports enabled",
+                               "sent": {str(ev): s.packets_sent for ev, s in job.requester.profile.evs.items()}})
+
+    @staticmethod
+    def _port_excluded(job: _Job, mask: int) -> set[int]:
+        return {ev for ev, path in job.requester.paths.items() if not mask >> ((path.plane or 0) + 1) & 1}
+
     def hash(self, msg: Hash) -> None:
         self.loop.measure(False)
         self.parent.send(Hashed(msg.key, hashlib.sha256(self.regions[msg.key].buffer).hexdigest()))
@@ -294,6 +321,7 @@ class _Worker:
         self.stopped = True
 
     def tick(self, now: int) -> None:
+        self.ops.tick(now)
         still = []
         for job in self.running:
             r = job.requester
@@ -357,9 +385,12 @@ def serve_hosts(parent: Parent, index: int, hosts: list[HostSpec], horizon: Hori
     ports: dict[str, Port] = {}
     before: dict[str, dict[str, int]] = {}
     for spec in hosts:
-        raw, recv, before[spec.name] = _host_sockets(spec)
-        port = ports[spec.name] = Port(spec.name, raw, recv, HostMux(socket.inet_pton(socket.AF_INET6, spec.address)))
+        raw, recv, before[spec.name], by_ifindex = _host_sockets(spec)
+        mux = HostMux(socket.inet_pton(socket.AF_INET6, spec.address))
+        port = ports[spec.name] = Port(spec.name, raw, recv, mux, by_ifindex)
+        mux.serve(HostEndpoint(mux.address, mux, None, max(1, len(spec.ports))))  # QPN 0x2: probes, port status
         loop.add_port(port)
+        loop.add_endpoint(mux.endpoint, port, first=True)
     worker = _Worker(parent, loop, {spec.name: spec for spec in hosts}, ports)
     loop.add_control(parent.fileno(), worker.on_control)
     parent.ready()

@@ -11,13 +11,15 @@
  * one call per batch leaves that time to the transport.
  *
  * recv_batch(fd, max_count) -> list of (payload: bytes, src: bytes (16, packed IPv6),
- *                                       sport: int, arrival_realtime_ns: int, tclass: int)
+ *                                       sport: int, arrival_realtime_ns: int, tclass: int,
+ *                                       ifindex: int)
  *   Non-blocking; [] when nothing waits. arrival is CLOCK_REALTIME (0 when the socket has no
  *   SO_TIMESTAMPNS); the caller maps it to its own clock. tclass is the IPv6 traffic class
- *   the datagram arrived with (its low two bits are ECN), 0 when not known. Raises OSError
- *   on other errors.
+ *   the datagram arrived with (its low two bits are ECN), 0 when not known. ifindex is the
+ *   interface it arrived on (IPV6_PKTINFO; after the kernel's SRv6 decapsulation still the
+ *   NIC's: the arrival port), 0 when not known. Raises OSError on other errors.
  *
- * enable_stamps(fd): SO_TIMESTAMPNS and IPV6_RECVTCLASS on a socket.
+ * enable_stamps(fd): SO_TIMESTAMPNS, IPV6_RECVTCLASS and IPV6_RECVPKTINFO on a socket.
  *
  * Sender(fd, errors): a callable sender(frame, path) -> bool, SocketLink.send in C (see sockets.py):
  *   sendto of one whole frame to path.first_hop (its packed address made once per hop), so each
@@ -53,7 +55,8 @@
 #define SLOT_BYTES 9216 /* the largest frame a fabric MTU of 9000 can deliver */
 
 static unsigned char slots[MAX_BATCH][SLOT_BYTES];
-static char controls[MAX_BATCH][CMSG_SPACE(sizeof(struct timespec)) + CMSG_SPACE(sizeof(int))];
+static char controls[MAX_BATCH][CMSG_SPACE(sizeof(struct timespec)) + CMSG_SPACE(sizeof(int))
+                                + CMSG_SPACE(sizeof(struct in6_pktinfo))];
 
 static PyObject *recv_batch(PyObject *self, PyObject *args) {
     int fd, max_count;
@@ -89,6 +92,7 @@ static PyObject *recv_batch(PyObject *self, PyObject *args) {
     for (int i = 0; i < got; i++) {
         long long arrival = 0;
         int tclass = 0;
+        unsigned ifindex = 0;
         for (struct cmsghdr *c = CMSG_FIRSTHDR(&msgs[i].msg_hdr); c != NULL; c = CMSG_NXTHDR(&msgs[i].msg_hdr, c)) {
             if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_TIMESTAMPNS) {
                 struct timespec ts;
@@ -96,14 +100,18 @@ static PyObject *recv_batch(PyObject *self, PyObject *args) {
                 arrival = (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
             } else if (c->cmsg_level == IPPROTO_IPV6 && c->cmsg_type == IPV6_TCLASS) {
                 memcpy(&tclass, CMSG_DATA(c), sizeof(int));
+            } else if (c->cmsg_level == IPPROTO_IPV6 && c->cmsg_type == IPV6_PKTINFO) {
+                struct in6_pktinfo info;
+                memcpy(&info, CMSG_DATA(c), sizeof(info));
+                ifindex = info.ipi6_ifindex;
             }
         }
         unsigned len = msgs[i].msg_len;
         if (len > SLOT_BYTES)
             len = SLOT_BYTES; /* truncated: the decoder sees a short datagram and drops it */
-        PyObject *item = Py_BuildValue("(y#y#iLi)", (const char *)slots[i], (Py_ssize_t)len,
+        PyObject *item = Py_BuildValue("(y#y#iLiI)", (const char *)slots[i], (Py_ssize_t)len,
                                        (const char *)&names[i].sin6_addr, (Py_ssize_t)16,
-                                       (int)ntohs(names[i].sin6_port), arrival, tclass);
+                                       (int)ntohs(names[i].sin6_port), arrival, tclass, ifindex);
         if (item == NULL) {
             Py_DECREF(out);
             return NULL;
@@ -120,6 +128,8 @@ static PyObject *enable_stamps(PyObject *self, PyObject *args) {
     if (setsockopt(fd, SOL_SOCKET, SO_TIMESTAMPNS, &on, sizeof(on)) < 0)
         return PyErr_SetFromErrno(PyExc_OSError);
     if (setsockopt(fd, IPPROTO_IPV6, IPV6_RECVTCLASS, &on, sizeof(on)) < 0)
+        return PyErr_SetFromErrno(PyExc_OSError);
+    if (setsockopt(fd, IPPROTO_IPV6, IPV6_RECVPKTINFO, &on, sizeof(on)) < 0)
         return PyErr_SetFromErrno(PyExc_OSError);
     Py_RETURN_NONE;
 }
@@ -433,7 +443,7 @@ static PyTypeObject SenderType = {
 
 static PyMethodDef methods[] = {
     {"recv_batch", recv_batch, METH_VARARGS, "Up to max_count waiting datagrams with their arrival times."},
-    {"enable_stamps", enable_stamps, METH_VARARGS, "SO_TIMESTAMPNS and IPV6_RECVTCLASS on a socket."},
+    {"enable_stamps", enable_stamps, METH_VARARGS, "SO_TIMESTAMPNS, IPV6_RECVTCLASS and IPV6_RECVPKTINFO on a socket."},
     {"send_loop", send_loop, METH_VARARGS, "Send pre-built frames with sendmmsg (the physical reference)."},
     {NULL, NULL, 0, NULL},
 };

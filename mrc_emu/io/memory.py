@@ -7,7 +7,8 @@ death injected on the frame's EV, and runs the endpoints in virtual time. Conges
 too: data frames CE-marked or trimmed on an EV at a given rate, as a switch port does it
 (docs/wire-format.md), so that the endpoints' ECN echo, TRIM NACK and CNP run without root. Every frame is
 opened as the destination's kernel would (decapsulation, UDP checksum), so only valid
-datagrams reach an endpoint. Its randomness is its own seeded generator (or one passed in):
+datagrams reach an endpoint, with the 1-based port it arrives at (that of the path's plane, as
+on the fabric: docs/transport.md). Its randomness is its own seeded generator (or one passed in):
 a run is reproducible from the seed.
 """
 
@@ -68,6 +69,7 @@ class _Arrival:
     src: bytes = field(compare=False)
     sport: int = field(compare=False)
     tclass: int = field(compare=False, default=0)
+    port: int = field(compare=False, default=0)  # the destination's 1-based port it arrives at (0: unknown)
 
 
 class MemoryNetwork:
@@ -97,14 +99,12 @@ class MemoryNetwork:
         self.frames_sent += 1
         data = bytes(frame)  # templates reuse their buffer
         f = self.fault(path.ev)
-        delay = 0
-        for _ in range(path.legs):
-            if f.dead or (f.loss and self.rng.random() < f.loss):
-                self.frames_dropped += 1
-                return True  # it left; the network lost it
-            delay += f.delay_ns
-            if f.reorder and self.rng.random() < f.reorder:
-                delay += self.rng.randrange(f.reorder_ns)
+        if f.dead or (f.loss and self.rng.random() < f.loss):
+            self.frames_dropped += 1
+            return True  # it left; the network lost it
+        delay = f.delay_ns
+        if f.reorder and self.rng.random() < f.reorder:
+            delay += self.rng.randrange(f.reorder_ns)
         if f.rate_bps:
             start = max(self.now, f.busy_until)
             f.busy_until = start + int(len(data) * 8e9 / f.rate_bps)
@@ -125,7 +125,8 @@ class MemoryNetwork:
         for copy in range(copies):
             self._seq += 1
             heapq.heappush(self._heap, _Arrival(self.now + delay + copy * 1000, self._seq, endpoint,
-                                                payload, opened.src, opened.sport, tclass))
+                                                payload, opened.src, opened.sport, tclass,
+                                                0 if path.plane is None else path.plane + 1))
         return True
 
     def run(self, endpoints: list[Endpoint], done: Callable[[], bool], limit_ns: int = 60_000_000_000) -> bool:
@@ -147,4 +148,26 @@ class MemoryNetwork:
                 return False
             while self._heap and self._heap[0].time <= self.now:
                 a = heapq.heappop(self._heap)
-                a.endpoint.on_datagram(a.payload, a.src, a.sport, self.now, a.tclass)
+                a.endpoint.on_datagram(a.payload, a.src, a.sport, self.now, a.tclass, a.port)
+
+
+class MemoryHost:
+    """All the endpoints of one host (a transport.mux.HostMux: QPs and the host's MRC endpoint at
+    QPN 0x2) as one endpoint of the in-memory network, as a worker's Port serves them."""
+
+    def __init__(self, mux) -> None:
+        self.mux = mux
+        self.address = mux.address
+
+    def on_datagram(self, payload: bytes, src: bytes, sport: int, now: int, tclass: int = 0, port: int = 0) -> None:
+        endpoint = self.mux.route(payload)
+        if endpoint is not None:
+            endpoint.on_datagram(payload, src, sport, now, tclass, port)
+
+    def pump(self, now: int, send, clock=None, horizon=None) -> None:
+        for endpoint in list(self.mux.by_qpn.values()):
+            endpoint.pump(now, send)
+
+    def next_wakeup(self) -> int | None:
+        wakes = [w for w in (e.next_wakeup() for e in self.mux.by_qpn.values()) if w is not None]
+        return min(wakes) if wakes else None

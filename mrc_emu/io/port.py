@@ -3,7 +3,8 @@
 Why it exists: the event loop (loop.py) serves many hosts; each is a `Port`, a raw IPv6 socket
 that sends whole frames and a UDP socket on [address]:4791 that receives, made in the host's
 namespace by the runtime. A port reads its socket in batches with the kernel's arrival stamps
-(SO_TIMESTAMPNS, _sockio.c) and traffic classes (IPV6_RECVTCLASS: ECN, trimmed DSCPs), hands
+(SO_TIMESTAMPNS, _sockio.c), traffic classes (IPV6_RECVTCLASS: ECN, trimmed DSCPs) and arrival
+interfaces (IPV6_RECVPKTINFO: the host's NIC, hence its 1-based port, `ports_by_ifindex`), hands
 each datagram to the QP it names at that time, knows how far
 it has read (`read_through`, what the horizon is made of) and notices datagrams the kernel
 handed over after that (`late`).
@@ -29,11 +30,14 @@ RECV_BATCH = 8  # datagrams per recvmmsg: larger batches measured slower here
 class Port:
     """One host's sockets in a worker: a raw IPv6 socket that sends whole frames and a UDP socket
     on [address]:4791 that receives. `mux` routes a datagram to the endpoint (QP) it names:
-    `mux.route(payload)` gives the endpoint or None."""
+    `mux.route(payload)` gives the endpoint or None. `ports_by_ifindex`: the host's interface
+    index -> its 1-based port (the NIC of plane p is port p + 1); a datagram from elsewhere: 0."""
 
-    def __init__(self, host: str, send_sock: socket.socket, recv_sock: socket.socket, mux: Any) -> None:
+    def __init__(self, host: str, send_sock: socket.socket, recv_sock: socket.socket, mux: Any,
+                 ports_by_ifindex: dict[int, int] | None = None) -> None:
         self.host = host
         self.mux = mux
+        self.ports_by_ifindex = dict(ports_by_ifindex or {})
         self.fd = recv_sock.fileno()
         self.stamped = False
         if _sockio is not None:
@@ -42,7 +46,7 @@ class Port:
                 self.stamped = True
             except OSError:
                 pass
-        self.link = SocketLink(send_sock, recv_sock)  # sending, what a failed send means, plain receiving
+        self.link = SocketLink(send_sock, recv_sock, ports_by_ifindex=self.ports_by_ifindex)  # sending, plain receiving
         self.send = self.link.send
         self.datagrams = 0
         self.read_through = 0  # every datagram that arrived before this (clock) time has been read
@@ -65,7 +69,7 @@ class Port:
         route = self.mux.route
         n = 0
         if self.stamped:
-            fd, record, dilation = self.fd, lag.record, clock.dilation
+            fd, record, dilation, port_of = self.fd, lag.record, clock.dilation, self.ports_by_ifindex.get
             # undilated, the clock is CLOCK_REALTIME less a constant: one addition per datagram
             real_to_clock = clock.from_realtime(0) if dilation == 1.0 else None
             while n < budget:
@@ -78,7 +82,7 @@ class Port:
                 # consecutive datagrams for one endpoint wake it once, at the earliest of their arrivals
                 # (what waking it for each would leave behind: it is queued once, owed since the earliest)
                 owing, owed_since = None, 0
-                for payload, src, sport, real_ns, tclass in batch:
+                for payload, src, sport, real_ns, tclass, ifindex in batch:
                     if not real_ns:
                         at = seen
                     else:
@@ -92,7 +96,7 @@ class Port:
                     record(int((seen - at) * dilation))
                     endpoint = route(payload)
                     if endpoint is not None:
-                        endpoint.on_datagram(payload, src, sport, at, tclass)
+                        endpoint.on_datagram(payload, src, sport, at, tclass, port_of(ifindex, 0))
                         if endpoint is not owing:
                             if owing is not None:
                                 woke(owing, owed_since)
@@ -122,8 +126,9 @@ class _Routed:
     def __init__(self, route: Callable[[Any], Any], woke: Callable[[Any, int], None]) -> None:
         self.route, self.woke = route, woke
 
-    def on_datagram(self, payload: bytes | memoryview, src: bytes, sport: int, now: int, tclass: int = 0) -> None:
+    def on_datagram(self, payload: bytes | memoryview, src: bytes, sport: int, now: int, tclass: int = 0,
+                    port: int = 0) -> None:
         endpoint = self.route(payload)
         if endpoint is not None:
-            endpoint.on_datagram(payload, src, sport, now, tclass)
+            endpoint.on_datagram(payload, src, sport, now, tclass, port)
             self.woke(endpoint, now)

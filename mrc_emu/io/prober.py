@@ -5,7 +5,7 @@ ASSUMED_BAD EV: a probe of exactly that path comes back or it does not. A probe'
 list goes out along the EV and back along its reverse, turned around by the destination
 host's kernel (End SID), so no responder process is needed. This module sees sockets and
 bytes only; which namespace the sockets live in is the caller's business. (A requester's
-own probes are transport/probing.py's.)
+own probes, answered by the destination's MRC endpoint, are transport/probing.py's.)
 """
 
 from __future__ import annotations

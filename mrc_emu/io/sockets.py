@@ -26,7 +26,7 @@ except ImportError:  # pragma: no cover - the extension was not built
     _sockio = None
 
 RECV_BUFFER = 16 * 1024 * 1024
-_CMSG_SPACE = socket.CMSG_SPACE(4)  # one int: IPV6_TCLASS
+_CMSG_SPACE = socket.CMSG_SPACE(4) + socket.CMSG_SPACE(20)  # IPV6_TCLASS (an int), IPV6_PKTINFO (in6_pktinfo)
 
 
 class SocketLink:
@@ -36,15 +36,20 @@ class SocketLink:
     only uses them. The kernel checks each arriving UDP checksum and counts failures.
     """
 
-    def __init__(self, send_sock: socket.socket, recv_sock: socket.socket, c_send: bool = True) -> None:
-        """`c_send`: send through the C Sender when it is built (False: the Python `send`)."""
+    def __init__(self, send_sock: socket.socket, recv_sock: socket.socket, c_send: bool = True,
+                 ports_by_ifindex: dict[int, int] | None = None) -> None:
+        """`c_send`: send through the C Sender when it is built (False: the Python `send`).
+        `ports_by_ifindex`: interface index -> the host's 1-based port, for each datagram's
+        arrival port (IPV6_PKTINFO; 0 when not known)."""
         self.send_sock = send_sock
         self.recv_sock = recv_sock
+        self.ports_by_ifindex = ports_by_ifindex or {}
         recv_sock.setblocking(False)
-        try:  # each datagram's traffic class (ECN, trimmed DSCPs) as ancillary data
-            recv_sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_RECVTCLASS, 1)
-        except OSError:
-            pass
+        for option in (socket.IPV6_RECVTCLASS, socket.IPV6_RECVPKTINFO):  # traffic class, arrival interface
+            try:
+                recv_sock.setsockopt(socket.IPPROTO_IPV6, option, 1)
+            except OSError:
+                pass
         self._send_errors = 0
         self.errors: dict[str, int] = {}  # failed sends by errno name
         self._frames_sent = 0
@@ -102,11 +107,13 @@ class SocketLink:
             src = packed.get(addr[0])
             if src is None:
                 src = packed[addr[0]] = socket.inet_pton(socket.AF_INET6, addr[0])
-            tclass = 0
+            tclass = port = 0
             for level, kind, value in ancillary:
                 if level == socket.IPPROTO_IPV6 and kind == socket.IPV6_TCLASS and len(value) >= 4:
                     tclass = int.from_bytes(value[:4], sys.byteorder) & 0xFF
-            endpoint.on_datagram(data, src, addr[1], now_ns(), tclass)
+                elif level == socket.IPPROTO_IPV6 and kind == socket.IPV6_PKTINFO and len(value) >= 20:
+                    port = self.ports_by_ifindex.get(int.from_bytes(value[16:20], sys.byteorder), 0)
+            endpoint.on_datagram(data, src, addr[1], now_ns(), tclass, port)
             n += 1
         return n
 

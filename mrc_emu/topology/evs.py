@@ -112,10 +112,11 @@ def evs_between(topo: Topology, src: str, dst: str) -> list[Ev]:
 
 
 def probe_segments(topo: Topology, ev: Ev) -> tuple[str, ...]:
-    """An EV probe's SRH list: out along the EV to dst's End SID, back along the reverse EV.
+    """The fabric check's probe SRH list: out along the EV to dst's End SID, back along the reverse EV.
 
-    The destination host's kernel turns the probe around (End), so a probe needs no
-    responder process and proves both directions of exactly this EV's links.
+    The destination host's kernel turns the probe around (End), so this reachability probe
+    (`mrc-emu probe`) needs no MRC endpoint and proves both directions of exactly this EV's
+    links. The transport's EV probes are answered by the destination's endpoint instead.
     """
     back = list(reversed(ev.hops))
     dst_id = topo.node(ev.dst).node_id

@@ -115,6 +115,9 @@ class EvProfile:
     _bad: int = 0  # EVs ASSUMED_BAD now
     _denied: int = 0  # EVs DENIED now
     _dirty: bool = True
+    # EVs no packet may use, whatever their state: a port they cross is disabled, here or at the
+    # peer (PORT_STATUS_UPDATE; transport/portstatus.py). Set with `exclude`.
+    excluded: frozenset[int] = frozenset()
 
     def __post_init__(self) -> None:
         if not self.indexes:
@@ -135,7 +138,17 @@ class EvProfile:
     @property
     def stalled(self) -> bool:
         """Every EV is DENIED: no EV may carry data until the controller allows one."""
+        if self.excluded:
+            return all(k in self.excluded or s.state is EvState.DENIED for k, s in self.evs.items())
         return self._denied == len(self.evs)
+
+    def exclude(self, evs: frozenset[int]) -> None:
+        """The EVs that may carry nothing from now on (data, retransmissions, probes): a port
+        they cross is disabled. An EV's state is left as it is."""
+        evs = frozenset(evs) & frozenset(self.evs)
+        if evs != self.excluded:
+            self.excluded = evs
+            self._dirty = True
 
     def good(self) -> list[int]:
         return [k for k, s in self.evs.items() if s.state is EvState.GOOD]
@@ -241,7 +254,9 @@ class EvProfile:
         different EVs and each EV's share follows its weight; sorting the positions costs far
         less than a weighted round robin picking slot by slot (this runs every few hundred packets).
         """
-        good = self.good() or [k for k, s in self.evs.items() if s.state is not EvState.DENIED]
+        out = self.excluded
+        good = ([k for k in self.good() if k not in out]
+                or [k for k, s in self.evs.items() if s.state is not EvState.DENIED and k not in out])
         self._cursor = 0
         self._dirty = False
         if not good:

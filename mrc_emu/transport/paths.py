@@ -1,8 +1,8 @@
 """Paths of a QP from the topology's EV list (EV profile EXPLICIT), and the driver interface.
 
 Why it exists: a QP needs, per EV, a frame template and a first hop, for data (requester
-to responder), for ACKs (the reverse EV: same plane and spine, back) and for EV probes
-(out along the EV, back along its reverse). The fabric's EV list is the controller's.
+to responder; EV probes take the same paths), for ACKs and probe responses (the reverse EV:
+same plane and spine, back). The fabric's EV list is the controller's.
 `Send` and `Endpoint` are the whole contract between a QP and the driver that carries its
 frames (mrc_emu.io): frames out through `send(frame, path)`, datagrams (with the traffic class
 they arrived with: ECN and the trimmed DSCPs) and time in.
@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from ..topology import Topology, evs_between, probe_segments
+from ..topology import Topology, evs_between
 from ..topology import addressing as ad
 from ..topology.evs import Ev, EvFormat
 from ..wire import format as fmt
@@ -29,7 +29,7 @@ class Path:
     ev: int
     first_hop: str  # the outer destination address (first segment, carrier, or the host itself)
     template: FrameTemplate
-    legs: int = 1  # how often the frame crosses the EV: 2 for an EV probe (out and back)
+    plane: int | None = None  # the EV's plane: it leaves by port plane + 1 and arrives at the peer's port plane + 1
 
 
 Send = Callable[[bytes | bytearray, Path], bool]  # False: the frame could not leave (no route)
@@ -50,7 +50,6 @@ class Endpoint(Protocol):
 @dataclass
 class QpPaths:
     forward: dict[int, Path]  # requester -> responder, by EV index
-    probes: dict[int, Path]  # requester -> (EV) -> responder's End -> (reverse EV) -> requester
     back: dict[int, Path]  # responder -> requester, by the forward EV's index
     evs: list[Ev]
     src_address: str
@@ -60,11 +59,12 @@ class QpPaths:
 def _path(ev: Ev, src: str, dst: str, ev_format: EvFormat, sport: int, tclass: int = fmt.TCLASS_DATA) -> Path:
     ends = Endpoints(src, dst, sport)
     if ev_format is EvFormat.SRV6:
-        return Path(ev.index, ev.segments[0], FrameTemplate(ends, Encap.srv6(src, ev.segments), data_tclass=tclass))
+        return Path(ev.index, ev.segments[0], FrameTemplate(ends, Encap.srv6(src, ev.segments), data_tclass=tclass),
+                    ev.plane)
     if ev_format is EvFormat.SRV6_USID:
         return Path(ev.index, ev.usid_carrier, FrameTemplate(ends, Encap.usid(src, ev.usid_carrier, ev.segments[-1]),
-                                                             data_tclass=tclass))
-    return Path(ev.index, dst, FrameTemplate(ends, Encap.udp(), data_tclass=tclass))
+                                                             data_tclass=tclass), ev.plane)
+    return Path(ev.index, dst, FrameTemplate(ends, Encap.udp(), data_tclass=tclass), ev.plane)
 
 
 def qp_paths(topo: Topology, src: str, dst: str, ev_format: EvFormat = EvFormat.SRV6,
@@ -80,13 +80,10 @@ def qp_paths(topo: Topology, src: str, dst: str, ev_format: EvFormat = EvFormat.
         evs = [evs[k] for k in ev_indexes]
     reverse = {(ev.plane, ev.spine): ev for ev in evs_between(topo, dst, src)}
     me, peer = ad.host_address(topo, src), ad.host_address(topo, dst)
-    forward, probes, back = {}, {}, {}
+    forward, back = {}, {}
     for ev in evs:
         forward[ev.index] = _path(ev, me, peer, ev_format, ev.udp_sport, tclass)
         rev = reverse[(ev.plane, ev.spine)]
         back_path = _path(rev, peer, me, ev_format, ev.udp_sport)
-        back[ev.index] = Path(ev.index, back_path.first_hop, back_path.template)
-        segments = probe_segments(topo, ev)
-        probes[ev.index] = Path(ev.index, segments[0], FrameTemplate(Endpoints(me, me, ev.udp_sport),
-                                                                     Encap.srv6(me, segments)), legs=2)
-    return QpPaths(forward, probes, back, evs, me, peer)
+        back[ev.index] = Path(ev.index, back_path.first_hop, back_path.template, ev.plane)
+    return QpPaths(forward, back, evs, me, peer)

@@ -1,11 +1,14 @@
 """EV probes of a requester: which ASSUMED_BAD EV to probe when, and which probe came back.
 
-Why it exists: MRC revives an ASSUMED_BAD EV only when a probe of exactly that path returns.
-The requester sends an ACKNOWLEDGE-with-MRCX-PROBE along such an EV to the destination's End
-SID and back along the reverse EV to itself (no responder process involved); a probe that
-comes back on the EV it was sent on, with an id this QP gave it, makes the EV GOOD again and
-records its RTT. Probe ids start at a random value from the injected source, so that a stale
-or forged probe is unlikely to match.
+Why it exists: MRC revives an ASSUMED_BAD EV only when a probe of exactly that path is
+answered. The requester sends an ACKNOWLEDGE-with-MRCX-PROBE along such an EV (the data
+packets' own path and frame template, so it proves that path) to the destination's QP; the
+destination's MRC endpoint (its responder) answers with a PROBE_RESPONSE along the reverse EV,
+the way its ACKs for that EV go, naming the port the probe arrived at and how long it held the
+probe (service time). A response for the EV its probe was sent on, with an id this QP gave it
+(and, when the port is known, at the port of that EV's plane), makes the EV GOOD again and
+records its RTT (service time included, as OCP's rtt) and the service time. Probe ids start at
+a random value from the injected source, so that a stale or forged response is unlikely to match.
 
 Probing is paced, because probes are load too: an EV that stays bad is probed at
 `interval`, then twice that, up to MAX_BACKOFF times it (a dead link costs little and a
@@ -17,8 +20,9 @@ with many QPs over one failed link does not flood the fabric with probes.
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 
-from ..wire.format import ProbePacket
+from ..wire.format import ProbePacket, ProbeResponsePacket
 from .config import RandomBits
 from .ev import EvProfile, EvState
 from .paths import Path, Send
@@ -52,12 +56,27 @@ class ProbeBudget:
         return False
 
 
-class EvProber:
-    """Probe scheduling and bookkeeping of one requester's EVs."""
+@dataclass(frozen=True)
+class ProbeAnswer:
+    """What the last answered probe of an EV said."""
 
-    def __init__(self, qpn: int, paths: dict[int, Path], profile: EvProfile, interval_ns: int,
+    time_ns: int  # when the response arrived
+    rtt_ns: int  # probe sent to response received (the responder's service time included)
+    service_ns: int  # the responder's service time (the probe's arrival to the response's send)
+    port: int  # the 1-based port of the destination the probe arrived at (0: unknown)
+
+    def to_dict(self) -> dict:
+        return {"time_ns": self.time_ns, "rtt_ns": self.rtt_ns, "service_ns": self.service_ns, "port": self.port}
+
+
+class EvProber:
+    """Probe scheduling and bookkeeping of one requester's EVs. `paths`: the QP's forward paths
+    (a probe goes exactly where data goes); `dest_qp`: the responder's QPN, which answers."""
+
+    def __init__(self, qpn: int, dest_qp: int, paths: dict[int, Path], profile: EvProfile, interval_ns: int,
                  random_bits: RandomBits, budget: ProbeBudget | None = None, per_interval: int = PER_INTERVAL) -> None:
         self.qpn = qpn
+        self.dest_qp = dest_qp
         self.paths = paths
         self.profile = profile
         self.interval_ns = interval_ns
@@ -72,6 +91,7 @@ class EvProber:
         self.probes_sent = 0
         self.probes_returned = 0
         self.probes_paced = 0  # probes due but held back by the QP's or the host's budget
+        self.answers: dict[int, ProbeAnswer] = {}  # EV -> its last answered probe
 
     def _allowed(self, now: int) -> bool:
         if now - self._window_start >= self.interval_ns:
@@ -86,7 +106,8 @@ class EvProber:
         """Probe every ASSUMED_BAD EV whose probe is due (and that has a probe path), within budget."""
         waiting = self._waiting
         due = [(waiting.get(ev, stats.probe_due_ns), ev) for ev, stats in self.profile.evs.items()
-               if stats.state is EvState.ASSUMED_BAD and stats.probe_due_ns <= now and ev in self.paths]
+               if stats.state is EvState.ASSUMED_BAD and stats.probe_due_ns <= now and ev in self.paths
+               and ev not in self.profile.excluded]
         for since, ev in sorted(due):  # the longest-waiting first, so a budget serves every EV in turn
             stats = self.profile.evs[ev]
             if not self._allowed(now):
@@ -99,7 +120,7 @@ class EvProber:
             self._backoff[ev] = min(MAX_BACKOFF, 2 * backoff)
             path = self.paths[ev]
             probe_id = next(self._ids) & 0xFFFFFFFF
-            frame = path.template.encode(ProbePacket(self.qpn, probe_id, ev, now))
+            frame = path.template.encode(ProbePacket(self.dest_qp, probe_id, ev, now))
             if send(frame, path):
                 self.pending[probe_id] = (ev, now)
                 stats.probes_sent += 1
@@ -108,16 +129,25 @@ class EvProber:
             stale = now - STALE_INTERVALS * self.interval_ns
             self.pending = {k: v for k, v in self.pending.items() if v[1] > stale}
 
-    def on_probe(self, probe: ProbePacket, now: int) -> bool:
-        """A probe came back; False if it is none of ours (unknown id, or another EV's)."""
-        sent = self.pending.pop(probe.probe_id, None)
-        if sent is None or sent[0] != probe.ev:
-            return False
+    def on_response(self, rsp: ProbeResponsePacket, now: int) -> str | None:
+        """A probe was answered; None if it counts, else why not: `unknown_probe` (an id we
+        did not give or forgot, or another EV's) or `probe_wrong_port` (it arrived at another
+        port than its EV's plane's: not this path)."""
+        sent = self.pending.get(rsp.probe_id)
+        if sent is None or sent[0] != rsp.ev:
+            return "unknown_probe"
+        plane = self.paths[rsp.ev].plane
+        if rsp.port and plane is not None and rsp.port != plane + 1:
+            return "probe_wrong_port"
+        del self.pending[rsp.probe_id]
         self.probes_returned += 1
-        self._backoff.pop(probe.ev, None)  # the path answers: if it fails again, probe it promptly
-        self.profile.on_probe(probe.ev, now, now - sent[1])
-        return True
+        self._backoff.pop(rsp.ev, None)  # the path answers: if it fails again, probe it promptly
+        rtt = now - sent[1]
+        self.answers[rsp.ev] = ProbeAnswer(now, rtt, rsp.service_ns, rsp.port)
+        self.profile.on_probe(rsp.ev, now, rtt)
+        return None
 
     def next_wakeup(self) -> int | None:
-        due = [s.probe_due_ns for ev, s in self.profile.evs.items() if s.state is EvState.ASSUMED_BAD and ev in self.paths]
+        due = [s.probe_due_ns for ev, s in self.profile.evs.items()
+               if s.state is EvState.ASSUMED_BAD and ev in self.paths and ev not in self.profile.excluded]
         return min(due) if due else None

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from ..wire import format as fmt
 from ..wire.decoder import decode_udp
 from ..wire.encoder import payload_sums
-from ..wire.format import AckPacket, CnpPacket, DropReason, ProbePacket, Syndrome, TrimNackPacket
+from ..wire.format import AckPacket, CnpPacket, DropReason, ProbeResponsePacket, Syndrome, TrimNackPacket
 from .cc import CongestionControl, make_cc
 from .config import QpConfig, RandomBits
 from .ev import EvProfile
@@ -102,8 +102,7 @@ class Completion:
 class Requester:
     """The sending side of one MRC QP."""
 
-    def __init__(self, address: bytes, qpn: int, dest_qp: int, paths: dict[int, Path],
-                 probe_paths: dict[int, Path] | None = None, config: QpConfig | None = None,
+    def __init__(self, address: bytes, qpn: int, dest_qp: int, paths: dict[int, Path], config: QpConfig | None = None,
                  cc: CongestionControl | None = None, start_psn: int = 0, ev_min_active: int = 1,
                  c_loop: bool = True, *, random_bits: RandomBits, probe_budget: ProbeBudget | None = None) -> None:
         if not paths:
@@ -118,8 +117,7 @@ class Requester:
         self.profile = EvProfile(sorted(paths), ev_min_active=ev_min_active)
         self.recovery = Recovery(self.config, self.profile, self.cc, start_psn)
         self.sent = self.recovery.sent
-        self.prober = EvProber(qpn, probe_paths or {}, self.profile, self.config.probe_interval_ns, random_bits,
-                               probe_budget)
+        self.prober = EvProber(qpn, dest_qp, paths, self.profile, self.config.probe_interval_ns, random_bits, probe_budget)
         self.start_psn = start_psn
         self.queue: deque[WriteRequest] = deque()  # posted, not all packets sent yet
         self.active: deque[WriteRequest] = deque()  # posted, not completed (in order)
@@ -182,7 +180,8 @@ class Requester:
 
     # ---- receiving -----------------------------------------------------------------------
 
-    def on_datagram(self, payload: bytes | memoryview, src: bytes, sport: int, now: int, tclass: int = 0) -> None:
+    def on_datagram(self, payload: bytes | memoryview, src: bytes, sport: int, now: int, tclass: int = 0,
+                    port: int = 0) -> None:
         packet = decode_udp(payload, src, self.address, sport)
         if isinstance(packet, DropReason):
             self.drops[packet.value] += 1
@@ -191,9 +190,11 @@ class Requester:
                 self.drops["unknown_qp" if packet.dest_qp != self.qpn else "bad_pkey"] += 1
             else:
                 self._on_ack(packet, now)
-        elif isinstance(packet, ProbePacket):
-            if not self.prober.on_probe(packet, now):
-                self.drops["unknown_probe"] += 1
+        elif isinstance(packet, ProbeResponsePacket):
+            if packet.dest_qp != self.qpn or packet.pkey != self.config.pkey:
+                self.drops["unknown_qp" if packet.dest_qp != self.qpn else "bad_pkey"] += 1
+            elif (why := self.prober.on_response(packet, now)) is not None:
+                self.drops[why] += 1
         elif isinstance(packet, (TrimNackPacket, CnpPacket)):
             if packet.dest_qp != self.qpn or packet.pkey != self.config.pkey:
                 self.drops["unknown_qp" if packet.dest_qp != self.qpn else "bad_pkey"] += 1
@@ -412,6 +413,7 @@ class Requester:
                 "trim_repairs": [list(r) for r in rec.ledger.trim_repairs],  # (repair, srtt then, until its NACK), ns
                 "probes_sent": self.prober.probes_sent,
                 "probes_returned": self.prober.probes_returned, "probes_paced": self.prober.probes_paced,
+                "probe_answers": {ev: a.to_dict() for ev, a in sorted(self.prober.answers.items())},
                 "cwnd": int(self.cc.cwnd), "cc_decreases": self.cc.decreases, "stalled": self.stalled, "timers_deferred": rec.deferred,
                 "psns_sent": rec.next_psn - self.start_psn, "psns_acked": rec.una - self.start_psn}
 

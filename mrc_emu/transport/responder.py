@@ -13,6 +13,12 @@ It also hears congestion: each datagram's traffic class says whether a switch CE
 (counted per EV and reported in the ACKs' SACK extension; with `QpConfig.cnp`, DCQCN's CNP at
 most once per `cnp_interval_ns`) or trimmed it (the DSCP; then it is not placed, and a TRIM
 NACK for its PSN leaves at the next pump, or a plain ACK when the PSN had arrived already).
+
+It is the QP's MRC endpoint for EV probes too: a probe of one of its QPs' EVs is answered at
+the next pump along that EV's back path (where its ACKs go) with the arrival port and the
+service time (transport/endpoint.py's ProbeAnswers). With a port-status view (`ports`, given by
+the host's endpoint), an ACK whose EV crosses a disabled port, here or at the peer, leaves by
+another EV.
 """
 
 from __future__ import annotations
@@ -24,9 +30,11 @@ from dataclasses import dataclass, field
 from ..topology.evs import UDP_SPORT_BASE, ev_of_sport
 from ..wire import format as fmt
 from ..wire.decoder import decode_trimmed, decode_udp
-from ..wire.format import ROCE_UDP_PORT, AckPacket, CnpPacket, DataPacket, DropReason, Syndrome, TrimNackPacket
+from ..wire.format import ROCE_UDP_PORT, AckPacket, CnpPacket, DataPacket, DropReason, ProbePacket, Syndrome, TrimNackPacket
 from .config import PSN_MOD, QpConfig, RandomBits, RecoveryMode, psn_abs
+from .endpoint import ProbeAnswers, packed_peer
 from .paths import Path, Send
+from .portstatus import PortStatus
 
 try:  # the C placement of the common data packet (optional; see _place.c)
     from . import _place
@@ -143,6 +151,8 @@ class Responder:
         self.recvs: dict[int, int] = {}  # QPN -> receives posted and not yet consumed (by WRITE_WITH_IMM)
         self._random_bits = random_bits
         self._last_now = 0
+        self.answers = ProbeAnswers()  # EV probes of its QPs, answered at the next pump
+        self.ports: PortStatus | None = None  # the host's port status (None: every port usable)
 
     def _new_rkey(self) -> int:
         while (rkey := self._random_bits(32)) == 0 or rkey in self.regions:
@@ -172,7 +182,9 @@ class Responder:
                              ("a count is at least 0" if qpn in self.qps else "no such QP accepted"))
         self.recvs[qpn] += count
 
-    def on_datagram(self, payload: bytes | memoryview, src: bytes, sport: int, now: int, tclass: int = 0) -> None:
+    def on_datagram(self, payload: bytes | memoryview, src: bytes, sport: int, now: int, tclass: int = 0,
+                    port: int = 0) -> None:
+        """`port`: the 1-based port of this host the datagram arrived at (0: unknown)."""
         if self._place is not None and self._place(payload, src, sport, now, tclass):
             return  # the common case, checked and placed in C exactly as below
         if tclass >> 2 in _TRIMMED_DSCPS:  # a trim, unless it is whole or no data packet
@@ -185,7 +197,10 @@ class Responder:
             self.drops[packet.value] += 1
             return
         if not isinstance(packet, DataPacket):
-            self.drops["unexpected_ack"] += 1
+            if isinstance(packet, ProbePacket) and self._probe_qp(packet, src) is not None:
+                self.answers.take(packet, src, port, now)
+            else:
+                self.drops["unknown_probe" if isinstance(packet, ProbePacket) else "unexpected_ack"] += 1
             return
         qp = self.qps.get(packet.dest_qp)
         if qp is None or (qp.peer is not None and qp.peer != src):
@@ -306,18 +321,17 @@ class Responder:
 
     def _signal(self, qp: _PyQp | _CQp, send: Send) -> None:
         """Send the QP's pending TRIM NACKs (each back along the trimmed packet's EV) and CNP."""
-        first = next(iter(qp.paths_back.values()))
         for nack in qp.trims:
-            path = qp.paths_back.get(nack.ev) or first
-            if send(path.template.encode(nack), path):
+            path = self._back_path(qp, nack.ev)
+            if path is not None and send(path.template.encode(nack), path):
                 self.stats["trim_nacks_sent"] += 1
             else:
                 self.drops["trim_nack_not_sent"] += 1
         qp.trims.clear()
         if qp.cnp_due:
             qp.cnp_due = False
-            path = qp.paths_back.get(qp.echo_ev) or first
-            if send(path.template.encode(CnpPacket(qp.peer_qpn, qp.pkey)), path):
+            path = self._back_path(qp, qp.echo_ev)
+            if path is not None and send(path.template.encode(CnpPacket(qp.peer_qpn, qp.pkey)), path):
                 self.stats["cnps_sent"] += 1
             else:
                 self.drops["cnp_not_sent"] += 1
@@ -352,14 +366,48 @@ class Responder:
                          qp.epsn & (PSN_MOD - 1), qp.echo_psn, qp.echo_ev & 0xFFFF, qp.ecn, bitmap, qp.pkey,
                          now - qp.echo_at, self._take_ce(qp.ce_counts) if qp.ce_counts else ())
 
+    def _probe_qp(self, probe: ProbePacket, src: bytes) -> _PyQp | _CQp | None:
+        """The QP a probe is for: one of ours, from its peer, of an EV it has a way back for."""
+        qp = self.qps.get(probe.dest_qp)
+        if qp is None or (qp.peer is not None and qp.peer != src) or probe.pkey != qp.pkey or probe.ev not in qp.paths_back:
+            return None
+        return qp
+
+    def _answer_way(self, probe: ProbePacket, src: bytes) -> tuple[Path, int, int] | None:
+        qp = self._probe_qp(probe, src)
+        if qp is None:
+            return None
+        path = qp.paths_back[probe.ev]
+        if self.ports is not None and not self.ports.usable(src, path):
+            return None  # a disabled port: the probe is not answered, its EV is not usable
+        return path, qp.peer_qpn, qp.pkey
+
+    def _back_path(self, qp: _PyQp | _CQp, ev: int) -> Path | None:
+        """The way back for an ACK, TRIM NACK or CNP about a packet that came on `ev`: that EV's
+        back path, or, when it crosses a disabled port, the first usable one (None: none is)."""
+        path = qp.paths_back.get(ev) or next(iter(qp.paths_back.values()))
+        ports = self.ports
+        if ports is None or ports.all_up:
+            return path
+        peer = qp.peer if qp.peer is not None else packed_peer(path)
+        if ports.usable(peer, path):
+            return path
+        return next((p for p in qp.paths_back.values() if ports.usable(peer, p)), None)
+
     def pump(self, now: int, send: Send, clock: Callable[[], int] | None = None, horizon: int | None = None) -> None:
         self._last_now = now
+        if self.answers.due:
+            self.answers.flush(now, send, clock, self._answer_way)
         for qp in self.qps.values():
             if qp.trims or qp.cnp_due:
                 self._signal(qp, send)
             if not qp.ack_due and not (qp.unacked_since >= 0 and now >= qp.unacked_since + qp.config.ack_delay_ns):
                 continue
-            path = qp.paths_back.get(qp.echo_ev) or next(iter(qp.paths_back.values()))
+            path = self._back_path(qp, qp.echo_ev)
+            if path is None:
+                self.drops["ack_not_sent"] += 1
+                qp.ack_due, qp.nak, qp.since_ack, qp.unacked_since = False, None, 0, -1
+                continue
             ack = self._ack_for(qp, now)
             if send(path.template.encode(ack), path):
                 self.stats["naks_sent" if qp.nak is not None else "acks_sent"] += 1
@@ -369,6 +417,8 @@ class Responder:
 
     def next_wakeup(self) -> int | None:
         wakes = []
+        if self.answers.due:
+            return self._last_now
         for qp in self.qps.values():
             if qp.ack_due or qp.trims or qp.cnp_due:
                 return self._last_now

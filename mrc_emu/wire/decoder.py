@@ -19,7 +19,9 @@ from .format import (
     DataPacket,
     DropReason,
     Endpoints,
+    PortStatusPacket,
     ProbePacket,
+    ProbeResponsePacket,
     RocePacket,
     TrimmedPacket,
     TrimNackPacket,
@@ -37,7 +39,9 @@ from .headers import (
     NH_IPV6,
     NH_ROUTING,
     NH_UDP,
+    PORT_STATUS_HDR,
     PROBE_HDR,
+    PROBE_RSP_HDR,
     RETH_HDR,
     SACK_HDR,
     SRH_HDR,
@@ -128,6 +132,12 @@ def _decode_roce(payload: bytes | memoryview, src: bytes, dst: bytes, sport: int
         if ext_type == fmt.MrcxType.PROBE and ext_len == fmt.PROBE_LEN:
             probe_id, ev, _, send_time = PROBE_HDR.unpack_from(body, offset + fmt.MRCX_HEADER_LEN)
             return ProbePacket(dest_qp, probe_id, ev, send_time, pkey)
+        if ext_type == fmt.MrcxType.PROBE_RESPONSE and ext_len == fmt.PROBE_RESPONSE_LEN:
+            probe_id, ev, port, _, send_time, service = PROBE_RSP_HDR.unpack_from(body, offset + fmt.MRCX_HEADER_LEN)
+            return ProbeResponsePacket(dest_qp, probe_id, ev, send_time, port, service, pkey)
+        if ext_type == fmt.MrcxType.PORT_STATUS and ext_len == fmt.PORT_STATUS_LEN:
+            req_id, mask = PORT_STATUS_HDR.unpack_from(body, offset + fmt.MRCX_HEADER_LEN)
+            return PortStatusPacket(dest_qp, req_id, mask, bool(ext_flags & fmt.PORT_STATUS_FLAG_ACK), pkey)
         if ext_type == fmt.MrcxType.TRIM and ext_len == fmt.TRIM_EXT_LEN and syndrome == fmt.Syndrome.NAK_TRIMMED:
             ev = TRIM_HDR.unpack_from(body, offset + fmt.MRCX_HEADER_LEN)[0]
             return TrimNackPacket(dest_qp, psn, ev, bool(ext_flags & fmt.TRIM_FLAG_LAST_HOP),

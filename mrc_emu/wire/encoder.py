@@ -24,7 +24,17 @@ except ImportError:
     _fastpath = _patch = None
 
 from . import format as fmt
-from .format import AckPacket, CnpPacket, DataPacket, Endpoints, ProbePacket, RocePacket, TrimNackPacket
+from .format import (
+    AckPacket,
+    CnpPacket,
+    DataPacket,
+    Endpoints,
+    PortStatusPacket,
+    ProbePacket,
+    ProbeResponsePacket,
+    RocePacket,
+    TrimNackPacket,
+)
 from .headers import (
     AETH_HDR,
     BTH_HDR,
@@ -38,7 +48,9 @@ from .headers import (
     NH_IPV6,
     NH_ROUTING,
     NH_UDP,
+    PORT_STATUS_HDR,
     PROBE_HDR,
+    PROBE_RSP_HDR,
     PSN_RETH,
     PSN_RETH_IMM,
     RETH_HDR,
@@ -318,5 +330,20 @@ def encode_roce(packet: RocePacket) -> bytes:
             + AETH_HDR.pack(0)
             + MRCX_HDR.pack(fmt.MrcxType.PROBE, 0, fmt.PROBE_LEN)
             + PROBE_HDR.pack(packet.probe_id, packet.ev, 0, packet.send_time_ns)
+        )
+    if isinstance(packet, ProbeResponsePacket):
+        return (
+            _bth(fmt.Opcode.ACKNOWLEDGE, 0, packet.pkey, packet.dest_qp, False, 0)
+            + AETH_HDR.pack(0)
+            + MRCX_HDR.pack(fmt.MrcxType.PROBE_RESPONSE, 0, fmt.PROBE_RESPONSE_LEN)
+            + PROBE_RSP_HDR.pack(packet.probe_id, packet.ev, packet.port, 0, packet.send_time_ns,
+                                 min(max(0, packet.service_ns), fmt.MAX_SERVICE_NS))
+        )
+    if isinstance(packet, PortStatusPacket):
+        return (
+            _bth(fmt.Opcode.ACKNOWLEDGE, 0, packet.pkey, packet.dest_qp, False, 0)
+            + AETH_HDR.pack(0)
+            + MRCX_HDR.pack(fmt.MrcxType.PORT_STATUS, fmt.PORT_STATUS_FLAG_ACK if packet.ack else 0, fmt.PORT_STATUS_LEN)
+            + PORT_STATUS_HDR.pack(packet.req_id, packet.port_status)
         )
     raise TypeError(f"not a packet record: {packet!r}")

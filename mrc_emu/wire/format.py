@@ -39,6 +39,11 @@ def encode_service(ns: int) -> int:
 def decode_service(code: int) -> int:
     return (code & ((1 << SERVICE_MANTISSA_BITS) - 1)) << (code >> SERVICE_MANTISSA_BITS)
 PROBE_LEN = 20
+PROBE_RESPONSE_LEN = 24  # MRCX header, probe id, EV | port | resv, send time, service time
+PORT_STATUS_LEN = 12  # MRCX header, request id, port-status mask
+PORT_STATUS_FLAG_ACK = 0x01  # MRCX PORT_STATUS flag: this acknowledges the update it echoes
+ENDPOINT_QPN = 0x2  # reserved QPN of a host's MRC endpoint (controller probes, PORT_STATUS_UPDATE)
+MAX_SERVICE_NS = 0xFFFFFFFF  # a probe response's service time field (32 bits of ns, about 4.3 s)
 PSN_MASK = 0xFFFFFF
 QPN_MASK = 0xFFFFFF
 INNER_HOP_LIMIT = 64
@@ -94,8 +99,10 @@ class MrcxType(IntEnum):
     """Type of the MRC extension header carried after AETH in an ACKNOWLEDGE."""
 
     SACK = 1
-    PROBE = 2
+    PROBE = 2  # an EV probe (request): answered by the destination's MRC endpoint
     TRIM = 3
+    PROBE_RESPONSE = 4  # the answer to a PROBE: echoes it, adds the arrival port and the service time
+    PORT_STATUS = 5  # PORT_STATUS_UPDATE (flags bit0 clear) or its acknowledgement (bit0 set)
 
 
 class DropReason(str, Enum):
@@ -219,7 +226,10 @@ class TrimmedPacket:
 
 @dataclass(slots=True)
 class ProbePacket:
-    """An EV probe: an ACKNOWLEDGE that travels out along an EV and back to its sender."""
+    """An EV probe request: an ACKNOWLEDGE that travels out along an EV (the data packets' own
+    path) to the destination's MRC endpoint: the QP's responder (`dest_qp` its QPN) or the host's
+    endpoint (ENDPOINT_QPN, a controller probe). The fabric check sends one to its own address
+    through the destination's End SID, so that the kernel turns it around."""
 
     dest_qp: int
     probe_id: int
@@ -228,4 +238,33 @@ class ProbePacket:
     pkey: int = DEFAULT_PKEY
 
 
-RocePacket = DataPacket | AckPacket | ProbePacket | TrimNackPacket | CnpPacket
+@dataclass(slots=True)
+class ProbeResponsePacket:
+    """The answer to an EV probe, sent back along the reverse EV by the endpoint that got it:
+    the probe's id, EV and send time echoed, the 1-based port it arrived at (port p + 1: the
+    NIC on plane p; 0 unknown) and the responder's service time (the probe's arrival to this
+    response's send, ns)."""
+
+    dest_qp: int
+    probe_id: int
+    ev: int
+    send_time_ns: int
+    port: int = 0
+    service_ns: int = 0
+    pkey: int = DEFAULT_PKEY
+
+
+@dataclass(slots=True)
+class PortStatusPacket:
+    """PORT_STATUS_UPDATE between two hosts' endpoints (ENDPOINT_QPN): `port_status` is the
+    sender's port-status mask (bit p set: its 1-based port p is usable), `req_id` numbers the
+    update; `ack`: the receiver's acknowledgement, echoing both."""
+
+    dest_qp: int
+    req_id: int
+    port_status: int
+    ack: bool = False
+    pkey: int = DEFAULT_PKEY
+
+
+RocePacket = DataPacket | AckPacket | ProbePacket | TrimNackPacket | CnpPacket | ProbeResponsePacket | PortStatusPacket

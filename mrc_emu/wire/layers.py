@@ -61,8 +61,9 @@ class MRCX(Packet):
         return p + pay
 
     def guess_payload_class(self, payload: bytes):
-        return {fmt.MrcxType.SACK: MRCXSack, fmt.MrcxType.PROBE: MRCXProbe,
-                fmt.MrcxType.TRIM: MRCXTrim}.get(self.ext_type, Packet)
+        return {fmt.MrcxType.SACK: MRCXSack, fmt.MrcxType.PROBE: MRCXProbe, fmt.MrcxType.TRIM: MRCXTrim,
+                fmt.MrcxType.PROBE_RESPONSE: MRCXProbeResponse,
+                fmt.MrcxType.PORT_STATUS: MRCXPortStatus}.get(self.ext_type, Packet)
 
 
 class MRCXCeCount(Packet):
@@ -122,6 +123,27 @@ class MRCXProbe(Packet):
     ]
 
 
+class MRCXProbeResponse(Packet):
+    """An EV probe's answer: the probe echoed, the 1-based arrival port, the service time in ns."""
+
+    name = "MRCX Probe Response"
+    fields_desc = [
+        XIntField("probe_id", 0),
+        ShortField("ev", 0),
+        ByteField("port", 0),
+        ByteField("resv", 0),
+        XLongField("send_time_ns", 0),
+        IntField("service_ns", 0),
+    ]
+
+
+class MRCXPortStatus(Packet):
+    """PORT_STATUS_UPDATE (or, MRCX flags bit0, its acknowledgement): the sender's 1-based port mask."""
+
+    name = "MRCX Port Status"
+    fields_desc = [IntField("req_id", 0), XIntField("port_status", 0)]
+
+
 def _reth_payload(self: RETH, payload: bytes):
     bth = self.underlayer
     if isinstance(bth, BTH) and bth.opcode == fmt.Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE:
@@ -174,6 +196,22 @@ def roce_layers(packet: fmt.RocePacket) -> Packet:
             / AETH(syndrome=fmt.Syndrome.ACK, msn=0)
             / MRCX(ext_type=fmt.MrcxType.PROBE)
             / MRCXProbe(probe_id=packet.probe_id, ev=packet.ev, send_time_ns=packet.send_time_ns)
+        )
+    if isinstance(packet, fmt.ProbeResponsePacket):
+        return (
+            BTH(opcode=fmt.Opcode.ACKNOWLEDGE, pkey=packet.pkey, dqpn=packet.dest_qp, psn=0)
+            / AETH(syndrome=fmt.Syndrome.ACK, msn=0)
+            / MRCX(ext_type=fmt.MrcxType.PROBE_RESPONSE)
+            / MRCXProbeResponse(probe_id=packet.probe_id, ev=packet.ev, port=packet.port,
+                                send_time_ns=packet.send_time_ns,
+                                service_ns=min(max(0, packet.service_ns), fmt.MAX_SERVICE_NS))
+        )
+    if isinstance(packet, fmt.PortStatusPacket):
+        return (
+            BTH(opcode=fmt.Opcode.ACKNOWLEDGE, pkey=packet.pkey, dqpn=packet.dest_qp, psn=0)
+            / AETH(syndrome=fmt.Syndrome.ACK, msn=0)
+            / MRCX(ext_type=fmt.MrcxType.PORT_STATUS, flags=fmt.PORT_STATUS_FLAG_ACK if packet.ack else 0)
+            / MRCXPortStatus(req_id=packet.req_id, port_status=packet.port_status)
         )
     raise TypeError(f"not a packet record: {packet!r}")
 
