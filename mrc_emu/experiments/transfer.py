@@ -223,7 +223,7 @@ def run_transfers(fabric: Fabric, specs: list[TransferSpec], control: Control | 
         # is followed live while the WRITEs run (UDP EVs are the fabric's hash: no controller)
         live = LiveControl(ControlRecord(fabric), {key: (spec.src, {ev.index: ev for ev in plans[key].evs})
                                                    for key, spec in enumerate(specs) if spec.ev_format is not EvFormat.UDP})
-        push_controller(live, pool.of, specs)
+        push_controller(live, pool.of, specs, control, address_of, fabric.topology)
         now_keys: dict[Child, list[int]] = {}
         for key, spec in enumerate(specs):
             if spec.start_at is None:
