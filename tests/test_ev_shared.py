@@ -85,19 +85,21 @@ class Host:
         return min(wakes) if wakes else None
 
 
-def setup(size: int, profile: ApiEvProfile, events: EvEventQueue | None = None, config: QpConfig | None = None):
-    """Two QPs of h0 bound to `profile`, each writing its own region of h2's responder."""
+def setup(size: int, profile: ApiEvProfile, events: EvEventQueue | None = None, config: QpConfig | None = None,
+          evs: list[int] | None = None, qps: int = 2):
+    """`qps` QPs of h0 bound to `profile` (over `evs`, default all), each writing its own region of h2's responder."""
     config = config or QpConfig(mtu=1024)
+    forward = {k: PATHS.forward[k] for k in (range(len(PATHS.evs)) if evs is None else evs)}
     responder = Responder(DST, config, random_bits=random.Random(1).getrandbits)
-    qps, regions = [], []
-    for k, (qpn, peer) in enumerate(QPS):
+    requesters, regions = [], []
+    for k, (qpn, peer) in enumerate(QPS[:qps]):
         buffer = bytearray(size)
         mr = responder.register(buffer, va=0x1000_0000 * (k + 1), pd=k + 1)
         responder.accept(peer, qpn, 0, PATHS.back, peer=SRC, pd=k + 1)
-        qps.append(Requester(SRC, qpn, peer, PATHS.forward, PATHS.probes, config,
-                             random_bits=random.Random(2 + k).getrandbits, ev_profile=profile, ev_events=events))
+        requesters.append(Requester(SRC, qpn, peer, forward, PATHS.probes, config,
+                                    random_bits=random.Random(2 + k).getrandbits, ev_profile=profile, ev_events=events))
         regions.append((mr, buffer, os.urandom(size)))
-    return Host(qps), responder, qps, regions
+    return Host(requesters), responder, requesters, regions
 
 
 def slow_evs(net: MemoryNetwork) -> None:
@@ -247,3 +249,30 @@ def test_a_private_profile_behaves_as_the_qps_own_and_a_bound_one_must_fit():
     offline.modify(state=ProfileState.OFFLINE)
     with pytest.raises(ValueError, match="is OFFLINE: a QP takes an ONLINE profile"):
         EvProfile([0], shared=offline)
+
+
+@pytest.mark.parametrize("recovery", ["go-back-N", "trim"])
+def test_a_denied_ev_carries_neither_a_go_back_n_rewind_nor_a_trimmed_packets_resend(recovery):
+    """The other ways a packet is sent again take their EV from the same schedule: a go-back-N rewind
+    (sequence NAKs and ACK timeouts, EV 0 losing 5 %) and the resend of a packet trimmed by the fabric."""
+    profile = api_profile()
+    if recovery == "go-back-N":
+        config, evs = QpConfig.baseline(mtu=1024, ack_timeout_exp=10), [0, 1, 2]
+    else:
+        config, evs = QpConfig(mtu=1024), list(range(8))
+    size = 1_500_000
+    host, responder, (a,), regions = setup(size, profile, config=config, evs=evs, qps=1)
+    net = MemoryNetwork(11)
+    if recovery == "go-back-N":
+        net.fault(0).loss = 0.05
+    else:
+        for k in evs:
+            net.fault(k).trim = 0.05
+    mr, buffer, data = regions[0]
+    a.post_write(data, mr.va, mr.rkey)
+    assert net.run([host, responder], lambda: a.bytes_acked > size // 4)
+    ev_op(profile, EvOp.MODIFY_EV_STATE, [EvOpEntry(**slot(1), state=EvState.DENIED)])
+    before, resent = len(host.frames), a.retransmits
+    assert net.run([host, responder], lambda: a.done) and a.error is None and buffer == data
+    assert a.retransmits > resent and not [f for f in host.frames[before:] if f[2] == 1]
+    assert a.profile.evs[1].state is EvState.DENIED
