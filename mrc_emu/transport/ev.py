@@ -124,10 +124,10 @@ class EvProfile:
         self._bad = 0  # EVs ASSUMED_BAD now
         self._barred = 0  # EVs that may carry nothing now: DENIED (or UNKNOWN: no longer in the profile)
         self._dirty = True
-        self._version = -1  # the api profile's state_version last read
         self._now = 0  # the latest time the QP told its profile (what a change found without one is stamped)
+        # the api profile's state_version last read, with the states it starts with (no events)
         states, self._version = self.states.states(), self.api.state_version
-        for ev, stats in self.evs.items():  # the states it starts with are no events
+        for ev, stats in self.evs.items():
             stats.state = states[ev]
             self._bad += stats.state is EvState.ASSUMED_BAD
             self._barred += _barred(stats.state)
