@@ -225,7 +225,7 @@ def test_three_losses_in_a_row_make_the_ev_assumed_bad_naming_the_rule():
     rec.on_ack(ack(-1, arrived=(3,), base=0), 10 * US)
     assert list(rec.sent.retx) == [0, 1, 2]
     (event,) = rec.profile.events
-    assert event.ev == 0 and event.new.value == "ASSUMED_BAD" and SAME_EV in event.reason
+    assert event.ev == 0 and event.new.name == "ASSUMED_BAD" and SAME_EV in event.reason
     # a path that delivers the packets sent after them lost these to a queue: each tells the CC so
     assert cc.of("lost") == [("lost", 0, MTU, True)] * 3
 

@@ -100,6 +100,10 @@ faults:
   - {kind: switch-reboot, node: p1s3, at: 0.5, duration_ms: 100}
   - {kind: degrade, link: [p1l0, p1s1], rate: 0.5, at: 0.1, duration_ms: 200}
   - {kind: delay, link: [p1l1, p1s2], ms: 2, at: 0.2, direction: p1s2->p1l1}
+  - {kind: drain, link: [p1l1, p1s0], at: 0.15}
+  - {kind: undrain, link: [p1l1, p1s0], at: 0.6}
+  - {kind: port-disable, host: h1, plane: 0, at: 0.25}
+  - {kind: port-enable, host: h1, plane: 0, at: 0.45}
 """)
     scn = scenario.load(path)
     results = runner.run(scn, tmp_path / "out")
@@ -117,6 +121,8 @@ faults:
     assert kinds["switch-reboot"] == ["reboot-down", "reboot-up"]
     assert kinds["degrade"] == ["rate:0.5", "rate:1"]
     assert kinds["delay"] == ([] if impair.netem_missing() else ["delay:2ms", "delay-off"])
+    assert [kinds[k] for k in ("drain", "undrain", "port-disable", "port-enable")] == [
+        ["drain"], ["undrain"], ["port-disable"], ["port-enable"]]  # the controller's steps, carried out by the QPs
     bad = {e["ev"] for t in run["transfers"] for e in t["ev_events"] if e["new"] == "ASSUMED_BAD"}
     assert bad, "no EV was marked ASSUMED_BAD under six faults"
     assert no_leftovers(results["fabric"])

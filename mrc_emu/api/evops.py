@@ -15,8 +15,10 @@ caller re-reads with QUERY_EV_ARRAY. The failing entry itself changes nothing.
     QUERY_EV_ARRAY   out  -       out    -            OFFLINE, ONLINE
 
 `device_set_state` is the device's own path (the transport marking an EV ASSUMED_BAD or GOOD):
-it never leaves GOOD EVs fewer than ev_min_active and never touches a DENIED EV. It must never
-touch the system.
+it never leaves GOOD EVs fewer than ev_min_active and never touches a DENIED EV. Every state
+written bumps the profile's `state_version` and records who wrote it (`state_setters`: controller
+or device), which is how the QPs bound to the profile (transport/evshare.py) learn of a change
+without looking at every EV. It must never touch the system.
 """
 
 from __future__ import annotations
@@ -86,6 +88,7 @@ def ev_states(profile: EvProfile) -> list[int]:
     if len(profile.ev_states) != len(slots):
         empty = (UNPOPULATED, 0) if profile.mode == EvProfileMode.EXP else None  # GEN's compact 0x00 is an EV
         profile.ev_states = [EvState.UNKNOWN if slot == empty else EvState.GOOD for slot in slots]
+        profile.states_reset()
     return profile.ev_states
 
 
@@ -181,16 +184,21 @@ def _apply(profile: EvProfile, op: EvOp, entry: EvOpEntry, where: str, events: E
             profile.ev_ports = [0] * len(profile.explicit)
         for index in hits:
             profile.explicit[index], profile.ev_ports[index], states[index] = new_value, entry.port_new, state
+            profile.state_setters[index] = "controller"
+        profile.state_version += 1
         return
     hits = _matches(profile, value, entry.port, entry.flags, where)
     if profile.mode == EvProfileMode.EXP and (value, entry.port) == (UNPOPULATED, 0):
         raise MrcApiError(f"{where}.ev: UNPOPULATED slots have no state to modify", errno.ENOENT)
-    _set_states(profile, hits, state, where, events)
+    _set_states(profile, hits, state, where, events, "controller")
 
 
-def _set_states(profile: EvProfile, hits: list[int], state: EvState, where: str, events: EvEventQueue | None) -> None:
+def _set_states(profile: EvProfile, hits: list[int], state: EvState, where: str, events: EvEventQueue | None,
+                setter: str) -> None:
+    """Set the slots `hits` to `state`; ASSUMED_BAD only if it takes no GOOD EV below ev_min_active (a DENIED one
+    allowed back as ASSUMED_BAD takes none away). Each change bumps the profile's state_version."""
     states = ev_states(profile)
-    if state == EvState.ASSUMED_BAD:
+    if state == EvState.ASSUMED_BAD and any(states[index] == EvState.GOOD for index in hits):
         good_after = sum(1 for index, old in enumerate(states) if old == EvState.GOOD and index not in hits)
         if good_after < (profile.ev_min_active or 0):
             raise MrcApiError(f"{where}.state: ASSUMED_BAD would leave {good_after} GOOD EVs, "
@@ -199,6 +207,8 @@ def _set_states(profile: EvProfile, hits: list[int], state: EvState, where: str,
     for index in hits:
         if states[index] != state:
             states[index] = state
+            profile.state_setters[index] = setter
+            profile.state_version += 1
             if events is not None:
                 events.post(profile.profile_id, profile.ev_event_mask or 0, *slots[index], state)
 
@@ -215,7 +225,7 @@ def device_set_state(profile: EvProfile, ev: bytes, port: int, state: EvState,
     if any(states[index] == EvState.DENIED for index in hits):
         return False
     try:
-        _set_states(profile, hits, state, "device", events)
+        _set_states(profile, hits, state, "device", events, "device")
     except MrcApiError:
         return False
     return True

@@ -6,8 +6,9 @@ format field. Its restrictions are exactly the header's (c:631-636): no more fie
 format, no wider in total, init_val within the width, mask within the width, max_val within the
 mask's bits; ev_min_active <= ev_count; ev_event_mask only GOOD and ASSUMED_BAD. Its lifecycle is
 INIT -> OFFLINE (MODE, FMT_ID, COUNT, MODIFY_FIELDS) -> ONLINE (MIN_ACTIVE, EVENT_MASK, for EXP
-every EV replaced) -> OFFLINE -> INIT. The EV operations (REPLACE_EV, ...) are not mirrored yet.
-It must never touch the system.
+every EV replaced) -> OFFLINE -> INIT. The EV operations (REPLACE_EV, ...) are evops'. The EV
+states live here (`ev_states`, with `state_version` bumped on every write), so that the QPs bound
+to the profile share them. It must never touch the system.
 """
 
 from __future__ import annotations
@@ -126,6 +127,10 @@ class EvProfile:
         self.explicit: list[bytes] = []  # EXP: the EV array, UNPOPULATED after INIT -> OFFLINE
         self.ev_ports: list[int] = []  # EXP: each slot's 1-based port (0 = UNPOPULATED), beside `explicit`
         self.ev_states: list[int] = []  # each EV's state (evops.EvState), filled by the EV operations
+        # bumped on every write to ev_states (evops, a reset here): the QPs bound to the profile compare it
+        # where they read their spray schedule, so a change reaches them at no cost while nothing changes
+        self.state_version = 0
+        self.state_setters: dict[int, str] = {}  # slot -> who set its state last: "controller" or "device"
 
     def modify(self, *, state: ProfileState | None = None, cur_state: ProfileState | None = None,
                mode: EvProfileMode | str | None = None, fmt: EvFormatProfile | None = None, ev_count: int | None = None,
@@ -169,8 +174,10 @@ class EvProfile:
         if first_offline or (new["mode"] == EvProfileMode.EXP and len(self.explicit) != (self.ev_count or 0)):
             self.explicit = [UNPOPULATED] * (self.ev_count or 0) if new["mode"] == EvProfileMode.EXP else []
             self.ev_ports, self.ev_states = [0] * len(self.explicit), []
+            self.states_reset()
         elif new["mode"] != EvProfileMode.EXP and given & {"mode", "fmt", "ev_count", "fields"}:
             self.ev_states = []  # generated EVs from new fields are new EVs: their states start afresh
+            self.states_reset()
         if target == ProfileState.INIT:
             self._reset()
 
@@ -207,6 +214,12 @@ class EvProfile:
             self.fmt.dependents.remove(self)
         self.mode = self.fmt = self.ev_count = self.ev_min_active = self.ev_event_mask = None
         self.fields, self.explicit, self.ev_ports, self.ev_states = (), [], [], []
+        self.states_reset()
+
+    def states_reset(self) -> None:
+        """ev_states was replaced as a whole: a new version, and nobody has set the new states yet."""
+        self.state_version += 1
+        self.state_setters.clear()
 
     @property
     def generated_bits(self) -> int:

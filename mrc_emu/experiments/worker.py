@@ -342,7 +342,7 @@ class _Worker:
             self.parent.send(Progress({
                 k: JobProgress(j.requester.bytes_acked, j.end_ns is not None, j.requester.error,
                                j.requester.profile.assumed_bad,
-                               {e: s.state.value for e, s in j.requester.profile.evs.items()} if k == 0 else None)
+                               {e: s.state.name for e, s in j.requester.profile.evs.items()} if k == 0 else None)
                 for k, j in self.jobs.items() if j.start_ns}))
 
     def final(self, before: dict[str, dict[str, int]], loop_stats: dict[str, Any]) -> Final:

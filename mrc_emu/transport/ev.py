@@ -5,8 +5,11 @@ the moment it looks broken, but never on a whim. This module holds what the send
 about each EV (state, RTT, loss, bytes in flight), turns it into spray weights, and
 records every state change as a timestamped EV event. It sends nothing itself.
 
-Names follow the OCP companion API: EV state GOOD / ASSUMED_BAD / DENIED, `ev_min_active`,
-EV events, EV probes.
+Names follow the OCP companion API: EV state GOOD / ASSUMED_BAD / DENIED (api.events.EvState),
+`ev_min_active`, EV events, EV probes. The states themselves live in an api EV profile shared by
+the QPs bound to it (evshare.py); each QP keeps its own copy of its EVs' states, refreshed when
+the profile's state version moves, and its own statistics and event list (with reasons, DENIED
+included: the api's event queue carries only what the profile's event mask selects).
 
 Congestion feedback moves weights, never states: CE marks (counted per packet by the responder)
 and fabric trims (MRC moves a trimmed EV to SKIP; here a trim EWMA cuts the EV's weight at once
@@ -19,15 +22,11 @@ loss: only losses and timeouts make an EV ASSUMED_BAD.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
 
+from ..api import profiles as api_profiles
+from ..api.events import EvEventQueue, EvState
+from .evshare import SharedStates, private_profile
 from .rtt import RttEstimator
-
-
-class EvState(str, Enum):
-    GOOD = "GOOD"
-    ASSUMED_BAD = "ASSUMED_BAD"  # this endpoint saw losses or timeouts on it; an EV probe revives it
-    DENIED = "DENIED"  # the controller forbids it; only the controller allows it again
 
 
 @dataclass(frozen=True)
@@ -42,8 +41,8 @@ class EvEvent:
     rtt_ns: int | None = None  # the probe RTT that revived the EV
 
     def to_dict(self, origin_ns: int = 0) -> dict:
-        return {"time_ms": round((self.time_ns - origin_ns) / 1e6, 3), "ev": self.ev, "old": self.old.value,
-                "new": self.new.value, "reason": self.reason, "rtt_ns": self.rtt_ns}
+        return {"time_ms": round((self.time_ns - origin_ns) / 1e6, 3), "ev": self.ev, "old": self.old.name,
+                "new": self.new.name, "reason": self.reason, "rtt_ns": self.rtt_ns}
 
 
 @dataclass
@@ -82,7 +81,7 @@ class EvStats:
 
     def to_dict(self) -> dict:
         return {
-            "ev": self.index, "state": self.state.value, "srtt_us": round(self.srtt_ns / 1e3, 1),
+            "ev": self.index, "state": self.state.name, "srtt_us": round(self.srtt_ns / 1e3, 1),
             "rttvar_us": round(self.rttvar_ns / 1e3, 1),
             "min_rtt_us": round(self.min_rtt_ns / 1e3, 1), "loss": round(self.loss, 4),
             "packets_sent": self.packets_sent, "packets_delivered": self.packets_delivered,
@@ -99,48 +98,91 @@ SCHEDULE_SLOTS_PER_EV = 8
 REWEIGH_CYCLES = 4
 
 
-@dataclass
 class EvProfile:
-    """The EXPLICIT EV profile of one QP and what has been learned about each EV."""
+    """The EVs of one QP: its window onto the api EV profile that holds their states (a private one
+    if it is given none) and what the QP has learned about each EV.
 
-    indexes: list[int]
-    ev_min_active: int = 1
-    bad_after_losses: int = 3  # consecutive losses (nothing delivered in between) that make an EV ASSUMED_BAD
-    target_delay_ns: int = 1_000_000  # delay above the best EV's that halves an EV's weight
-    evs: dict[int, EvStats] = field(init=False)
-    events: list[EvEvent] = field(default_factory=list)
-    schedule: list[int] = field(default_factory=list)
-    _cursor: int = 0
-    _cycles: int = 0
-    _bad: int = 0  # EVs ASSUMED_BAD now
-    _denied: int = 0  # EVs DENIED now
-    _dirty: bool = True
-    # EVs no packet may use, whatever their state: a port they cross is disabled, here or at the
-    # peer (PORT_STATUS_UPDATE; transport/portstatus.py). Set with `exclude`.
-    excluded: frozenset[int] = frozenset()
+    `shared`: an ONLINE api EvProfile whose slot i is EV i; its ev_min_active is then the profile's
+    (`ev_min_active` here is for the private profile). `events`: the host's api EV event queue,
+    where the device's changes (this QP's) are posted as the profile's event mask says."""
 
-    def __post_init__(self) -> None:
-        if not self.indexes:
+    def __init__(self, indexes: list[int], ev_min_active: int = 1, bad_after_losses: int = 3,
+                 target_delay_ns: int = 1_000_000, *, shared: api_profiles.EvProfile | None = None,
+                 events: EvEventQueue | None = None) -> None:
+        if not indexes:
             raise ValueError("an EV profile needs at least one EV")
+        self.indexes = list(indexes)
+        self.bad_after_losses = bad_after_losses  # consecutive losses (nothing delivered in between) -> ASSUMED_BAD
+        self.target_delay_ns = target_delay_ns  # delay above the best EV's that halves an EV's weight
+        self.api = shared if shared is not None else private_profile(self.indexes, ev_min_active)
+        self.states = SharedStates(self.api, self.indexes, events)
         self.evs = {k: EvStats(k) for k in self.indexes}
-        self.ev_min_active = max(1, min(self.ev_min_active, len(self.indexes)))
+        self.events: list[EvEvent] = []
+        self.schedule: list[int] = []
+        self._cursor = 0
+        self._cycles = 0
+        self._bad = 0  # EVs ASSUMED_BAD now
+        self._barred = 0  # EVs that may carry nothing now: DENIED (or UNKNOWN: no longer in the profile)
+        self._dirty = True
+        # EVs no packet may use, whatever their state: a port they cross is disabled, here or at the
+        # peer (PORT_STATUS_UPDATE; transport/portstatus.py). Per QP: a peer's ports are the peer's.
+        self.excluded: frozenset[int] = frozenset()
+        self._now = 0  # the latest time the QP told its profile (what a change found without one is stamped)
+        # the api profile's state_version last read, with the states it starts with (no events)
+        states, self._version = self.states.states(), self.api.state_version
+        for ev, stats in self.evs.items():
+            stats.state = states[ev]
+            self._bad += stats.state is EvState.ASSUMED_BAD
+            self._barred += _barred(stats.state)
+
+    @property
+    def ev_min_active(self) -> int:
+        return self.states.ev_min_active
 
     # ---- state -------------------------------------------------------------------------
+
+    def sync(self, now: int, reason: str | None = None, rtt_ns: int | None = None) -> None:
+        """Take the profile's states into the QP's EVs if its state version moved: each change becomes an
+        EV event (`reason`, else who made it: the controller, another QP) and reshapes the schedule."""
+        self._now = max(self._now, now)
+        if self.api.state_version == self._version:
+            return
+        states = self.states.states()
+        self._version = self.api.state_version
+        for ev, stats in self.evs.items():
+            new = states[ev] if ev < len(states) else EvState.UNKNOWN
+            if new is not stats.state:
+                self._record(ev, stats, new, self._now, reason or self.states.reason(ev), rtt_ns)
+
+    def _record(self, ev: int, stats: EvStats, new: EvState, now: int, reason: str, rtt_ns: int | None) -> None:
+        old = stats.state
+        self.events.append(EvEvent(now, ev, old, new, reason, rtt_ns))
+        self._bad += (new is EvState.ASSUMED_BAD) - (old is EvState.ASSUMED_BAD)
+        self._barred += _barred(new) - _barred(old)
+        stats.state = new
+        stats.consecutive_losses = 0
+        stats.probe_due_ns = now
+        if old is EvState.ASSUMED_BAD and new is EvState.GOOD:
+            stats.loss = min(stats.loss, 0.1)  # back, but it earns its full share again
+        self._dirty = True
 
     @property
     def assumed_bad(self) -> int:
         """How many EVs are ASSUMED_BAD now."""
+        self.sync(self._now)
         return self._bad
 
     def any_assumed_bad(self) -> bool:
+        self.sync(self._now)
         return self._bad > 0
 
     @property
     def stalled(self) -> bool:
         """Every EV is DENIED: no EV may carry data until the controller allows one."""
+        self.sync(self._now)
         if self.excluded:
-            return all(k in self.excluded or s.state is EvState.DENIED for k, s in self.evs.items())
-        return self._denied == len(self.evs)
+            return all(k in self.excluded or _barred(s.state) for k, s in self.evs.items())
+        return self._barred == len(self.evs)
 
     def exclude(self, evs: frozenset[int]) -> None:
         """The EVs that may carry nothing from now on (data, retransmissions, probes): a port
@@ -151,30 +193,35 @@ class EvProfile:
             self._dirty = True
 
     def good(self) -> list[int]:
+        self.sync(self._now)
         return [k for k, s in self.evs.items() if s.state is EvState.GOOD]
 
-    def set_state(self, ev: int, new: EvState, now: int, reason: str, rtt_ns: int | None = None) -> bool:
+    def set_state(self, ev: int, new: EvState, now: int, reason: str, rtt_ns: int | None = None,
+                  controller: bool = False) -> bool:
+        """Set EV `ev`'s state in the profile (and every copy of its value), as the device does (GOOD or
+        ASSUMED_BAD: never lifting a DENIED EV, never below ev_min_active) or, `controller` (and for
+        DENIED always), as the controller does; True if it changed."""
+        self.sync(now)
         stats = self.evs[ev]
-        if stats.state is new:
+        if stats.state is new or stats.state is EvState.UNKNOWN:
             return False
-        if stats.state is EvState.GOOD and new is not EvState.GOOD and new is not EvState.DENIED:
-            if len(self.good()) - 1 < self.ev_min_active:
-                return False  # ev_min_active: never fewer GOOD EVs than this
-        self.events.append(EvEvent(now, ev, stats.state, new, reason, rtt_ns))
-        self._bad += (new is EvState.ASSUMED_BAD) - (stats.state is EvState.ASSUMED_BAD)
-        self._denied += (new is EvState.DENIED) - (stats.state is EvState.DENIED)
-        stats.state = new
-        stats.consecutive_losses = 0
-        stats.probe_due_ns = now
-        self._dirty = True
-        return True
+        if controller or new is EvState.DENIED:
+            done = self.states.controller_set(ev, new)
+        else:
+            done = stats.state is not EvState.DENIED and self.states.device_set(ev, new)
+        if done:
+            self.sync(now, reason, rtt_ns)
+        return done
 
     def deny(self, ev: int, now: int, reason: str = "") -> None:
-        self.set_state(ev, EvState.DENIED, now, "denied by controller" + (f": {reason}" if reason else ""))
+        self.set_state(ev, EvState.DENIED, now, "denied by controller" + (f": {reason}" if reason else ""), controller=True)
 
-    def allow(self, ev: int, now: int) -> None:
+    def allow(self, ev: int, now: int, state: EvState = EvState.ASSUMED_BAD) -> None:
+        """The controller allows a DENIED EV again: ASSUMED_BAD (the QPs probe it before use) or GOOD."""
+        self.sync(now)
         if self.evs[ev].state is EvState.DENIED:
-            self.set_state(ev, EvState.ASSUMED_BAD, now, "allowed by controller; probe before use")
+            reason = "allowed by controller; probe before use" if state is EvState.ASSUMED_BAD else "allowed by controller"
+            self.set_state(ev, state, now, reason, controller=True)
 
     # ---- observations ------------------------------------------------------------------
 
@@ -214,6 +261,7 @@ class EvProfile:
         self._dirty = True
 
     def on_lost(self, ev: int, now: int, why: str) -> None:
+        self.sync(now)
         s = self.evs[ev]
         s.packets_lost += 1
         s.consecutive_losses += 1
@@ -224,9 +272,11 @@ class EvProfile:
             self._dirty = True
 
     def on_probe(self, ev: int, now: int, rtt_ns: int) -> None:
+        """A probe of `ev` returned: GOOD again for every QP of the profile (unless another QP's revived
+        it first, or the controller DENIED it meanwhile)."""
+        self.sync(now)
         if self.evs[ev].state is EvState.ASSUMED_BAD:
             self.set_state(ev, EvState.GOOD, now, "probe returned", rtt_ns)
-            self.evs[ev].loss = min(self.evs[ev].loss, 0.1)  # back, but it earns its full share again
 
     # ---- spraying ----------------------------------------------------------------------
 
@@ -256,7 +306,7 @@ class EvProfile:
         """
         out = self.excluded
         good = ([k for k in self.good() if k not in out]
-                or [k for k, s in self.evs.items() if s.state is not EvState.DENIED and k not in out])
+                or [k for k, s in self.evs.items() if s.state is EvState.ASSUMED_BAD and k not in out])
         self._cursor = 0
         self._dirty = False
         if not good:
@@ -278,7 +328,10 @@ class EvProfile:
     def schedule_at(self) -> tuple[list[int], int]:
         """The spray schedule, rebuilt if anything changed, and the cursor into it: the next EV
         is schedule[cursor]. A send loop that takes EVs from it says how far it got with
-        `advance`."""
+        `advance`. A state changed in the shared profile (another QP, the controller) shows here first:
+        one integer compared per call."""
+        if self.api.state_version != self._version:
+            self.sync(self._now)
         if self._dirty:
             self.reweigh()
         return self.schedule, self._cursor
@@ -312,3 +365,8 @@ class EvProfile:
     def share(self) -> dict[int, float]:
         total = sum(s.packets_sent for s in self.evs.values()) or 1
         return {k: s.packets_sent / total for k, s in self.evs.items()}
+
+
+def _barred(state: EvState) -> bool:
+    """An EV that may carry nothing, not even standing in for GOOD ones: DENIED, or UNKNOWN (its slot is gone)."""
+    return state is EvState.DENIED or state is EvState.UNKNOWN

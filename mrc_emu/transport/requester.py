@@ -17,6 +17,8 @@ from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..api.events import EvEventQueue
+from ..api.profiles import EvProfile as ApiEvProfile
 from ..wire import format as fmt
 from ..wire.decoder import decode_udp
 from ..wire.encoder import payload_sums
@@ -104,7 +106,10 @@ class Requester:
 
     def __init__(self, address: bytes, qpn: int, dest_qp: int, paths: dict[int, Path], config: QpConfig | None = None,
                  cc: CongestionControl | None = None, start_psn: int = 0, ev_min_active: int = 1,
-                 c_loop: bool = True, *, random_bits: RandomBits, probe_budget: ProbeBudget | None = None) -> None:
+                 c_loop: bool = True, *, random_bits: RandomBits, probe_budget: ProbeBudget | None = None,
+                 ev_profile: ApiEvProfile | None = None, ev_events: EvEventQueue | None = None) -> None:
+        """`ev_profile`: an ONLINE api EV profile (slot i = EV i) holding the EV states, shared with its other
+        QPs, and its ev_min_active (else a private one); `ev_events`: the queue for this QP's EV events."""
         if not paths:
             raise ValueError("a requester needs at least one path (EV)")
         self.address = address
@@ -114,7 +119,7 @@ class Requester:
         self.config = config or QpConfig()
         self.cc = cc or make_cc("nscc", self.config.mtu, self.config.link_rate_bps, self.config.base_rtt_ns,
                                 **(self.config.cc_options or {}))
-        self.profile = EvProfile(sorted(paths), ev_min_active=ev_min_active)
+        self.profile = EvProfile(sorted(paths), ev_min_active=ev_min_active, shared=ev_profile, events=ev_events)
         self.recovery = Recovery(self.config, self.profile, self.cc, start_psn)
         self.sent = self.recovery.sent
         self.prober = EvProber(qpn, dest_qp, paths, self.profile, self.config.probe_interval_ns, random_bits, probe_budget)
@@ -246,6 +251,7 @@ class Requester:
         token bucket of a packet or two (or PACE_DEPTH_NS at the rate), refilled by `now`, caps
         each burst, and `next_wakeup` says when the next packet may go."""
         self._last_now = now
+        self.profile.sync(now)  # what the QPs sharing its EV profile, or the controller, changed since
         self.recovery.horizon = horizon
         if self.error is not None:
             return
