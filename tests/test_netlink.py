@@ -9,6 +9,7 @@ from pyroute2.netlink.rtnl.tcmsg import tcmsg
 
 from mrc_emu.fabric import config, netlink
 from mrc_emu.fabric.netlink import Batch, Seg6Local
+from mrc_emu.topology import addressing as ad
 from mrc_emu.topology import builtin
 
 CREATE = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE
@@ -56,14 +57,32 @@ def test_messages_equal_pyroute2():
     assert ours == theirs
 
 
-def test_plan_routes_only_to_neighbours():
+def test_plan_routes_to_neighbours_and_the_short_carriers_hosts():
+    """A spine routes its neighbours' SIDs, and every host's SIDs (the short uSID carrier) via the
+    host's leaf in its plane; nothing else has a gateway."""
     topo = builtin()
     plan = config.plan(topo, "p0s0")
     gateways = [r for r in plan.routes if r.gateway]
-    assert len(gateways) == len(topo.links_of("p0s0")) == 2
+    neighbours = {ad.usid_prefix(topo.node(topo.peer(link, "p0s0")[0]).node_id) for link in topo.links_of("p0s0")}
+    assert len(neighbours) == len(topo.links_of("p0s0")) == 2
+    hosts = {ad.usid_prefix(host.node_id): host for host in topo.hosts}
+    assert {r.prefix for r in gateways} == neighbours | set(hosts) and len(gateways) == len(neighbours) + len(hosts)
+    for route in gateways:
+        if route.prefix in hosts:  # down to the host's leaf in plane 0
+            (link,) = topo.links_between("p0s0", topo.leaf_of(hosts[route.prefix].name, 0))
+            assert route.gateway == ad.link_address(link, link.a)
     assert sum(r.seg6local is not None and r.seg6local.action == "End.X" for r in plan.routes) == 2
     (end,) = [r for r in plan.routes if r.seg6local and r.seg6local.action == "End"]
     assert end.intf == config.SID_ANCHOR and end.seg6local.next_csid == (32, 16)
+
+
+def test_a_host_routes_every_spine_up_its_plane():
+    topo = builtin()
+    routes = {r.prefix: r for r in config.plan(topo, "h0").routes if r.gateway}
+    for spine in (n for n in topo.nodes.values() if n.role.value == "spine"):
+        (link,) = topo.links_between("h0", topo.leaf_of("h0", spine.plane))
+        route = routes[ad.usid_prefix(spine.node_id)]
+        assert (route.intf, route.gateway) == (link.a_intf, ad.link_address(link, link.b))
 
 
 def test_veth_equals_pyroute2():

@@ -3,8 +3,10 @@
 Why it exists: the configuration of a node is a pure function of the topology (`plan`),
 applied in one netlink batch inside the node's namespace (`apply`). Re-applying is safe
 (every request is create-or-replace), which is how a link brought back up gets its
-addresses and routes again. Every node routes only to its direct neighbours: every hop of
-every EV is a segment, so no node needs to know more than one hop. Those neighbours are written
+addresses and routes again. Every node routes to its direct neighbours' SIDs, so an EV that
+lists every hop needs no more; besides, for the short uSID carrier `fc00:0:<spine>:<dst>:f0d6::`
+(docs/addressing.md), a host routes each spine's SIDs up its uplink in that spine's plane and a
+spine routes each host's SIDs down to the host's leaf in its plane. Those neighbours are written
 down too (permanent entries: every veth end has a MAC the topology fixes), as a fabric's ND/ARP
 tables are populated before traffic: resolved on the data path, a next hop behind a lossy link
 once held a QP's ACKs for the one second of an NS retransmission, and the transport took it
@@ -93,7 +95,32 @@ def plan(topo: Topology, name: str) -> NodePlan:
         )
     if uplinks:  # a host reaches other hosts over its planes' leaves; the 5-tuple hash picks one
         result.routes.append(Route(ad.HOST_PREFIX, uplinks[0][0], multipath=uplinks))
+    result.routes.extend(_short_carrier_routes(topo, name))
     return result
+
+
+def _short_carrier_routes(topo: Topology, name: str) -> list[Route]:
+    """The routes the short carrier fc00:0:<spine>:<dst>:f0d6:: needs beyond the neighbours' /48s:
+    a host's to every spine (via its leaf in the spine's plane), a spine's to every host (via the
+    host's leaf in its plane). The leaves on the way already route their neighbours."""
+    node = topo.node(name)
+    routes = []
+    if node.role is Role.HOST:
+        for plane in range(topo.planes):
+            (link,) = topo.links_between(name, topo.leaf_of(name, plane))
+            leaf, intf, _ = topo.peer(link, name)
+            gateway = ad.link_address(link, leaf)
+            routes += [Route(ad.usid_prefix(spine.node_id), intf, gateway=gateway)
+                       for spine in topo.nodes.values() if spine.role is Role.SPINE and spine.plane == plane]
+    elif node.role is Role.SPINE:
+        down = {}  # leaf -> (own interface, the leaf's address)
+        for link in topo.links_of(name):
+            leaf, intf, _ = topo.peer(link, name)
+            down[leaf] = (intf, ad.link_address(link, leaf))
+        for host in topo.hosts:
+            intf, gateway = down[topo.leaf_of(host.name, node.plane)]
+            routes.append(Route(ad.usid_prefix(host.node_id), intf, gateway=gateway))
+    return routes
 
 
 def batch(node_plan: NodePlan, indexes: dict[str, int], skip: frozenset[str] = frozenset()) -> Batch:
