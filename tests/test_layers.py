@@ -66,7 +66,7 @@ ALLOWED = {
     "topology": set(),
     "api": {"topology"},  # the OCP controller API mirror: pure data beside the topology model
     "fabric": {"topology"},
-    "experiments": {"topology", "fabric", "transport", "wire", "io"},
+    "experiments": {"topology", "fabric", "transport", "wire", "io", "api"},
 }
 SYSTEM = {"socket", "subprocess", "ctypes", "select", "pyroute2", "mininet", "multiprocessing"}
 
