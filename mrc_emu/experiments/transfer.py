@@ -3,7 +3,8 @@
 Why it exists: `mrc-emu send`, the system tests, the benchmarks and the scenarios all run
 WRITEs between hosts and want the same results back (goodput, per-EV share, EV events, the
 SHA-256 of both buffers) and to know whether the run was faithful. This module is the
-parent's side: it plans each QP's paths from the topology, starts a fixed pool of endpoint
+parent's side: it plans each QP's paths from the topology (or from an OCP EV profile,
+evpaths.py), starts a fixed pool of endpoint
 workers (worker.py, through fabric/procs.py: journaled, dying with the parent, stopped in
 order; default one per CPU) and spreads the hosts over them, sets each QP up out of band
 (the destination accepts it, the source prepares its bytes; when every WRITE is prepared
@@ -21,6 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ..api.files import ProfileFile
+from ..api.files import load as load_profile
 from ..fabric import build, fault_ops
 from ..fabric.procs import Child, Stop
 from ..fabric.running import Fabric
@@ -32,6 +35,7 @@ from ..transport.config import QpConfig
 from ..transport.nscc import max_wnd_for
 from ..transport.paths import QpPaths, qp_paths
 from . import emulation
+from .evpaths import ProfileQpPaths, profile_paths
 from .worker import Accept, Accepted, Final, Hash, Hashed, HostSpec, JobProgress, Prepare, Prepared, Progress, Start, Started, serve_hosts
 
 
@@ -67,6 +71,9 @@ class TransferSpec:
     imm: int | None = None
     label: str = ""
     start_at: float | None = None  # start when the other transfers reach this progress (competing flows)
+    # an OCP SRV6 EV profile (loaded, or its file) whose EVs the QP sprays over instead of `evs` and
+    # `ev_format`; its ev_min_active is the QP's (evpaths.py)
+    ev_profile: ProfileFile | str | None = None
 
 
 @dataclass
@@ -97,6 +104,7 @@ class TransferResult:
     ev_timeline: list[tuple[int, list[int], list[int]]] = field(default_factory=list)  # (ns, sent, delivered per EV)
     emulation: dict[str, Any] | None = None  # the run's emulation report (send), see emulation.py
     ledger: dict[str, Any] = field(default_factory=dict)  # the requester's progress gaps and loss repairs (ns since start)
+    ev_profile: str | None = None  # the EV profile file the QP's EVs came from (EV = its slot), if any
 
     @property
     def verified(self) -> bool:
@@ -178,7 +186,8 @@ def run_transfers(fabric: Fabric, specs: list[TransferSpec], control: Control | 
     # caller's specs stay as they were)
     specs = [replace(s, config=replace(s.config, path_avoidance=False)) if s.ev_format is EvFormat.UDP else s
              for s in specs]
-    plans = [qp_paths(fabric.topology, spec.src, spec.dst, spec.ev_format, spec.evs, spec.config.trimmable) for spec in specs]
+    specs = [_with_profile(s) for s in specs]
+    plans = [_plan(fabric.topology, spec) for spec in specs]
     address_of = {s.src: p.src_address for s, p in zip(specs, plans)} | {s.dst: p.dst_address for s, p in zip(specs, plans)}
     kernel_before = emulation.softnet()
     shaped = _shape_for_dilation(fabric, dilation)
@@ -229,6 +238,22 @@ def run_transfers(fabric: Fabric, specs: list[TransferSpec], control: Control | 
                for key, spec in enumerate(specs)]
     report = emulation.assess(finals, results, kernel_before, emulation.softnet(), dilation)
     return Run(results, report, pool.clock, finals)
+
+
+def _with_profile(spec: TransferSpec) -> TransferSpec:
+    """A spec on an EV profile: the profile loaded, its ev_min_active the QP's, the format its carriers'."""
+    if spec.ev_profile is None:
+        return spec
+    if spec.evs is not None:
+        raise TransferError("an EV profile names the EVs itself: give it or a selection of EVs, not both")
+    profile = load_profile(spec.ev_profile) if isinstance(spec.ev_profile, str) else spec.ev_profile
+    return replace(spec, ev_profile=profile, ev_format=EvFormat.SRV6_USID, ev_min_active=profile.profile.ev_min_active)
+
+
+def _plan(topo: Topology, spec: TransferSpec) -> QpPaths:
+    if isinstance(spec.ev_profile, ProfileFile):
+        return profile_paths(topo, spec.ev_profile, spec.src, spec.dst, spec.config.trimmable)
+    return qp_paths(topo, spec.src, spec.dst, spec.ev_format, spec.evs, spec.config.trimmable)
 
 
 class Run(list):
@@ -347,7 +372,7 @@ def _result(spec: TransferSpec, paths: QpPaths, req: dict, dst: Final, key: int,
                    "unknown_qp": dst.unknown_qp[spec.dst]},
         per_ev=per_ev, ev_events=req["ev_events"], timeline=req["timeline"],
         imm_completions=resp["imm_completions"], label=spec.label, ev_timeline=req["ev_timeline"],
-        ledger=req["ledger"],
+        ledger=req["ledger"], ev_profile=paths.profile if isinstance(paths, ProfileQpPaths) else None,
     )
 
 
@@ -369,15 +394,16 @@ def send(fabric: Fabric, src: str, dst: str, size: int, evs: list[int] | None = 
          mtu: int = 4096, ev_format: EvFormat = EvFormat.SRV6, ev_min_active: int = 1,
          imm: int | None = None, config: QpConfig | None = None, control: Control | None = None,
          on_progress: Callable[[int, int], None] | None = None, linger_s: float = 0.0,
-         workers: int | None = None, dilation: float = 1.0) -> TransferResult:
-    """WRITE `size` random bytes from host `src` to a buffer registered at host `dst`. Without a
+         workers: int | None = None, dilation: float = 1.0, ev_profile: ProfileFile | str | None = None) -> TransferResult:
+    """WRITE `size` random bytes from host `src` to a buffer registered at host `dst` (over the EVs of
+    `ev_profile` if given: an SRV6 GEN/EXP profile, loaded or its file, see evpaths.py). Without a
     `config`, the QP learns the fabric's link rate and base RTT (its CC's BDP) from the topology,
     and a DCQCN QP's responder answers CE marks with CNPs."""
     if config is None:
         topo = fabric.topology
         config = QpConfig(mtu=mtu, link_rate_bps=topo.link_rate_bps, base_rtt_ns=topo.ports.base_rtt_ns,
                           cnp=cc == "dcqcn", cc_options=cc_options_for(cc, topo))
-    spec = TransferSpec(src, dst, size, evs, ev_format, config, cc, ev_min_active, imm)
+    spec = TransferSpec(src, dst, size, evs, ev_format, config, cc, ev_min_active, imm, ev_profile=ev_profile)
     run = run_transfers(fabric, [spec], control, on_progress, linger_s, workers=workers, dilation=dilation)
     result = run[0]
     result.emulation = run.emulation.to_dict()
