@@ -15,6 +15,7 @@ for a dead path.
 
 from __future__ import annotations
 
+import functools
 import socket
 from dataclasses import dataclass, field
 
@@ -102,25 +103,43 @@ def plan(topo: Topology, name: str) -> NodePlan:
 def _short_carrier_routes(topo: Topology, name: str) -> list[Route]:
     """The routes the short carrier fc00:0:<spine>:<dst>:f0d6:: needs beyond the neighbours' /48s:
     a host's to every spine (via its leaf in the spine's plane), a spine's to every host (via the
-    host's leaf in its plane). The leaves on the way already route their neighbours."""
+    host's leaf in its plane). The leaves on the way already route their neighbours. A plane's
+    spines and a leaf's hosts have contiguous node IDs, so a few aligned prefixes hold each run."""
     node = topo.node(name)
+    if node.role is Role.LEAF:
+        return []
+    spines, hosts = _short_carrier_prefixes(topo)
     routes = []
-    if node.role is Role.HOST:
-        for plane in range(topo.planes):
-            (link,) = topo.links_between(name, topo.leaf_of(name, plane))
-            leaf, intf, _ = topo.peer(link, name)
-            gateway = ad.link_address(link, leaf)
-            routes += [Route(ad.usid_prefix(spine.node_id), intf, gateway=gateway)
-                       for spine in topo.nodes.values() if spine.role is Role.SPINE and spine.plane == plane]
-    elif node.role is Role.SPINE:
-        down = {}  # leaf -> (own interface, the leaf's address)
-        for link in topo.links_of(name):
-            leaf, intf, _ = topo.peer(link, name)
-            down[leaf] = (intf, ad.link_address(link, leaf))
-        for host in topo.hosts:
-            intf, gateway = down[topo.leaf_of(host.name, node.plane)]
-            routes.append(Route(ad.usid_prefix(host.node_id), intf, gateway=gateway))
+    for link in topo.links_of(name):
+        peer, intf, _ = topo.peer(link, name)  # a host's leaf in some plane, or a spine's leaf
+        prefixes = spines[link.plane] if node.role is Role.HOST else hosts.get(peer, [])
+        routes += [Route(prefix, intf, gateway=ad.link_address(link, peer)) for prefix in prefixes]
     return routes
+
+
+@functools.lru_cache(maxsize=4)
+def _short_carrier_prefixes(topo: Topology) -> tuple[dict[int, list[str]], dict[str, list[str]]]:
+    """(each plane's spines, each leaf's hosts) as prefixes: worked out once per topology, not per node."""
+    spines: dict[int, list[int]] = {}
+    hosts: dict[str, list[int]] = {}
+    for node in topo.nodes.values():
+        if node.role is Role.SPINE:
+            spines.setdefault(node.plane, []).append(node.node_id)
+        elif node.role is Role.HOST:
+            for plane in range(topo.planes):
+                hosts.setdefault(topo.leaf_of(node.name, plane), []).append(node.node_id)
+    return ({plane: _runs(ids) for plane, ids in spines.items()}, {leaf: _runs(ids) for leaf, ids in hosts.items()})
+
+
+def _runs(node_ids: list[int]) -> list[str]:
+    """The prefixes holding exactly these node IDs' SIDs (one aligned cover per contiguous run)."""
+    out, ids = [], sorted(node_ids)
+    start = 0
+    for k in range(1, len(ids) + 1):
+        if k == len(ids) or ids[k] != ids[k - 1] + 1:
+            out += ad.usid_range_prefixes(ids[start], ids[k - 1])
+            start = k
+    return out
 
 
 def batch(node_plan: NodePlan, indexes: dict[str, int], skip: frozenset[str] = frozenset()) -> Batch:
