@@ -74,3 +74,14 @@ def test_send_ev_profile_on_the_command_line(gen_fabric):
     assert wrong.returncode == 1
     assert wrong.stderr.strip() == (f"mrc-emu: error: {GEN}: EV 0: fc00:0:9:3:f0d6:: ends at node h2 (0x3), "
                                     "not the destination h3 (0x4)")
+
+
+def test_the_exp_example_mixes_short_and_long_carriers_verified(gen_fabric):
+    topo = gen_fabric.topology
+    result = send(gen_fabric, "h0", "h2", 2 * MiB, ev_profile=str(GEN.with_name("default-h0-h2-exp.yaml")))
+    assert result.verified, result.error
+    fabric = evs_between(topo, "h0", "h2")
+    assert [(e["spine"], e["first_hop"]) for e in result.per_ev] == [
+        ("p0s0", "fc00:0:9:3:f0d6::"), ("p1s1", "fc00:0:e:3:f0d6::"),
+        ("p0s2", fabric[2].usid_carrier), ("p1s3", fabric[7].usid_carrier)]
+    assert all(e["packets_sent"] > 0 for e in result.per_ev)
