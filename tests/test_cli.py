@@ -142,3 +142,23 @@ def test_send_larger_than_memory_is_refused_up_front(monkeypatch, state_dir):
 def test_clean_of_a_name_no_journal_records(state_dir):
     result = run("clean", "--name", "absent")
     assert result.exit_code == 0 and result.output.strip() == "nothing to clean: no journal records a fabric 'absent'"
+
+
+GEN_PROFILE = "mrc_emu/topologies/ev-profiles/default-h0-h2-gen.yaml"
+
+
+@pytest.mark.parametrize("extra", [["--evs", "4"], ["--format", "SRV6_USID"], ["--ev-min-active", "2"]])
+def test_send_ev_profile_with_an_ev_selection_is_a_usage_error(extra, state_dir):
+    result = run("send", "h0", "h2", "--ev-profile", GEN_PROFILE, *extra, *NOFAB)
+    assert result.exit_code == 2, result.output
+    assert "--ev-profile names the EVs, their format and ev_min_active itself: not with " + extra[0] in result.output
+
+
+def test_send_ev_profile_broken_file_is_one_line_naming_file_and_field(tmp_path, state_dir):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(open(GEN_PROFILE).read().replace("max_val: 16", "max_val: 40"))
+    result = run("send", "h0", "h2", "--ev-profile", str(bad), *NOFAB)
+    assert result.exit_code == 1
+    assert result.output.strip() == (f"mrc-emu: error: {bad}: profile.fields[1].max_val: 40 does not fit the mask's 5 "
+                                     "bit(s) (at most 31)")
+    assert "no fabric" in run("send", "h0", "h2", "--ev-profile", GEN_PROFILE, *NOFAB).output  # a good file: on to the fabric

@@ -1,5 +1,8 @@
 """Our batched netlink messages are byte for byte the ones pyroute2 encodes (no root)."""
 
+import ipaddress
+
+import pytest
 from pyroute2.netlink import NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REPLACE, NLM_F_REQUEST
 from pyroute2.netlink.rtnl import RTM_NEWADDR, RTM_NEWLINK, RTM_NEWROUTE
 from pyroute2.netlink.rtnl.ifaddrmsg import ifaddrmsg
@@ -9,6 +12,7 @@ from pyroute2.netlink.rtnl.tcmsg import tcmsg
 
 from mrc_emu.fabric import config, netlink
 from mrc_emu.fabric.netlink import Batch, Seg6Local
+from mrc_emu.topology import addressing as ad
 from mrc_emu.topology import builtin
 
 CREATE = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE
@@ -56,14 +60,46 @@ def test_messages_equal_pyroute2():
     assert ours == theirs
 
 
-def test_plan_routes_only_to_neighbours():
-    topo = builtin()
+def _covering(routes, address):
+    """The gateway routes whose prefix holds `address`."""
+    return [r for r in routes if ipaddress.IPv6Address(address) in ipaddress.IPv6Network(r.prefix)]
+
+
+@pytest.mark.parametrize("name", ["default", "large"])
+def test_plan_routes_to_neighbours_and_the_short_carriers_hosts(name):
+    """A spine routes its neighbours' SIDs, and every host's SIDs (the short uSID carrier) via the
+    host's leaf in its plane, in as few prefixes as hold them; nothing else has a gateway."""
+    topo = builtin(name)
     plan = config.plan(topo, "p0s0")
     gateways = [r for r in plan.routes if r.gateway]
-    assert len(gateways) == len(topo.links_of("p0s0")) == 2
-    assert sum(r.seg6local is not None and r.seg6local.action == "End.X" for r in plan.routes) == 2
+    neighbours = {ad.usid_prefix(topo.node(topo.peer(link, "p0s0")[0]).node_id) for link in topo.links_of("p0s0")}
+    assert len(neighbours) == len(topo.links_of("p0s0")) == topo.leaves_per_plane
+    assert neighbours <= {r.prefix for r in gateways}
+    for host in topo.hosts:  # each host's SIDs: one route, down to the host's leaf in plane 0
+        (route,) = _covering([r for r in gateways if r.prefix not in neighbours], ad.end_sid(host.node_id))
+        (link,) = topo.links_between("p0s0", topo.leaf_of(host.name, 0))
+        assert route.gateway == ad.link_address(link, link.a)
+    covered = {n.node_id for n in topo.nodes.values() for r in gateways if r.prefix not in neighbours
+               and _covering([r], ad.end_sid(n.node_id))}
+    assert covered == {h.node_id for h in topo.hosts}
+    assert sum(r.seg6local is not None and r.seg6local.action == "End.X" for r in plan.routes) == topo.leaves_per_plane
     (end,) = [r for r in plan.routes if r.seg6local and r.seg6local.action == "End"]
     assert end.intf == config.SID_ANCHOR and end.seg6local.next_csid == (32, 16)
+    if name == "large":  # 8 hosts a leaf (IDs 8L+1..8L+8): 4 aligned prefixes each
+        assert len(gateways) == len(neighbours) + 4 * topo.leaves_per_plane
+
+
+def test_a_host_routes_every_spine_up_its_plane():
+    topo = builtin()
+    routes = [r for r in config.plan(topo, "h0").routes if r.gateway]
+    spines = [n for n in topo.nodes.values() if n.role.value == "spine"]
+    for spine in spines:
+        (link,) = topo.links_between("h0", topo.leaf_of("h0", spine.plane))
+        (route,) = _covering([r for r in routes if r.prefix != ad.usid_prefix(topo.node(link.b).node_id)],
+                             ad.end_sid(spine.node_id))
+        assert (route.intf, route.gateway) == (link.a_intf, ad.link_address(link, link.b))
+    assert ad.usid_range_prefixes(9, 16) == ["fc00:0:9::/48", "fc00:0:a::/47", "fc00:0:c::/46", "fc00:0:10::/48"]
+    assert ad.usid_range_prefixes(0, 7) == ["fc00::/45"] and ad.usid_range_prefixes(5, 5) == ["fc00:0:5::/48"]
 
 
 def test_veth_equals_pyroute2():

@@ -73,6 +73,8 @@ def _transfer_text(r) -> str:
                      f"({r.ev_format}), CC {r.cc}")
     else:
         lines.append(f"{r.src} -> {r.dst}: FAILED: {r.error}")
+    if r.ev_profile:
+        lines.append(f"EV profile {r.ev_profile}: {len(r.evs)} EVs (EV = the profile's slot)")
     stats = r.requester["stats"]
     lines.append(f"packets sent {stats['packets_sent']:,}, retransmits {stats['retransmits']:,}, ACK timeouts "
                  f"{stats['timeouts']}, duplicates placed-once {r.responder['stats']['duplicates']:,}, "
@@ -107,6 +109,11 @@ def _transfer_text(r) -> str:
 @click.option("--size", "-s", type=Size(), default="64MiB", show_default=True,
               help="Bytes to WRITE (4096, 100k, 64MiB, 1GiB).")
 @click.option("--evs", default=None, help="EVs to spray over: a count (first N) or a list like 0,3,5 (default: all).")
+@click.option("--ev-profile", "ev_profile", type=click.Path(dir_okay=False), default=None,
+              help="Spray over the EVs of this OCP EV profile file (SRV6 format, GEN or EXP; see 'mrc-emu ev expand'), "
+                   "EV i = its slot i, each carrier a path of the fabric from SRC to DST; its ev_min_active is the "
+                   "QP's. Instead of --evs, --format and --ev-min-active. "
+                   "Example: mrc_emu/topologies/ev-profiles/default-h0-h2-gen.yaml.")
 @click.option("--cc", type=click.Choice(profile_names()), default="nscc", show_default=True,
               help="Congestion control profile.")
 @click.option("--mtu", type=int, default=4096, show_default=True, help="Payload bytes per packet (path MTU).")
@@ -130,14 +137,15 @@ def _transfer_text(r) -> str:
 @NAME_OPTION
 @JSON_OPTION
 @friendly
-def send(src: str, dst: str, size: int, evs: str | None, cc: str, mtu: int, ev_format: str, ev_min_active: int,
-         imm: int | None, recvs: int | None, ack_timeout_exp: int, retry_exp: int, workers: int | None,
-         dilation: float, name: str, as_json: bool) -> None:
+def send(src: str, dst: str, size: int, evs: str | None, ev_profile: str | None, cc: str, mtu: int, ev_format: str,
+         ev_min_active: int, imm: int | None, recvs: int | None, ack_timeout_exp: int, retry_exp: int,
+         workers: int | None, dilation: float, name: str, as_json: bool) -> None:
     """RDMA WRITE from SRC to a buffer at DST, sprayed over the EVs; verify by SHA-256.
 
     Starts the responder in DST's namespace and the requester in SRC's, on a running fabric.
     Exit code 1 if the transfer fails or the placed bytes differ from the source.
     """
+    from ..api.files import load as load_profile
     from ..experiments.transfer import TransferError
     from ..experiments.transfer import send as run_send
     from ..fabric import routing, static_routes
@@ -145,6 +153,14 @@ def send(src: str, dst: str, size: int, evs: str | None, cc: str, mtu: int, ev_f
     from ..topology.evs import EvFormat
     from ..transport.config import QpConfig
 
+    source = click.get_current_context().get_parameter_source
+    if ev_profile is not None:
+        given = [f"--{option.replace('_', '-')}" for option in ("evs", "ev_format", "ev_min_active")
+                 if source(option) is not click.core.ParameterSource.DEFAULT]
+        if given:
+            raise click.UsageError(f"--ev-profile names the EVs, their format and ev_min_active itself: not with "
+                                   f"{', '.join(given).replace('--ev-format', '--format')}")
+        loaded = load_profile(ev_profile)  # before the fabric: a bad file is one line naming it and the field
     if problem := memory_problem(size, available_memory()):
         raise TransferError(problem)  # up front: short of memory, a worker fails or is killed mid-run
     with Fabric.open(name) as fabric:
@@ -166,7 +182,8 @@ def send(src: str, dst: str, size: int, evs: str | None, cc: str, mtu: int, ev_f
                 done[0] = acked
 
             result = run_send(fabric, src, dst, size, selection, cc, mtu, EvFormat(ev_format), ev_min_active, imm,
-                              config, on_progress=progress, workers=workers, dilation=dilation, recvs=recvs)
+                              config, on_progress=progress, workers=workers, dilation=dilation, recvs=recvs,
+                              ev_profile=loaded if ev_profile is not None else None)
     emit(result.to_dict(), as_json, _transfer_text(result))
     if not result.verified:
         sys.exit(1)

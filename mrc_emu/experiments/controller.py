@@ -28,6 +28,7 @@ from ..fabric import registry
 from ..fabric.running import Fabric
 from ..topology import Role, Topology, TopologyError, evs_between
 from ..topology.evs import Ev
+from .worker import SetEvStates
 
 RECORD = "record"
 DENY, ALLOW, PORT, EVENTS, POLLED = "deny", "allow", "port", "events", "polled"
@@ -271,6 +272,26 @@ class LiveControl:
         for host in masks:
             masks[host] = sum(1 << (p + 1) for p in range(planes) if self.ports.get((host, p), True))
         return ev_changes, masks
+
+    def push(self, worker_of: dict[str, Any], endpoint: Any, address_of: dict[str, str], topo: Topology) -> None:
+        """Send the record's changes since the last look to the workers of the QPs they concern (EV
+        states) and to the hosts' endpoints (port status, through the run's `endpoint_ops.EndpointOps`),
+        then the endpoint operations other threads asked for."""
+        ev_changes, port_masks = self.changes()
+        for key, host, deny, allow, why in ev_changes:
+            worker_of[host].send(SetEvStates(key, deny, allow, why))
+        for host, mask in port_masks.items():
+            endpoint.set_port_status(host, mask)
+        endpoint.step(worker_of, address_of, topo)
+
+
+def qp_evs(paths: Any) -> dict[int, Ev]:
+    """A QP's EVs by transport index, as fabric EVs (what selectors match): the topology's EV list,
+    or a profile's slots (evpaths.ProfileQpPaths: slot i is EV i, whatever fabric EV it names)."""
+    slots = getattr(paths, "topology_evs", None)
+    if slots is not None:
+        return dict(enumerate(slots))
+    return {ev.index: ev for ev in paths.evs}
 
 
 EVENT_STATES = ("GOOD", "ASSUMED_BAD")  # the states an EV event may report (mrc_ctl.h's ev_event_mask: DENIED never)

@@ -3,7 +3,8 @@
 Why it exists: `mrc-emu send`, the system tests, the benchmarks and the scenarios all run
 WRITEs between hosts and want the same results back (goodput, per-EV share, EV events, the
 SHA-256 of both buffers) and to know whether the run was faithful. This module is the
-parent's side: it plans each QP's paths from the topology, starts a fixed pool of endpoint
+parent's side: it plans each QP's paths from the topology (or from an OCP EV profile,
+evpaths.py), starts a fixed pool of endpoint
 workers (worker.py, through fabric/procs.py: journaled, dying with the parent, stopped in
 order; default one per CPU) and spreads the hosts over them, sets each QP up out of band
 (the destination accepts it, the source prepares its bytes; when every WRITE is prepared
@@ -21,6 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ..api.files import ProfileFile
+from ..api.files import load as load_profile
 from ..fabric import build, fault_ops
 from ..fabric.procs import Child, Stop
 from ..fabric.running import Fabric
@@ -32,9 +35,9 @@ from ..transport.config import QpConfig
 from ..transport.nscc import max_wnd_for
 from ..transport.paths import QpPaths, qp_paths
 from . import emulation
-from . import worker as w
-from .controller import ControlRecord, LiveControl, post_run_events
+from .controller import ControlRecord, LiveControl, post_run_events, qp_evs
 from .endpoint_ops import EndpointOps
+from .evpaths import ProfileQpPaths, profile_paths
 from .worker import Accept, Accepted, Final, Hash, Hashed, HostSpec, JobProgress, Prepare, Prepared, Progress, Start, Started, serve_hosts
 
 
@@ -73,6 +76,9 @@ class TransferSpec:
     label: str = ""
     start_at: float | None = None  # start when the other transfers reach this progress (competing flows)
     recvs: int | None = None  # receives the destination posts first (None: one for a WRITE_WITH_IMM, else none)
+    # an OCP SRV6 EV profile (loaded, or its file) whose EVs the QP sprays over instead of `evs` and
+    # `ev_format`; its ev_min_active is the QP's (evpaths.py)
+    ev_profile: ProfileFile | str | None = None
 
 
 @dataclass
@@ -104,6 +110,7 @@ class TransferResult:
     emulation: dict[str, Any] | None = None  # the run's emulation report (send), see emulation.py
     ledger: dict[str, Any] = field(default_factory=dict)  # the requester's progress gaps and loss repairs (ns since start)
     ev_ops: list[dict[str, Any]] = field(default_factory=list)  # the controller's changes: time_ms, deny, allow, per-EV sent
+    ev_profile: str | None = None  # the EV profile file the QP's EVs came from (EV = its slot), if any
 
     @property
     def verified(self) -> bool:
@@ -194,7 +201,8 @@ def run_transfers(fabric: Fabric, specs: list[TransferSpec], control: Control | 
     # caller's specs stay as they were)
     specs = [replace(s, config=replace(s.config, path_avoidance=False)) if s.ev_format is EvFormat.UDP else s
              for s in specs]
-    plans = [qp_paths(fabric.topology, spec.src, spec.dst, spec.ev_format, spec.evs, spec.config.trimmable) for spec in specs]
+    specs = [_with_profile(s) for s in specs]
+    plans = [_plan(fabric.topology, spec) for spec in specs]
     address_of = {s.src: p.src_address for s, p in zip(specs, plans)} | {s.dst: p.dst_address for s, p in zip(specs, plans)}
     kernel_before = emulation.softnet()
     shaped = _shape_for_dilation(fabric, dilation)
@@ -221,9 +229,9 @@ def run_transfers(fabric: Fabric, specs: list[TransferSpec], control: Control | 
                 on_prepare(key + 1, len(specs))
         # the controller's record (EVs denied, ports disabled) holds from the first packet on, and
         # is followed live while the WRITEs run (UDP EVs are the fabric's hash: no controller)
-        live = LiveControl(ControlRecord(fabric), {key: (spec.src, {ev.index: ev for ev in plans[key].evs})
+        live = LiveControl(ControlRecord(fabric), {key: (spec.src, qp_evs(plans[key]))
                                                    for key, spec in enumerate(specs) if spec.ev_format is not EvFormat.UDP})
-        push_controller(live, pool.of, specs, control, address_of, fabric.topology)
+        live.push(pool.of, control.endpoint, address_of, fabric.topology)
         now_keys: dict[Child, list[int]] = {}
         for key, spec in enumerate(specs):
             if spec.start_at is None:
@@ -235,7 +243,7 @@ def run_transfers(fabric: Fabric, specs: list[TransferSpec], control: Control | 
         control.started_ns = min(s.start_ns for s in (w.expect(Started) for w in pool.workers) if s.keys)
         deferred.sort(key=lambda d: d[0])
         _watch(pool.workers, specs, control, on_progress, linger_s, timeout_s, deferred,
-               lambda: push_controller(live, pool.of, specs, control, address_of, fabric.topology))
+               lambda: live.push(pool.of, control.endpoint, address_of, fabric.topology))
         placed = {}
         for key, spec in enumerate(specs):
             pool.of[spec.dst].send(Hash(key))
@@ -253,6 +261,22 @@ def run_transfers(fabric: Fabric, specs: list[TransferSpec], control: Control | 
     post_run_events(live.record, results)
     report = emulation.assess(finals, results, kernel_before, emulation.softnet(), dilation)
     return Run(results, report, pool.clock, finals)
+
+
+def _with_profile(spec: TransferSpec) -> TransferSpec:
+    """A spec on an EV profile: the profile loaded, its ev_min_active the QP's, the format its carriers'."""
+    if spec.ev_profile is None:
+        return spec
+    if spec.evs is not None:
+        raise TransferError("an EV profile names the EVs itself: give it or a selection of EVs, not both")
+    profile = load_profile(spec.ev_profile) if isinstance(spec.ev_profile, str) else spec.ev_profile
+    return replace(spec, ev_profile=profile, ev_format=EvFormat.SRV6_USID, ev_min_active=profile.profile.ev_min_active)
+
+
+def _plan(topo: Topology, spec: TransferSpec) -> QpPaths:
+    if isinstance(spec.ev_profile, ProfileFile):
+        return profile_paths(topo, spec.ev_profile, spec.src, spec.dst, spec.config.trimmable)
+    return qp_paths(topo, spec.src, spec.dst, spec.ev_format, spec.evs, spec.config.trimmable)
 
 
 class Run(list):
@@ -287,19 +311,6 @@ def _shape_for_dilation(fabric: Fabric, dilation: float, undo: bool = False) -> 
 def _expect_key(worker: Child, kind: type, key: int, timeout: float = 30.0):
     """The answer of `kind` about transfer `key` (answers about other transfers are kept)."""
     return worker.expect(kind, timeout, where=lambda message: message.key == key)
-
-
-def push_controller(live: LiveControl, worker_of: dict[str, Child], specs: list[TransferSpec], control: Control,
-                    address_of: dict[str, str], topo: Topology) -> None:
-    """Send the controller record's changes since the last look to the workers of the QPs they
-    concern (EV states) and to the hosts' endpoints (port status), then the endpoint operations
-    other threads asked for (control.endpoint)."""
-    ev_changes, port_masks = live.changes()
-    for key, host, deny, allow, why in ev_changes:
-        worker_of[host].send(w.SetEvStates(key, deny, allow, why))
-    for host, mask in port_masks.items():
-        control.endpoint.set_port_status(host, mask)
-    control.endpoint.step(worker_of, address_of, topo)
 
 
 def _watch(workers: list[Child], specs: list[TransferSpec], control: Control,
@@ -389,6 +400,7 @@ def _result(spec: TransferSpec, paths: QpPaths, req: dict, dst: Final, key: int,
         per_ev=per_ev, ev_events=req["ev_events"], timeline=req["timeline"],
         imm_completions=resp["imm_completions"], label=spec.label, ev_timeline=req["ev_timeline"],
         ledger=req["ledger"], ev_ops=req["ev_ops"],
+        ev_profile=paths.profile if isinstance(paths, ProfileQpPaths) else None,
     )
 
 
@@ -410,15 +422,18 @@ def send(fabric: Fabric, src: str, dst: str, size: int, evs: list[int] | None = 
          mtu: int = 4096, ev_format: EvFormat = EvFormat.SRV6, ev_min_active: int = 1,
          imm: int | None = None, config: QpConfig | None = None, control: Control | None = None,
          on_progress: Callable[[int, int], None] | None = None, linger_s: float = 0.0,
-         workers: int | None = None, dilation: float = 1.0, recvs: int | None = None) -> TransferResult:
-    """WRITE `size` random bytes from host `src` to a buffer registered at host `dst`. Without a
+         workers: int | None = None, dilation: float = 1.0, recvs: int | None = None,
+         ev_profile: ProfileFile | str | None = None) -> TransferResult:
+    """WRITE `size` random bytes from host `src` to a buffer registered at host `dst` (over the EVs of
+    `ev_profile` if given: an SRV6 GEN/EXP profile, loaded or its file, see evpaths.py). Without a
     `config`, the QP learns the fabric's link rate and base RTT (its CC's BDP) from the topology,
     and a DCQCN QP's responder answers CE marks with CNPs."""
     if config is None:
         topo = fabric.topology
         config = QpConfig(mtu=mtu, link_rate_bps=topo.link_rate_bps, base_rtt_ns=topo.ports.base_rtt_ns,
                           cnp=cc == "dcqcn", cc_options=cc_options_for(cc, topo))
-    spec = TransferSpec(src, dst, size, evs, ev_format, config, cc, ev_min_active, imm, recvs=recvs)
+    spec = TransferSpec(src, dst, size, evs, ev_format, config, cc, ev_min_active, imm, recvs=recvs,
+                        ev_profile=ev_profile)
     run = run_transfers(fabric, [spec], control, on_progress, linger_s, workers=workers, dilation=dilation)
     result = run[0]
     result.emulation = run.emulation.to_dict()

@@ -3,8 +3,10 @@
 Why it exists: the configuration of a node is a pure function of the topology (`plan`),
 applied in one netlink batch inside the node's namespace (`apply`). Re-applying is safe
 (every request is create-or-replace), which is how a link brought back up gets its
-addresses and routes again. Every node routes only to its direct neighbours: every hop of
-every EV is a segment, so no node needs to know more than one hop. Those neighbours are written
+addresses and routes again. Every node routes to its direct neighbours' SIDs, so an EV that
+lists every hop needs no more; besides, for the short uSID carrier `fc00:0:<spine>:<dst>:f0d6::`
+(docs/addressing.md), a host routes each spine's SIDs up its uplink in that spine's plane and a
+spine routes each host's SIDs down to the host's leaf in its plane. Those neighbours are written
 down too (permanent entries: every veth end has a MAC the topology fixes), as a fabric's ND/ARP
 tables are populated before traffic: resolved on the data path, a next hop behind a lossy link
 once held a QP's ACKs for the one second of an NS retransmission, and the transport took it
@@ -13,6 +15,7 @@ for a dead path.
 
 from __future__ import annotations
 
+import functools
 import socket
 from dataclasses import dataclass, field
 
@@ -93,7 +96,50 @@ def plan(topo: Topology, name: str) -> NodePlan:
         )
     if uplinks:  # a host reaches other hosts over its planes' leaves; the 5-tuple hash picks one
         result.routes.append(Route(ad.HOST_PREFIX, uplinks[0][0], multipath=uplinks))
+    result.routes.extend(_short_carrier_routes(topo, name))
     return result
+
+
+def _short_carrier_routes(topo: Topology, name: str) -> list[Route]:
+    """The routes the short carrier fc00:0:<spine>:<dst>:f0d6:: needs beyond the neighbours' /48s:
+    a host's to every spine (via its leaf in the spine's plane), a spine's to every host (via the
+    host's leaf in its plane). The leaves on the way already route their neighbours. A plane's
+    spines and a leaf's hosts have contiguous node IDs, so a few aligned prefixes hold each run."""
+    node = topo.node(name)
+    if node.role is Role.LEAF:
+        return []
+    spines, hosts = _short_carrier_prefixes(topo)
+    routes = []
+    for link in topo.links_of(name):
+        peer, intf, _ = topo.peer(link, name)  # a host's leaf in some plane, or a spine's leaf
+        prefixes = spines[link.plane] if node.role is Role.HOST else hosts.get(peer, [])
+        routes += [Route(prefix, intf, gateway=ad.link_address(link, peer)) for prefix in prefixes]
+    return routes
+
+
+@functools.lru_cache(maxsize=4)
+def _short_carrier_prefixes(topo: Topology) -> tuple[dict[int, list[str]], dict[str, list[str]]]:
+    """(each plane's spines, each leaf's hosts) as prefixes: worked out once per topology, not per node."""
+    spines: dict[int, list[int]] = {}
+    hosts: dict[str, list[int]] = {}
+    for node in topo.nodes.values():
+        if node.role is Role.SPINE:
+            spines.setdefault(node.plane, []).append(node.node_id)
+        elif node.role is Role.HOST:
+            for plane in range(topo.planes):
+                hosts.setdefault(topo.leaf_of(node.name, plane), []).append(node.node_id)
+    return ({plane: _runs(ids) for plane, ids in spines.items()}, {leaf: _runs(ids) for leaf, ids in hosts.items()})
+
+
+def _runs(node_ids: list[int]) -> list[str]:
+    """The prefixes holding exactly these node IDs' SIDs (one aligned cover per contiguous run)."""
+    out, ids = [], sorted(node_ids)
+    start = 0
+    for k in range(1, len(ids) + 1):
+        if k == len(ids) or ids[k] != ids[k - 1] + 1:
+            out += ad.usid_range_prefixes(ids[start], ids[k - 1])
+            start = k
+    return out
 
 
 def batch(node_plan: NodePlan, indexes: dict[str, int], skip: frozenset[str] = frozenset()) -> Batch:

@@ -47,6 +47,20 @@ def usid_prefix(node_id: int) -> str:
     return _addr(0xFC00, 0, node_id) + "/48"
 
 
+def usid_range_prefixes(first: int, last: int) -> list[str]:
+    """The fewest prefixes that hold the SIDs of nodes first..last exactly (each a /48 or shorter,
+    aligned): one route per prefix then reaches a run of contiguous node IDs (a leaf's hosts, a
+    plane's spines) instead of one route per node."""
+    out = []
+    while first <= last:
+        size = first & -first if first else 1 << USID_BITS
+        while size > last - first + 1:
+            size >>= 1
+        out.append(_addr(0xFC00, 0, first) + f"/{USID_BLOCK_BITS + USID_BITS - size.bit_length() + 1}")
+        first += size
+    return out
+
+
 def end_sid(node_id: int) -> str:
     return _addr(0xFC00, 0, node_id)
 
