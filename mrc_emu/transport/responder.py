@@ -69,7 +69,8 @@ class ImmCompletion:
 _SHARED = ("peer", "epsn", "pd", "window", "pkey", "in_order_only", "received", "pending_imm", "since_ack",
            "ack_every", "unacked_since", "ack_due", "echo_psn", "echo_ev", "echo_at", "ecn", "ce_counts", "cnp",
            "cnp_due", "cnp_last", "cnp_interval", "top_psn", "reorder", "reorder_max")
-_PYTHON_ONLY = ("qpn", "peer_qpn", "start_psn", "paths_back", "config", "nak", "nak_sent_at", "nak_psn", "trims")
+_PYTHON_ONLY = ("qpn", "peer_qpn", "start_psn", "paths_back", "config", "nak", "nak_sent_at", "nak_psn", "trims",
+                "ev_of_wire")
 _TRIMMED_DSCPS = (fmt.DSCP_TRIMMED, fmt.DSCP_TRIMMED_LASTHOP)
 REORDER_BUCKETS = 16  # _place.c: placed packets by PSNs behind the highest: 0, then [2^(b-1), 2^b - 1]
 MAX_PENDING_TRIMS = 1024  # TRIM NACKs a QP holds between two pumps (more: counted drops)
@@ -86,7 +87,8 @@ class _QpFields:
     sequence NAK was sent for (one per gap); echo_at: when the echoed packet arrived (the ACK
     says how long it was held since); ce_counts: EV -> CE-marked data packets not yet reported;
     cnp: send DCQCN CNPs (cnp_due: one is to leave; cnp_last: when the last was due); trims: the
-    TRIM NACKs to send at the next pump."""
+    TRIM NACKs to send at the next pump; ev_of_wire: the EV of each source-port number (sport less
+    UDP_SPORT_BASE, what echo_ev and ce_counts hold) where they differ, as a STEV EV's may (None: none do)."""
 
     __slots__ = ()
 
@@ -105,7 +107,14 @@ class _QpFields:
         self.ce_counts: dict[int, int] = {}
         self.cnp, self.cnp_interval, self.cnp_due, self.cnp_last = config.cnp, config.cnp_interval_ns, False, -(1 << 62)
         self.trims: list[TrimNackPacket] = []
+        wire = {path.template.ends.sport - UDP_SPORT_BASE: ev for ev, path in paths_back.items()}
+        self.ev_of_wire = None if all(n == ev for n, ev in wire.items()) else wire
         self.top_psn, self.reorder, self.reorder_max = start_psn - 1, [0] * REORDER_BUCKETS, 0
+
+
+def _ev(qp: _QpFields, wire: int) -> int:
+    """The EV a source-port number (sport less UDP_SPORT_BASE) stands for on this QP."""
+    return wire if qp.ev_of_wire is None else qp.ev_of_wire.get(wire, wire)
 
 
 class _PyQp(_QpFields):
@@ -283,7 +292,7 @@ class Responder:
         if len(qp.trims) >= MAX_PENDING_TRIMS:
             self.drops["trim_nack_overflow"] += 1
             return
-        qp.trims.append(TrimNackPacket(qp.peer_qpn, trimmed.psn, ev_of_sport(sport) & 0xFFFF,
+        qp.trims.append(TrimNackPacket(qp.peer_qpn, trimmed.psn, _ev(qp, ev_of_sport(sport)) & 0xFFFF,
                                        tclass >> 2 == fmt.DSCP_TRIMMED_LASTHOP, ce,
                                        (qp.epsn - qp.start_psn) & (PSN_MOD - 1), qp.pkey))
 
@@ -299,23 +308,23 @@ class Responder:
         qp.trims.clear()
         if qp.cnp_due:
             qp.cnp_due = False
-            path = qp.paths_back.get(qp.echo_ev) or first
+            path = qp.paths_back.get(_ev(qp, qp.echo_ev)) or first
             if send(path.template.encode(CnpPacket(qp.peer_qpn, qp.pkey)), path):
                 self.stats["cnps_sent"] += 1
             else:
                 self.drops["cnp_not_sent"] += 1
 
     @staticmethod
-    def _take_ce(counts: dict[int, int]) -> tuple[tuple[int, int], ...]:
+    def _take_ce(qp: _PyQp | _CQp) -> tuple[tuple[int, int], ...]:
         """The CE counts one ACK reports (up to MAX_CE_ENTRIES EVs, each up to 0xFFFF); what does
         not fit stays for the next ACK."""
-        taken = []
+        counts, taken = qp.ce_counts, []
         for ev in sorted(counts)[:fmt.MAX_CE_ENTRIES]:
             n = counts.pop(ev)
             sent = min(n, fmt.MAX_CE_COUNT)
             if n > sent:
                 counts[ev] = n - sent
-            taken.append((ev & 0xFFFF, sent))
+            taken.append((_ev(qp, ev) & 0xFFFF, sent))
         return tuple(taken)
 
     def _nak(self, qp: _PyQp | _CQp, syndrome: Syndrome, psn: int) -> None:
@@ -332,8 +341,8 @@ class Responder:
         else:
             syndrome, psn = Syndrome.ACK, qp.epsn - 1
         return AckPacket(qp.peer_qpn, psn & (PSN_MOD - 1), syndrome, (qp.epsn - qp.start_psn) & (PSN_MOD - 1),
-                         qp.epsn & (PSN_MOD - 1), qp.echo_psn, qp.echo_ev & 0xFFFF, qp.ecn, bitmap, qp.pkey,
-                         now - qp.echo_at, self._take_ce(qp.ce_counts) if qp.ce_counts else ())
+                         qp.epsn & (PSN_MOD - 1), qp.echo_psn, _ev(qp, qp.echo_ev) & 0xFFFF, qp.ecn, bitmap,
+                         qp.pkey, now - qp.echo_at, self._take_ce(qp) if qp.ce_counts else ())
 
     def pump(self, now: int, send: Send, clock: Callable[[], int] | None = None, horizon: int | None = None) -> None:
         self._last_now = now
@@ -342,7 +351,7 @@ class Responder:
                 self._signal(qp, send)
             if not qp.ack_due and not (qp.unacked_since >= 0 and now >= qp.unacked_since + qp.config.ack_delay_ns):
                 continue
-            path = qp.paths_back.get(qp.echo_ev) or next(iter(qp.paths_back.values()))
+            path = qp.paths_back.get(_ev(qp, qp.echo_ev)) or next(iter(qp.paths_back.values()))
             ack = self._ack_for(qp, now)
             if send(path.template.encode(ack), path):
                 self.stats["naks_sent" if qp.nak is not None else "acks_sent"] += 1
