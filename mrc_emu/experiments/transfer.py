@@ -178,6 +178,10 @@ def run_transfers(fabric: Fabric, specs: list[TransferSpec], control: Control | 
     # caller's specs stay as they were)
     specs = [replace(s, config=replace(s.config, path_avoidance=False)) if s.ev_format is EvFormat.UDP else s
              for s in specs]
+    if any(s.ev_format is EvFormat.STEV for s in specs):
+        from .stev import check_fabric  # stev imports this module
+
+        check_fabric(fabric)
     plans = [qp_paths(fabric.topology, spec.src, spec.dst, spec.ev_format, spec.evs, spec.config.trimmable) for spec in specs]
     address_of = {s.src: p.src_address for s, p in zip(specs, plans)} | {s.dst: p.dst_address for s, p in zip(specs, plans)}
     kernel_before = emulation.softnet()
