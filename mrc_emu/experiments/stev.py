@@ -68,7 +68,8 @@ class ValueRoute:
 
     @property
     def stray(self) -> int:
-        return sum(n for s, n in self.spines.items() if s != self.spine)
+        """Packets other spines saw meanwhile (and those the value's own spine saw beyond its frames)."""
+        return sum(self.spines.values()) - (self.frames if self.spine is not None else 0)
 
     def to_dict(self) -> dict[str, Any]:
         return {"ev": self.ev, "value": f"{self.value:#010x}", "flow_label": self.value >> 16,
@@ -88,7 +89,7 @@ class Coverage:
         out = {spine: 0 for _, spine in self.paths}
         for r in self.routes:
             if r.spine is not None:
-                out[r.spine] += r.spines[r.spine]
+                out[r.spine] += r.frames  # the spine's counter rose by at least that much; strays are apart
         return out
 
     @property

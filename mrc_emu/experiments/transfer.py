@@ -67,6 +67,7 @@ class TransferSpec:
     imm: int | None = None
     label: str = ""
     start_at: float | None = None  # start when the other transfers reach this progress (competing flows)
+    stev_values: list[int | tuple[int, int]] | None = None  # EvFormat.STEV: EV i's value [, port] (paths.stev_paths)
 
 
 @dataclass
@@ -182,7 +183,8 @@ def run_transfers(fabric: Fabric, specs: list[TransferSpec], control: Control | 
         from .stev import check_fabric  # stev imports this module
 
         check_fabric(fabric)
-    plans = [qp_paths(fabric.topology, spec.src, spec.dst, spec.ev_format, spec.evs, spec.config.trimmable) for spec in specs]
+    plans = [qp_paths(fabric.topology, spec.src, spec.dst, spec.ev_format, spec.evs, spec.config.trimmable, spec.stev_values)
+             for spec in specs]
     address_of = {s.src: p.src_address for s, p in zip(specs, plans)} | {s.dst: p.dst_address for s, p in zip(specs, plans)}
     kernel_before = emulation.softnet()
     shaped = _shape_for_dilation(fabric, dilation)
