@@ -17,6 +17,7 @@ NACK for its PSN leaves at the next pump, or a plain ACK when the PSN had arrive
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -315,16 +316,16 @@ class Responder:
                 self.drops["cnp_not_sent"] += 1
 
     @staticmethod
-    def _take_ce(qp: _PyQp | _CQp) -> tuple[tuple[int, int], ...]:
-        """The CE counts one ACK reports (up to MAX_CE_ENTRIES EVs, each up to 0xFFFF); what does
-        not fit stays for the next ACK."""
-        counts, taken = qp.ce_counts, []
+    def _take_ce(counts: dict[int, int], ev_of: Callable[[int], int] = int) -> tuple[tuple[int, int], ...]:
+        """The CE counts one ACK reports (up to MAX_CE_ENTRIES EVs, each up to 0xFFFF), each EV as
+        `ev_of` names its source-port number; what does not fit stays for the next ACK."""
+        taken = []
         for ev in sorted(counts)[:fmt.MAX_CE_ENTRIES]:
             n = counts.pop(ev)
             sent = min(n, fmt.MAX_CE_COUNT)
             if n > sent:
                 counts[ev] = n - sent
-            taken.append((_ev(qp, ev) & 0xFFFF, sent))
+            taken.append((ev_of(ev) & 0xFFFF, sent))
         return tuple(taken)
 
     def _nak(self, qp: _PyQp | _CQp, syndrome: Syndrome, psn: int) -> None:
@@ -342,7 +343,7 @@ class Responder:
             syndrome, psn = Syndrome.ACK, qp.epsn - 1
         return AckPacket(qp.peer_qpn, psn & (PSN_MOD - 1), syndrome, (qp.epsn - qp.start_psn) & (PSN_MOD - 1),
                          qp.epsn & (PSN_MOD - 1), qp.echo_psn, _ev(qp, qp.echo_ev) & 0xFFFF, qp.ecn, bitmap,
-                         qp.pkey, now - qp.echo_at, self._take_ce(qp) if qp.ce_counts else ())
+                         qp.pkey, now - qp.echo_at, self._take_ce(qp.ce_counts, functools.partial(_ev, qp)) if qp.ce_counts else ())
 
     def pump(self, now: int, send: Send, clock: Callable[[], int] | None = None, horizon: int | None = None) -> None:
         self._last_now = now
