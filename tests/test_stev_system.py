@@ -1,6 +1,9 @@
 """STEV on a running fabric (root): the leaves' ECMP hash on flow label and ports spreads STEV values
 over the spines, each value's frames keep to one spine, and a STEV transfer is verified."""
 
+import json
+import subprocess
+import sys
 import uuid
 
 import pytest
@@ -44,5 +47,11 @@ def test_stev_values_cover_the_spines_and_a_transfer_verifies(stev_fabric):
     assert result.hit > 1, result.text()  # the hash spreads values (it could, in principle, not)
     again = stev.coverage(fabric, "h0", "h2", count=8, frames=2)
     assert [r.spine for r in again.routes] == [r.spine for r in result.routes[:8]]  # a value is a stable path
+    cli = subprocess.run([sys.executable, "-m", "mrc_emu.cli", "stev-coverage", "h0", "h2", "--values", "4", "--json",
+                          "--name", fabric.name], capture_output=True, text=True, timeout=60)
+    assert cli.returncode == 0, cli.stderr
+    report = json.loads(cli.stdout)
+    assert report["paths"] == 8 and report["values"] == 4 and report["one_spine_each"]
+    assert [r["spine"] for r in report["routes"]] == [r.spine for r in result.routes[:4]]
     done = send(fabric, "h0", "h2", 4 << 20, ev_format=EvFormat.STEV)
     assert done.verified and done.ev_format == "STEV"

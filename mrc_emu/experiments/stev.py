@@ -144,6 +144,8 @@ class Coverage:
             where = r.spine or f"NOT ONE SPINE {r.spines}"
             lines.append(f"  EV {r.ev:<3} {r.value:#010x} (flow label {r.value >> 16:#06x}, sport {r.value & 0xFFFF:#06x}) "
                          f"port {r.port} -> {where}, {r.arrived}/{r.frames} arrived")
+        if stray := sum(r.stray for r in self.routes):
+            lines.append(f"{stray} other packets crossed the spines meanwhile (the fabric's own), not counted")
         if not self.one_spine_each:
             lines.append("NOT every value's frames arrived through exactly one spine of its plane")
         return "\n".join(lines)
