@@ -1,4 +1,5 @@
-"""Commands on the fabric itself: up, down, clean, status, exec, paths, probe, link, capture, stats, check.
+"""Commands on the fabric itself: up, down, clean, status, exec, paths, probe, link, capture, stats, check,
+stev-coverage.
 
 Why it exists: these are the verbs of one running fabric (containerlab's deploy/destroy/
 inspect/exec); each opens the fabric once (`Fabric.open`, which says how to start one when
@@ -25,7 +26,7 @@ def _open(name: str):
 @click.command()
 @click.option("--topology", "-t", "topology", default=None, help="Topology YAML file or built-in name (default: the built-in default).")
 @click.option("--routing", "routing_mode", type=click.Choice(["none", "static", "bgp"]), default=None,
-              help="Plain IPv6 routing between hosts, for --format UDP (the baseline): 'static' installs the routes "
+              help="Plain IPv6 routing between hosts, for --format UDP (the baseline) or STEV: 'static' installs the routes "
                    "BGP converges to (no repair after a fault), 'bgp' runs FRR BGP+BFD in every switch. [default: none]")
 @click.option("--bgp", is_flag=True, help="Same as --routing bgp.")
 @NAME_OPTION
@@ -315,4 +316,33 @@ def check(topology: str | None, max_pairs: int | None, name: str, as_json: bool)
         sys.exit(1)
 
 
-COMMANDS = [up, down, clean, status, exec_, paths, probe, link, capture, stats, check]
+@click.command("stev-coverage")
+@click.argument("src")
+@click.argument("dst")
+@click.option("--values", "count", type=click.IntRange(1, 4096), default=16, show_default=True,
+              help="How many STEV values to try (EV i: UDP sport 0xC000+i, a flow label spread by i, port i % planes + 1).")
+@click.option("--frames", type=click.IntRange(1, 1000), default=4, show_default=True, help="Frames sent per value.")
+@NAME_OPTION
+@JSON_OPTION
+@friendly
+def stev_coverage(src: str, dst: str, count: int, frames: int, name: str, as_json: bool) -> None:
+    """How N STEV values cover the paths from SRC to DST, measured with real frames.
+
+    A STEV EV carries a 32-bit value in the IPv6 flow label (high 16 bits) and the UDP source port
+    (low 16 bits); its port picks the plane, and the leaf's ECMP hash on addresses, next header, flow
+    label and ports picks the spine. One value at a time, this sends FRAMES frames (UDP 4791) from
+    SRC to DST and reads which spine took them from the spines' interface counters. Prints the paths
+    hit against what an ideal uniform hash would hit, the packets per path and where each value went.
+    Needs plain IPv6 routes (mrc-emu up --routing static). Exit 1 unless every value's frames arrived
+    through exactly one spine.
+    """
+    from ..experiments.stev import coverage
+
+    with _open(name) as fabric:
+        result = coverage(fabric, src, dst, count, frames=frames)
+    emit(result.to_dict(), as_json, result.text())
+    if not result.one_spine_each:
+        sys.exit(1)
+
+
+COMMANDS = [up, down, clean, status, exec_, paths, probe, link, capture, stats, check, stev_coverage]

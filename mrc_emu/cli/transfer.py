@@ -117,8 +117,9 @@ def _transfer_text(r) -> str:
 @click.option("--cc", type=click.Choice(profile_names()), default="nscc", show_default=True,
               help="Congestion control profile.")
 @click.option("--mtu", type=int, default=4096, show_default=True, help="Payload bytes per packet (path MTU).")
-@click.option("--format", "ev_format", type=click.Choice(["SRV6", "SRV6_USID", "UDP"]), default="SRV6",
-              show_default=True, help="EV format on the wire.")
+@click.option("--format", "ev_format", type=click.Choice(["SRV6", "SRV6_USID", "UDP", "STEV"]),
+              default="SRV6", show_default=True,
+              help="EV format on the wire (UDP and STEV need plain IPv6 routing: up --routing static).")
 @click.option("--ev-min-active", type=int, default=1, show_default=True,
               help="Never mark so many EVs ASSUMED_BAD that fewer than this stay GOOD.")
 @click.option("--imm", type=int, default=None, help="Send a WRITE_WITH_IMM with this 32-bit immediate.")
@@ -165,8 +166,8 @@ def send(src: str, dst: str, size: int, evs: str | None, ev_profile: str | None,
         raise TransferError(problem)  # up front: short of memory, a worker fails or is killed mid-run
     with Fabric.open(name) as fabric:
         count = len(evs_between(fabric.topology, src, dst))
-        if ev_format == "UDP" and not (routing.running(fabric) or static_routes.installed(fabric)):
-            raise click.UsageError(f"--format UDP needs plain IPv6 routing: bring the fabric up with 'mrc-emu up "
+        if ev_format in ("UDP", "STEV") and not (routing.running(fabric) or static_routes.installed(fabric)):
+            raise click.UsageError(f"--format {ev_format} needs plain IPv6 routing: bring the fabric up with 'mrc-emu up "
                                    f"--routing static' (or --routing bgp) (fabric {name!r} has neither)")
         selection = _ev_selection(evs, count)
         if imm is not None and not 0 <= imm <= 0xFFFFFFFF:

@@ -27,7 +27,7 @@ _TRANSFER = {
         "sha256_source": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
         "sha256_placed": {"type": ["string", "null"]},
         "completion_ms": _NUM, "goodput_gbps": _NUM, "goodput_pps": _NUM, "offset_ms": _NUM,
-        "ev_format": {"enum": ["SRV6", "SRV6_USID", "UDP"]},
+        "ev_format": {"enum": ["SRV6", "SRV6_USID", "UDP", "STEV"]},
         "per_ev": {"type": "array", "items": {"type": "object", "required": ["ev", "state", "share", "packets_sent"],
                                              "properties": {"state": {"enum": ["GOOD", "ASSUMED_BAD", "DENIED"]}}}},
         "ev_events": {"type": "array", "items": {

@@ -79,6 +79,7 @@ class TransferSpec:
     # an OCP SRV6 EV profile (loaded, or its file) whose EVs the QP sprays over instead of `evs` and
     # `ev_format`; its ev_min_active is the QP's (evpaths.py)
     ev_profile: ProfileFile | str | None = None
+    stev_values: list[int | tuple[int, int]] | None = None  # EvFormat.STEV: EV i's value [, port] (paths.stev_paths)
 
 
 @dataclass
@@ -201,6 +202,10 @@ def run_transfers(fabric: Fabric, specs: list[TransferSpec], control: Control | 
     # caller's specs stay as they were)
     specs = [replace(s, config=replace(s.config, path_avoidance=False)) if s.ev_format is EvFormat.UDP else s
              for s in specs]
+    if any(s.ev_format is EvFormat.STEV for s in specs):
+        from .stev import check_fabric  # stev imports this module
+
+        check_fabric(fabric)
     specs = [_with_profile(s) for s in specs]
     plans = [_plan(fabric.topology, spec) for spec in specs]
     address_of = {s.src: p.src_address for s, p in zip(specs, plans)} | {s.dst: p.dst_address for s, p in zip(specs, plans)}
@@ -276,7 +281,7 @@ def _with_profile(spec: TransferSpec) -> TransferSpec:
 def _plan(topo: Topology, spec: TransferSpec) -> QpPaths:
     if isinstance(spec.ev_profile, ProfileFile):
         return profile_paths(topo, spec.ev_profile, spec.src, spec.dst, spec.config.trimmable)
-    return qp_paths(topo, spec.src, spec.dst, spec.ev_format, spec.evs, spec.config.trimmable)
+    return qp_paths(topo, spec.src, spec.dst, spec.ev_format, spec.evs, spec.config.trimmable, spec.stev_values)
 
 
 class Run(list):

@@ -16,8 +16,10 @@ for a dead path.
 from __future__ import annotations
 
 import functools
+import os
 import socket
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from ..topology import Role, Topology
 from ..topology import addressing as ad
@@ -31,6 +33,54 @@ NEXT_CSID = (ad.USID_BLOCK_BITS, ad.USID_BITS)
 SID_ANCHOR = "sid0"
 SID_ANCHOR_PEER = "sid1"
 
+# ECMP hash inputs (ip-sysctl.rst, fib_multipath_hash_fields; include/net/ip_fib.h FIB_MULTIPATH_HASH_FIELD_*):
+# source and destination address, next header, flow label, source and destination port. The UDP format's
+# flow label is 0, so its UDP source port still picks the path; a STEV EV's flow label joins in.
+HASH_FIELDS = {"src_ip": 0x01, "dst_ip": 0x02, "ip_proto": 0x04, "flowlabel": 0x08, "src_port": 0x10, "dst_port": 0x20}
+CUSTOM_HASH_POLICY, L4_HASH_POLICY = 3, 1
+STEV_HASH_FIELDS = sum(HASH_FIELDS.values())  # 0x3f
+_HASH_FIELDS_SYSCTL = "net.ipv6.fib_multipath_hash_fields"
+
+
+def _sysctl_path(name: str) -> Path:
+    return Path("/proc/sys") / name.replace(".", "/")
+
+
+@functools.lru_cache(maxsize=1)
+def custom_hash_supported() -> bool:
+    """Whether this kernel has the custom multipath hash (policy 3 and its fields sysctl, Linux 5.14):
+    looked up once, in whatever namespace asks first (every namespace has the same kernel)."""
+    return _sysctl_path(_HASH_FIELDS_SYSCTL).exists()
+
+
+def multipath_hash_sysctls() -> list[tuple[str, int]]:
+    """The multipath hash every node is given: custom (policy 3) on STEV_HASH_FIELDS where the
+    kernel has it, else the 5-tuple (policy 1: the UDP format works, STEV is refused by stev_hash_problem)."""
+    if custom_hash_supported():
+        return [("net.ipv6.fib_multipath_hash_policy", CUSTOM_HASH_POLICY), (_HASH_FIELDS_SYSCTL, STEV_HASH_FIELDS)]
+    return [("net.ipv6.fib_multipath_hash_policy", L4_HASH_POLICY)]
+
+
+def multipath_hash(path: str | os.PathLike) -> tuple[int, int | None]:
+    """(policy, fields) of the multipath hash in the namespace at `path` (fields None: no such sysctl)."""
+    with netns.entered(path):
+        policy = int(_sysctl_path("net.ipv6.fib_multipath_hash_policy").read_text())
+        fields = _sysctl_path(_HASH_FIELDS_SYSCTL)
+        return policy, int(fields.read_text(), 0) if fields.exists() else None
+
+
+def stev_hash_problem(path: str | os.PathLike) -> str | None:
+    """Why the namespace at `path` cannot forward STEV EVs by their hash, or None when it can."""
+    policy, fields = multipath_hash(path)
+    if fields is None:
+        return ("this kernel has no custom multipath hash (net.ipv6.fib_multipath_hash_fields, Linux 5.14+): "
+                f"the fabric hashes on policy {policy}, which leaves out the IPv6 flow label a STEV EV is carried in")
+    if policy != CUSTOM_HASH_POLICY or fields & STEV_HASH_FIELDS != STEV_HASH_FIELDS:
+        return (f"the fabric hashes on policy {policy}, fields {fields:#x}, not policy {CUSTOM_HASH_POLICY} with fields "
+                f"{STEV_HASH_FIELDS:#x} (addresses, next header, flow label, ports): bring it up again with this mrc-emu")
+    return None
+
+
 # Written before the node's interfaces exist, so every interface inherits them.
 NAMESPACE_SYSCTLS = [
     (f"net.ipv6.conf.{scope}.{key}", value)
@@ -43,8 +93,7 @@ NAMESPACE_SYSCTLS = [
         ("router_solicitations", 0),
         ("keep_addr_on_down", 1),
     )
-] + [("net.ipv6.icmp.ratelimit", 0),
-      ("net.ipv6.fib_multipath_hash_policy", 1)]  # ECMP hashes on the 5-tuple: the UDP source port picks the path
+] + [("net.ipv6.icmp.ratelimit", 0)] + multipath_hash_sysctls()
 
 
 @dataclass
@@ -94,7 +143,7 @@ def plan(topo: Topology, name: str) -> NodePlan:
                 seg6local=Seg6Local("End.X", nh6=peer_addr),
             )
         )
-    if uplinks:  # a host reaches other hosts over its planes' leaves; the 5-tuple hash picks one
+    if uplinks:  # a host reaches other hosts over its planes' leaves; the multipath hash picks one
         result.routes.append(Route(ad.HOST_PREFIX, uplinks[0][0], multipath=uplinks))
     result.routes.extend(_short_carrier_routes(topo, name))
     return result

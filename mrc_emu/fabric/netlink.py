@@ -71,6 +71,7 @@ IFF_UP = 0x1
 IFLA_IFNAME = 3
 IFLA_MTU = 4
 IFLA_OPERSTATE = 16
+IFLA_STATS64 = 23  # struct rtnl_link_stats64: rx_packets, tx_packets, rx_bytes, ... (u64 each)
 IFLA_LINKINFO = 18
 IFLA_NET_NS_FD = 28
 IFLA_EXT_MASK = 29
@@ -314,6 +315,22 @@ def link_operstates() -> dict[str, int]:
                 if IFLA_IFNAME in attrs:
                     states[attrs[IFLA_IFNAME].rstrip(b"\0").decode()] = attrs.get(IFLA_OPERSTATE, b"\0")[0]
         return states
+
+
+def link_packets() -> dict[str, tuple[int, int]]:
+    """ifname -> (rx packets, tx packets) of every interface in the namespace this thread is in,
+    from one RTM_GETLINK dump (the kernel's own per-interface counters: where a packet went)."""
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE) as sock:
+        sock.bind((0, 0))
+        body = struct.pack("=BxHiII", 0, 0, 0, 0, 0)
+        request = _HDR.pack(_HDR.size + len(body), RTM_GETLINK, NLM_F_REQUEST | NLM_F_DUMP, 1, 0) + body
+        packets: dict[str, tuple[int, int]] = {}
+        for kind, message in _dump(sock, request, "link dump"):
+            if kind == RTM_NEWLINK:
+                attrs = _attrs(message, _HDR.size + 16, len(message))
+                if IFLA_IFNAME in attrs and IFLA_STATS64 in attrs:
+                    packets[attrs[IFLA_IFNAME].rstrip(b"\0").decode()] = struct.unpack_from("=QQ", attrs[IFLA_STATS64])
+        return packets
 
 
 def qdisc_counters(sock: socket.socket, index: int, kind: str = "tbf") -> tuple[int, int]:

@@ -23,9 +23,9 @@ another EV.
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from ..topology.evs import UDP_SPORT_BASE, ev_of_sport
 from ..wire import format as fmt
@@ -35,6 +35,7 @@ from .config import PSN_MOD, QpConfig, RandomBits, RecoveryMode, psn_abs
 from .endpoint import ProbeAnswers, packed_peer
 from .paths import Path, Send
 from .portstatus import PortStatus
+from .regions import ImmCompletion, MemoryRegion
 
 try:  # the C placement of the common data packet (optional; see _place.c)
     from . import _place
@@ -42,42 +43,12 @@ except ImportError:  # pragma: no cover - the extension was not built
     _place = None
 
 
-@dataclass
-class MemoryRegion:
-    """A registered buffer: remote writes land here if R_Key and bounds match and the writing QP
-    belongs to the region's protection domain."""
-
-    rkey: int
-    va: int
-    buffer: bytearray
-    pd: int = 0
-    view: memoryview = field(init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        self.view = memoryview(self.buffer)
-
-    @property
-    def length(self) -> int:
-        return len(self.buffer)
-
-    def to_dict(self) -> dict:
-        return {"rkey": self.rkey, "va": self.va, "length": self.length}
-
-
-@dataclass
-class ImmCompletion:
-    """A responder's WRITE_WITH_IMM whose data, and all data before it, is placed."""
-
-    psn: int
-    imm: int
-    time_ns: int
-
-
 # A responder QP's state: the fields the C placement (_place.c) reads and writes, and those only Python uses
 _SHARED = ("peer", "epsn", "pd", "window", "pkey", "in_order_only", "received", "pending_imm", "since_ack",
            "ack_every", "unacked_since", "ack_due", "echo_psn", "echo_ev", "echo_at", "ecn", "ce_counts", "cnp",
            "cnp_due", "cnp_last", "cnp_interval", "top_psn", "reorder", "reorder_max")
-_PYTHON_ONLY = ("qpn", "peer_qpn", "start_psn", "paths_back", "config", "nak", "nak_sent_at", "nak_psn", "trims")
+_PYTHON_ONLY = ("qpn", "peer_qpn", "start_psn", "paths_back", "config", "nak", "nak_sent_at", "nak_psn", "trims",
+                "ev_of_wire")
 _TRIMMED_DSCPS = (fmt.DSCP_TRIMMED, fmt.DSCP_TRIMMED_LASTHOP)
 REORDER_BUCKETS = 16  # _place.c: placed packets by PSNs behind the highest: 0, then [2^(b-1), 2^b - 1]
 MAX_PENDING_TRIMS = 1024  # TRIM NACKs a QP holds between two pumps (more: counted drops)
@@ -94,7 +65,8 @@ class _QpFields:
     sequence NAK was sent for (one per gap); echo_at: when the echoed packet arrived (the ACK
     says how long it was held since); ce_counts: EV -> CE-marked data packets not yet reported;
     cnp: send DCQCN CNPs (cnp_due: one is to leave; cnp_last: when the last was due); trims: the
-    TRIM NACKs to send at the next pump."""
+    TRIM NACKs to send at the next pump; ev_of_wire: the EV of each source-port number (sport less
+    UDP_SPORT_BASE, what echo_ev and ce_counts hold) where they differ, as a STEV EV's may (None: none do)."""
 
     __slots__ = ()
 
@@ -113,7 +85,14 @@ class _QpFields:
         self.ce_counts: dict[int, int] = {}
         self.cnp, self.cnp_interval, self.cnp_due, self.cnp_last = config.cnp, config.cnp_interval_ns, False, -(1 << 62)
         self.trims: list[TrimNackPacket] = []
+        wire = {path.template.ends.sport - UDP_SPORT_BASE: ev for ev, path in paths_back.items()}
+        self.ev_of_wire = None if all(n == ev for n, ev in wire.items()) else wire
         self.top_psn, self.reorder, self.reorder_max = start_psn - 1, [0] * REORDER_BUCKETS, 0
+
+
+def _ev(qp: _QpFields, wire: int) -> int:
+    """The EV a source-port number (sport less UDP_SPORT_BASE) stands for on this QP."""
+    return wire if qp.ev_of_wire is None else qp.ev_of_wire.get(wire, wire)
 
 
 class _PyQp(_QpFields):
@@ -315,7 +294,7 @@ class Responder:
         if len(qp.trims) >= MAX_PENDING_TRIMS:
             self.drops["trim_nack_overflow"] += 1
             return
-        qp.trims.append(TrimNackPacket(qp.peer_qpn, trimmed.psn, ev_of_sport(sport) & 0xFFFF,
+        qp.trims.append(TrimNackPacket(qp.peer_qpn, trimmed.psn, _ev(qp, ev_of_sport(sport)) & 0xFFFF,
                                        tclass >> 2 == fmt.DSCP_TRIMMED_LASTHOP, ce,
                                        (qp.epsn - qp.start_psn) & (PSN_MOD - 1), qp.pkey))
 
@@ -330,23 +309,23 @@ class Responder:
         qp.trims.clear()
         if qp.cnp_due:
             qp.cnp_due = False
-            path = self._back_path(qp, qp.echo_ev)
+            path = self._back_path(qp, _ev(qp, qp.echo_ev))
             if path is not None and send(path.template.encode(CnpPacket(qp.peer_qpn, qp.pkey)), path):
                 self.stats["cnps_sent"] += 1
             else:
                 self.drops["cnp_not_sent"] += 1
 
     @staticmethod
-    def _take_ce(counts: dict[int, int]) -> tuple[tuple[int, int], ...]:
-        """The CE counts one ACK reports (up to MAX_CE_ENTRIES EVs, each up to 0xFFFF); what does
-        not fit stays for the next ACK."""
+    def _take_ce(counts: dict[int, int], ev_of: Callable[[int], int] = int) -> tuple[tuple[int, int], ...]:
+        """The CE counts one ACK reports (up to MAX_CE_ENTRIES EVs, each up to 0xFFFF), each EV as
+        `ev_of` names its source-port number; what does not fit stays for the next ACK."""
         taken = []
         for ev in sorted(counts)[:fmt.MAX_CE_ENTRIES]:
             n = counts.pop(ev)
             sent = min(n, fmt.MAX_CE_COUNT)
             if n > sent:
                 counts[ev] = n - sent
-            taken.append((ev & 0xFFFF, sent))
+            taken.append((ev_of(ev) & 0xFFFF, sent))
         return tuple(taken)
 
     def _nak(self, qp: _PyQp | _CQp, syndrome: Syndrome, psn: int) -> None:
@@ -363,8 +342,8 @@ class Responder:
         else:
             syndrome, psn = Syndrome.ACK, qp.epsn - 1
         return AckPacket(qp.peer_qpn, psn & (PSN_MOD - 1), syndrome, (qp.epsn - qp.start_psn) & (PSN_MOD - 1),
-                         qp.epsn & (PSN_MOD - 1), qp.echo_psn, qp.echo_ev & 0xFFFF, qp.ecn, bitmap, qp.pkey,
-                         now - qp.echo_at, self._take_ce(qp.ce_counts) if qp.ce_counts else ())
+                         qp.epsn & (PSN_MOD - 1), qp.echo_psn, _ev(qp, qp.echo_ev) & 0xFFFF, qp.ecn, bitmap,
+                         qp.pkey, now - qp.echo_at, self._take_ce(qp.ce_counts, functools.partial(_ev, qp)) if qp.ce_counts else ())
 
     def _probe_qp(self, probe: ProbePacket, src: bytes) -> _PyQp | _CQp | None:
         """The QP a probe is for: one of ours, from its peer, of an EV it has a way back for."""
@@ -403,7 +382,7 @@ class Responder:
                 self._signal(qp, send)
             if not qp.ack_due and not (qp.unacked_since >= 0 and now >= qp.unacked_since + qp.config.ack_delay_ns):
                 continue
-            path = self._back_path(qp, qp.echo_ev)
+            path = self._back_path(qp, _ev(qp, qp.echo_ev))
             if path is None:
                 self.drops["ack_not_sent"] += 1
                 qp.ack_due, qp.nak, qp.since_ack, qp.unacked_since = False, None, 0, -1
