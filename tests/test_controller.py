@@ -104,13 +104,12 @@ def test_event_queue_polls_in_order_counts_drops_and_forgets_what_was_taken(reco
     assert record.poll("h0", 10) == ([], 0) and record.poll("h1", 10) == ([], 0)
 
 
-def test_run_events_are_queued_as_the_ocp_queue_carries_them(record):
-    r = SimpleNamespace(src="h0", dst="h2", ev_format="SRV6", ev_events=[
-        {"ev": 1, "new": "DENIED", "reason": "drain", "time_ms": 1.0},
-        {"ev": 1, "new": "ASSUMED_BAD", "reason": "allowed", "time_ms": 2.0},
-        {"ev": 1, "new": "GOOD", "reason": "probe returned", "time_ms": 3.0}])
-    udp = SimpleNamespace(src="h1", dst="h2", ev_format="UDP", ev_events=[{"ev": 0, "new": "GOOD", "reason": "", "time_ms": 0}])
-    controller.post_run_events(record, [r, udp])
-    events, _ = record.poll("h0", 10)
-    assert [e["state"] for e in events] == ["ASSUMED_BAD", "GOOD"]  # DENIED is never an event (ev_event_mask)
-    assert record.poll("h1", 10) == ([], 0)
+def test_run_events_are_queued_from_the_hosts_controllers(record):
+    final = SimpleNamespace(ev_queues={
+        "h0": ([{"profile_id": 3, "peer": "fc00:2:1:0::1", "ev": 1, "value": "c001", "port": 1, "state": "ASSUMED_BAD"},
+                {"profile_id": 3, "peer": "fc00:2:1:0::1", "ev": 1, "value": "c001", "port": 1, "state": "GOOD"}], 2),
+        "h1": ([], 0)})
+    controller.post_run_events(record, [final, SimpleNamespace()], {"fc00:2:1:0::1": "h2"})
+    events, dropped = record.poll("h0", 10)
+    assert [(e["dst"], e["state"]) for e in events] == [("h2", "ASSUMED_BAD"), ("h2", "GOOD")]
+    assert events[0]["drop_count"] == 2 and record.poll("h1", 10) == ([], 0)

@@ -21,7 +21,8 @@ from .formats import ProfileState
 
 NSCC = "uet-1.0-nscc"
 CC_DISABLED = ""  # the header's NULL algorithm: CC off
-DEVICE_ALGORITHMS = (NSCC,)  # device_attr.cc.algorithms of the emulated device
+DCQCN = "mrc-emu-dcqcn"  # the emulator's own name for its DCQCN baseline (not an OCP algorithm string)
+DEVICE_ALGORITHMS = (NSCC,)  # device_attr.cc.algorithms of an MRC device as the header lists them
 
 U8, U32 = (1 << 8) - 1, (1 << 32) - 1
 # struct mrc_ctl_cc_nscc_cfg: field -> its C type (times in ns, sizes in bytes)
@@ -30,7 +31,7 @@ NSCC_CONFIG_FIELDS: dict[str, str] = {
     "eta": "float", "fi": "float", "fi_scale": "float", "gamma": "float", "max_md_jump": "float",
     "max_cwnd": "u32", "qa_gate": "u8", "qa_threshold": "u32", "target_delay": "u32",
 }
-CONFIG_FIELDS = {NSCC: NSCC_CONFIG_FIELDS, CC_DISABLED: {}}
+CONFIG_FIELDS = {NSCC: NSCC_CONFIG_FIELDS, CC_DISABLED: {}, DCQCN: {}}
 
 
 def check_config(algorithm: str, config: Any) -> dict[str, int | float]:

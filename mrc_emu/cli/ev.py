@@ -167,8 +167,8 @@ def events_cmd(host: str, max_events: int, name: str, as_json: bool) -> None:
             raise ValueError(f"{host!r} is not a host of {fabric.topology.name}")
         events, dropped = record.poll(host, max_events)
     lines = [f"{host}: {len(events)} event(s)" + (f", {dropped} dropped before them (queue full)" if dropped else "")]
-    lines += [f"  ->{e['dst']}  EV {e['ev']:2d}  {e['state']:11s}  at {e['ms_into_write']} ms into its WRITE: {e['reason']}"
-              for e in events]
+    lines += [f"  ->{e['dst']}  EV {e['ev'] if e['ev'] is not None else '?':>2}  port {e['port']}  {e['state']:11s}"
+              f"  (profile {e['profile_id']}, value {e['value']})" for e in events]
     emit({"host": host, "drop_count": dropped, "events": events}, as_json, "\n".join(lines))
 
 

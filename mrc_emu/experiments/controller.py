@@ -294,19 +294,14 @@ def qp_evs(paths: Any) -> dict[int, Ev]:
     return {ev.index: ev for ev in paths.evs}
 
 
-EVENT_STATES = ("GOOD", "ASSUMED_BAD")  # the states an EV event may report (mrc_ctl.h's ev_event_mask: DENIED never)
-
-
-def post_run_events(record: ControlRecord, results: list) -> None:
-    """Queue the EV events a run's QPs saw on their hosts' controllers: state changes to GOOD or
-    ASSUMED_BAD, as the OCP event queue carries them (DENIED is the controller's own doing and is
-    never an event; the reports keep every change). `results`: TransferResults of the run."""
-    by_host: dict[str, list[dict[str, Any]]] = {}
-    for r in results:
-        if r.ev_format == "UDP":
-            continue
-        by_host.setdefault(r.src, []).extend(
-            {"dst": r.dst, "ev": e["ev"], "state": e["new"], "reason": e["reason"], "ms_into_write": e["time_ms"]}
-            for e in r.ev_events if e["new"] in EVENT_STATES)
-    for host, events in by_host.items():
-        record.post_events(host, events)
+def post_run_events(record: ControlRecord, finals: list, host_of: dict[str, str]) -> None:
+    """Queue the EV events a run's hosts' controllers hold (each worker's `Final.ev_queues`: what the
+    QPs' devices posted, by their profiles' ev_event_mask, so GOOD and ASSUMED_BAD only, never
+    DENIED) on the fabric's record, for `mrc-emu ev events`. `host_of`: address -> host name."""
+    for final in finals:
+        for host, (events, dropped) in getattr(final, "ev_queues", {}).items():
+            if events:
+                named = [{**e, "dst": host_of.get(e["peer"], e["peer"])} for e in events]
+                if dropped:
+                    named[0]["drop_count"] = dropped
+                record.post_events(host, named)

@@ -263,7 +263,7 @@ def run_transfers(fabric: Fabric, specs: list[TransferSpec], control: Control | 
     by_host = {h: f for f in finals for h in f.hosts}
     results = [_result(spec, plans[key], by_host[spec.src].requesters[key], by_host[spec.dst], key, placed[key])
                for key, spec in enumerate(specs)]
-    post_run_events(live.record, results)
+    post_run_events(live.record, finals, {a: h for h, a in address_of.items()})
     report = emulation.assess(finals, results, kernel_before, emulation.softnet(), dilation)
     return Run(results, report, pool.clock, finals)
 

@@ -39,6 +39,7 @@ from ..transport.paths import Path
 from ..transport.requester import Requester
 from ..transport.responder import Responder
 from .endpoint_ops import SetPortStatus, WorkerOps
+from .hostctl import HostControl
 
 TIMELINE_TICK_NS = 1_000_000  # goodput timeline resolution (transport time)
 REPORT_NS = 10_000_000  # progress reports to the parent
@@ -178,6 +179,7 @@ class Final:
     unknown_qp: dict[str, int]  # per host: datagrams for no QP of it
     loop: dict[str, Any]  # the event loop's own measurements (io.loop.LoopStats)
     hosts: list[str] = field(default_factory=list)
+    ev_queues: dict[str, tuple[list[dict[str, Any]], int]] = field(default_factory=dict)  # per host: EV events, drops
 
 
 # ---- the process ----------------------------------------------------------------------------
@@ -237,6 +239,7 @@ class _Worker:
         self.running: list[_Job] = []  # started, not done
         self.stopped = False
         self.next_report = 0
+        self.ctl = {name: HostControl(name, max(1, len(spec.ports))) for name, spec in hosts.items()}  # OCP controllers
         self.ops = WorkerOps(parent, loop, ports)  # EV_PROBE batches, port status (experiments/endpoint_ops.py)
         self.handlers = {Accept: self.accept, Prepare: self.prepare, Start: self.start, Hash: self.hash,
                          SetEvStates: self.set_ev_states, Stop: self.stop, **self.ops.handlers}
@@ -252,6 +255,7 @@ class _Worker:
         mr = responder.register(bytearray(msg.size), va=0x1000_0000 + (msg.key << 36), pd=msg.key)
         responder.accept(msg.qpn, msg.peer_qpn, msg.start_psn, msg.back,
                          peer=socket.inet_pton(socket.AF_INET6, msg.peer), pd=msg.key)
+        self.ctl[msg.host].responder_qp(msg.peer, msg.back, msg.config, msg.recvs)  # INIT -> RTR, receives posted
         responder.post_recv(msg.qpn, msg.recvs)
         self.responders[msg.key], self.regions[msg.key] = responder, mr
         port.mux.add(msg.qpn, responder)
@@ -262,11 +266,16 @@ class _Worker:
         port = self.ports[msg.host]
         data = os.urandom(msg.size)
         digest = hashlib.sha256(data).hexdigest()  # before the clock starts: hashing is not the transfer
-        requester = Requester(port.mux.address, msg.qpn, msg.dest_qp, msg.forward, msg.config,
-                              make_cc(msg.cc, msg.config.mtu, msg.config.link_rate_bps, msg.config.base_rtt_ns,
-                                      **(msg.config.cc_options or {})), start_psn=msg.start_psn,
-                              ev_min_active=msg.ev_min_active, random_bits=secrets.randbits,
-                              probe_budget=port.mux.probe_budget)
+        # the QP takes its EV and CC profiles by id and goes RST -> INIT -> RTR -> RTS (hostctl.py);
+        # its EV states are its EV profile's, shared with the host's other QPs towards that peer
+        hc = self.ctl[msg.host]
+        profile, _, config = hc.requester_qp(next(iter(msg.forward.values())).template.ends.dst, msg.forward,
+                                             msg.config, msg.cc, msg.ev_min_active)
+        requester = Requester(port.mux.address, msg.qpn, msg.dest_qp, msg.forward, config,
+                              make_cc(msg.cc, config.mtu, config.link_rate_bps, config.base_rtt_ns,
+                                      **(config.cc_options or {})), start_psn=msg.start_psn,
+                              random_bits=secrets.randbits, probe_budget=port.mux.probe_budget,
+                              ev_profile=profile, ev_events=hc.ctl.events)
         self.jobs[msg.key] = _Job(msg.key, requester, port, data, msg.region, msg.imm, digest)
         port.mux.add(msg.qpn, requester)
         self.parent.send(Prepared(msg.key))
@@ -373,7 +382,7 @@ class _Worker:
                       for key, resp in self.responders.items()}
         loop_stats["send_errors"] = {h: p.errors for h, p in self.ports.items() if p.errors}
         return Final(requesters, responders, kernel, {h: p.mux.unknown_qp for h, p in self.ports.items()},
-                     loop_stats, sorted(self.ports))
+                     loop_stats, sorted(self.ports), {h: hc.take_events() for h, hc in self.ctl.items()})
 
 
 def serve_hosts(parent: Parent, index: int, hosts: list[HostSpec], horizon: Horizon, dilation: float,

@@ -153,6 +153,11 @@ class FrameTemplate:
         self._outer_word0 = (6 << 28) | (int.from_bytes(encap.outer[:4], "big") & 0xFFFFF) if encap.outer else 0
         self._cache: dict[tuple[int, int, int, int], _Prepared] = {}
 
+    @property
+    def flow_label(self) -> int:
+        """The inner IPv6 header's flow label (a STEV EV's upper 16 bits; 0 otherwise)."""
+        return self._inner_word0 & 0xFFFFF
+
     def _headers(self, udp_len: int, csum: int, tclass: int) -> bytes:
         """Outer (if any) and inner IPv6 and UDP headers, both IPv6 headers with `tclass`."""
         inner = (IPV6_HDR.pack(self._inner_word0 | (tclass << 20), udp_len, NH_UDP, fmt.INNER_HOP_LIMIT, self.src, self.dst)
