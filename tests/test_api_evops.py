@@ -162,8 +162,10 @@ def test_modify_state_of_an_unpopulated_slot_is_enoent():
 
 def test_replace_entry_errors():
     p = exp_profile()
-    with pytest.raises(EvOpError, match=r"^entries\[0\]\.ev_new: UNPOPULATED \(value 0, port 0\) is not an EV"):
+    with pytest.raises(EvOpError, match=r"^entries\[0\]\.port_new: 0 is UNPOPULATED's port"):
         ev_op(p, EvOp.REPLACE_EV, [EvOpEntry(ev_new=ev(1), port_new=0, state=EvState.GOOD)])
+    with pytest.raises(EvOpError, match=r"^entries\[0\]\.ev_new: UNPOPULATED \(value 0, port 0\) is not an EV"):
+        ev_op(p, EvOp.REPLACE_EV, [EvOpEntry(ev_new=bytes(4), port_new=0, state=EvState.GOOD)])
     with pytest.raises(EvOpError, match=r"^entries\[0\]\.ev_new: expected at most 32 bytes"):
         ev_op(p, EvOp.REPLACE_EV, [EvOpEntry(ev_new="x", port_new=1, state=EvState.GOOD)])
     with pytest.raises(EvOpError, match=r"^entries\[0\]\.state: None"):

@@ -97,12 +97,13 @@ def test_exp_ev_configure_populate_online_deny_replace_query_destroy():
         ctl.modify_ev_profile(1, state=ONLINE)  # before populating
     # Populate the Explicit EVs: one REPLACE_EV per call, cur_ev UNPOPULATED, new value (i << 16) | i on port 1.
     # The example writes .ev_op.replace_ev.{cur_ev,new_ev,all_copies}: the header's entry is {ev, ev_new, state, flags}.
-    # EV 0 is value 0 on port 1: the header's UNPOPULATED is value 0 *and* port 0, but this mirror (evops, profiles)
-    # takes an all-zero value as UNPOPULATED on any port, so slot 0 gets (64 << 16) | 64 instead.
+    # EV 0 is value 0 on port 1: an EV (the header's UNPOPULATED is value 0 *and* port 0)
     with raises(errno.EINVAL, "entries[0].ev_new: UNPOPULATED (value 0, port 0) is not an EV to replace with "
                               "(0 of 1 entries applied)"):
-        ctl.ev_op(1, EvOp.REPLACE_EV, [EvOpEntry(UNPOPULATED_EV, 0, le32(0), 1, GOOD)])
-    for i in [64, *range(1, ev_count)]:
+        ctl.ev_op(1, EvOp.REPLACE_EV, [EvOpEntry(UNPOPULATED_EV, 0, le32(0), 0, GOOD)])
+    with raises(errno.EINVAL, "entries[0].port_new: 0 is UNPOPULATED's port; an EV is on a port 1..255 (0 of 1 entries applied)"):
+        ctl.ev_op(1, EvOp.REPLACE_EV, [EvOpEntry(UNPOPULATED_EV, 0, le32(5), 0, GOOD)])
+    for i in range(ev_count):
         assert ctl.ev_op(1, EvOp.REPLACE_EV, [EvOpEntry(UNPOPULATED_EV, 0, le32(i << 16 | i), 1, GOOD)]) == 1
     with raises(errno.ENOENT, "entries[0].ev: 0x00 on port 0 not found (0 of 1 entries applied)"):
         ctl.ev_op(1, EvOp.REPLACE_EV, [EvOpEntry(UNPOPULATED_EV, 0, le32(99), 1, GOOD)])  # none left
@@ -141,7 +142,7 @@ def test_exp_ev_configure_populate_online_deny_replace_query_destroy():
     array = [EvOpEntry() for _ in range(profile.ev_count)]
     assert ctl.ev_op(1, EvOp.QUERY_EV_ARRAY, array) == 64
     values = [struct.unpack("<I", entry.ev[:4])[0] for entry in array]
-    expect = [64] + [(i + 128 if 13 <= i <= 42 else i) for i in range(1, 64)]
+    expect = [(i + 128 if 13 <= i <= 42 else i) for i in range(64)]
     assert values == [v << 16 | v for v in expect] and {entry.port for entry in array} == {1}
     assert [entry.state for entry in array] == [DENIED if 13 <= i <= 42 else GOOD for i in range(64)]
 

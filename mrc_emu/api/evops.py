@@ -176,8 +176,10 @@ def _apply(profile: EvProfile, op: EvOp, entry: EvOpEntry, where: str, events: E
     state = _check_state(entry.state, where)
     if op == EvOp.REPLACE_EV:
         new_value = _check_ev(entry.ev_new, entry.port_new, where, "ev_new")
-        if new_value == UNPOPULATED or entry.port_new == 0:
+        if new_value == UNPOPULATED and entry.port_new == 0:
             raise MrcApiError(f"{where}.ev_new: UNPOPULATED (value 0, port 0) is not an EV to replace with")
+        if entry.port_new == 0:
+            raise MrcApiError(f"{where}.port_new: 0 is UNPOPULATED's port; an EV is on a port 1..{MAX_PORT}")
         hits = _matches(profile, value, entry.port, entry.flags, where)
         states = ev_states(profile)
         if len(profile.ev_ports) != len(profile.explicit):

@@ -202,7 +202,7 @@ class EvProfile:
         if new["ev_event_mask"] is None:
             raise MrcApiError("ev_event_mask: OFFLINE -> ONLINE needs EVENT_MASK")
         if new["mode"] == EvProfileMode.EXP:
-            empty = sum(ev == UNPOPULATED for ev in self.explicit)
+            empty = sum(ev == UNPOPULATED and port == 0 for ev, port in zip(self.explicit, self.ev_ports))
             if empty or len(self.explicit) != new["ev_count"]:
                 raise MrcApiError(f"evs: OFFLINE -> ONLINE needs every EV replaced ({empty} of {new['ev_count']} "
                                   "UNPOPULATED)")
