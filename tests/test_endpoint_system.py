@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import uuid
 
 import pytest
 from conftest import wait_for
@@ -16,29 +15,14 @@ pytestmark = pytest.mark.system
 MiB = 1024 * 1024
 
 
-@pytest.fixture
-def pro_fabric():
-    from mrc_emu.fabric import build, registry
-    from mrc_emu.fabric.running import Fabric
-    from mrc_emu.topology import builtin
-
-    name = "pro" + uuid.uuid4().hex[:4]
-    build.up(builtin(), name)
-    try:
-        with Fabric.open(name) as fabric:
-            yield fabric
-    finally:
-        build.down(name)
-        if registry.journal_path(name).exists():
-            registry.remove(name)
 
 
-def test_assumed_bad_evs_are_revived_by_probes_the_destination_answers(pro_fabric):
+def test_assumed_bad_evs_are_revived_by_probes_the_destination_answers(default_fabric):
     """A spine link of each plane fails mid-WRITE and comes back: the EVs through them go
     ASSUMED_BAD and are revived by probes that h2's responder answered, each naming the port it
     arrived at (read from the packet's arrival interface after SRv6 decapsulation: port 1 for
     plane 0, port 2 for plane 1) and a service time > 0 that the RTT includes."""
-    fabric, topo = pro_fabric, pro_fabric.topology
+    fabric, topo = default_fabric, default_fabric.topology
     cut = [("p0l0", "p0s1"), ("p1l0", "p1s0")]
     through = {ev.index: ev.plane for ev in evs_between(topo, "h0", "h2") if any(ev.crosses(a, b) for a, b in cut)}
     assert sorted(set(through.values())) == [0, 1]
@@ -77,12 +61,12 @@ def test_assumed_bad_evs_are_revived_by_probes_the_destination_answers(pro_fabri
     assert result.responder["drops"].get("unknown_probe", 0) == 0
 
 
-def test_port_disabled_live_carries_nothing_more_and_controller_probes_name_ports(pro_fabric):
+def test_port_disabled_live_carries_nothing_more_and_controller_probes_name_ports(default_fabric):
     """During a WRITE h0 -> h2, h0's port 1 is disabled at 30 % and enabled at 70 %: plane 0's EVs
     carry no data in between (per-EV counters), with zero retransmissions, and the data is
     verified; an EV_PROBE batch from h0's controller at 50 % is answered by h2's endpoint, each
     response naming the arrival port of its EV's plane (plane 1 only: port 1 is disabled then)."""
-    fabric, topo = pro_fabric, pro_fabric.topology
+    fabric, topo = default_fabric, default_fabric.topology
     evs = evs_between(topo, "h0", "h2")
     plane0 = [ev.index for ev in evs if ev.plane == 0]
     plane1 = [ev.index for ev in evs if ev.plane == 1]

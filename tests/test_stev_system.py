@@ -4,33 +4,21 @@ over the spines, each value's frames keep to one spine, and a STEV transfer is v
 import json
 import subprocess
 import sys
-import uuid
 
 import pytest
 
 from mrc_emu.experiments import stev
 from mrc_emu.experiments.transfer import TransferError, send
-from mrc_emu.fabric import build, config, static_routes
-from mrc_emu.fabric.running import Fabric
-from mrc_emu.topology import builtin
+from mrc_emu.fabric import config, static_routes
 from mrc_emu.topology.evs import EvFormat
 
 pytestmark = pytest.mark.system
 
 
-@pytest.fixture
-def stev_fabric():
-    name = "ste" + uuid.uuid4().hex[:5]
-    build.up(builtin(), name)
-    try:
-        with Fabric.open(name) as fabric:
-            yield fabric
-    finally:
-        build.down(name)
 
 
-def test_stev_values_cover_the_spines_and_a_transfer_verifies(stev_fabric):
-    fabric = stev_fabric
+def test_stev_values_cover_the_spines_and_a_transfer_verifies(default_fabric):
+    fabric = default_fabric
     with pytest.raises(TransferError, match="STEV needs plain IPv6 routing"):
         stev.check_fabric(fabric)
     static_routes.install(fabric)

@@ -18,13 +18,13 @@ the latest deny/allow that matches it is a deny. The record never acts on the fa
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..fabric import registry
+from ..fabric.fault_record import append_line
 from ..fabric.running import Fabric
 from ..topology import Role, Topology, TopologyError, evs_between
 from ..topology.evs import Ev
@@ -134,15 +134,8 @@ class ControlRecord:
         self.path = self.directory / RECORD
 
     def _append(self, line: dict[str, Any]) -> None:
-        if not self.directory.exists():
-            self.fabric.journal.directory(self.directory)  # journaled first: down/clean remove it
-            self.directory.mkdir(parents=True, exist_ok=True)
         line.setdefault("time", time.time())
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        try:
-            os.write(fd, (json.dumps(line, separators=(",", ":")) + "\n").encode())
-        finally:
-            os.close(fd)
+        append_line(self.fabric, self.directory, self.path, line)
 
     def size(self) -> int:
         """The record's length: it only grows, so a change of size is a change of state (one stat)."""

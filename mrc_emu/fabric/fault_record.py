@@ -98,6 +98,20 @@ class Entry:
         return f"{self.kind} {self.target}" + (f" ({params})" if params else "")
 
 
+def append_line(fabric: Fabric, directory: Path, path: Path, line: dict[str, Any]) -> None:
+    """Append one JSON line to a record file of the fabric's (one O_APPEND write: writers in several
+    processes never interleave, a kill loses at most that line); its directory is journaled before
+    it exists, so `down` and `clean` remove it with the fabric."""
+    if not directory.exists():
+        fabric.journal.directory(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, (json.dumps(line, separators=(",", ":")) + "\n").encode())
+    finally:
+        os.close(fd)
+
+
 class FaultRecord:
     """The record of one running fabric (opened from its `Fabric`, whose journal it joins)."""
 
@@ -107,14 +121,7 @@ class FaultRecord:
         self.path = self.directory / RECORD
 
     def _append(self, line: dict[str, Any]) -> None:
-        if not self.directory.exists():
-            self.fabric.journal.directory(self.directory)  # journaled first: down/clean remove it
-            self.directory.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        try:
-            os.write(fd, (json.dumps(line, separators=(",", ":")) + "\n").encode())
-        finally:
-            os.close(fd)
+        append_line(self.fabric, self.directory, self.path, line)
 
     def add(self, entry: Entry) -> Entry:
         """Record a fault about to be applied (before it is: a crash leaves it listed, never hidden)."""
