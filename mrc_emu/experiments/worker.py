@@ -27,6 +27,7 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..api.qp import WrOpcode
 from ..fabric import netns
 from ..fabric.procs import Parent, Stop
 from ..io.loop import Clock, EventLoop, Horizon, Port
@@ -221,6 +222,7 @@ class _Job:
     timeline: list[tuple[int, int]] = field(default_factory=list)
     ev_timeline: list[tuple[int, list[int], list[int]]] = field(default_factory=list)
     ev_ops: list[dict[str, Any]] = field(default_factory=list)  # the controller's changes, with per-EV packets sent then
+    api_qp: Any = None  # its api.Qp (hostctl.py): RTS, the WRs posted on it counted against max_wimm
     end_ns: int | None = None
 
 
@@ -269,14 +271,14 @@ class _Worker:
         # the QP takes its EV and CC profiles by id and goes RST -> INIT -> RTR -> RTS (hostctl.py);
         # its EV states are its EV profile's, shared with the host's other QPs towards that peer
         hc = self.ctl[msg.host]
-        profile, _, config = hc.requester_qp(next(iter(msg.forward.values())).template.ends.dst, msg.forward,
+        profile, api_qp, config = hc.requester_qp(next(iter(msg.forward.values())).template.ends.dst, msg.forward,
                                              msg.config, msg.cc, msg.ev_min_active)
         requester = Requester(port.mux.address, msg.qpn, msg.dest_qp, msg.forward, config,
                               make_cc(msg.cc, config.mtu, config.link_rate_bps, config.base_rtt_ns,
                                       **(config.cc_options or {})), start_psn=msg.start_psn,
                               random_bits=secrets.randbits, probe_budget=port.mux.probe_budget,
                               ev_profile=profile, ev_events=hc.ctl.events)
-        self.jobs[msg.key] = _Job(msg.key, requester, port, data, msg.region, msg.imm, digest)
+        self.jobs[msg.key] = _Job(msg.key, requester, port, data, msg.region, msg.imm, digest, api_qp=api_qp)
         port.mux.add(msg.qpn, requester)
         self.parent.send(Prepared(msg.key))
 
@@ -286,6 +288,7 @@ class _Worker:
         for key in msg.keys:
             job = self.jobs[key]
             job.start_ns = now
+            job.api_qp.post_send(WrOpcode.RDMA_WRITE if job.imm is None else WrOpcode.RDMA_WRITE_WITH_IMM)  # max_wimm
             job.requester.post_write(job.data, job.region["va"], job.region["rkey"], job.imm, now=now)
             self.loop.add_endpoint(job.requester, job.port)
             self.running.append(job)
