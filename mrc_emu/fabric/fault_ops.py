@@ -9,8 +9,8 @@ nothing).
 
 Which end a fault acts on: a link A-B has two ends. A fault on what arrives (drops: nft or XDP
 on ingress) acts at the receiving end, so `direction` A->B drops at B's end only; a fault on
-what leaves (a degraded TBF, netem's delay: egress qdiscs) acts at the sending end, A's. Without
-a direction both ends act, so both directions are hit.
+what leaves (a degraded TBF, netem's delay or loss: egress qdiscs) acts at the sending end, A's.
+Without a direction both ends act, so both directions are hit.
 """
 
 from __future__ import annotations
@@ -108,21 +108,33 @@ def delay(fabric: Fabric, a: str, b: str, ms: float, direction: Direction = None
     return _apply(fabric, entry, lambda: impair.set_delay(fabric, at, ms))
 
 
+DROP_MECHANISMS = (NFT, NETEM)  # how `drop` drops: nft rules on ingress (the default), or netem's loss on egress
+
+
 def drop(fabric: Fabric, a: str, b: str, percent: float = 100.0, direction: Direction = None,
-         by: str = "cli") -> Entry:
-    """Drop `percent` % of what arrives over the link (100: a blackhole), in both directions or
-    only in `direction`; the link stays up (nft rules on the receiving ends' ingress)."""
+         by: str = "cli", mechanism: str = NFT) -> Entry:
+    """Drop `percent` % of what crosses the link (100: a blackhole), in both directions or only in
+    `direction`; the link stays up. `mechanism` nft: nft rules on the receiving ends' ingress;
+    netem: netem's random loss on the sending ends' egress (refused before anything is touched,
+    naming the module, where the kernel has no netem; one netem per port, so not beside a delay)."""
     if not 0 < percent <= 100:
         raise ValueError(f"loss must be in (0, 100] percent, not {percent:g}")
+    if mechanism not in DROP_MECHANISMS:
+        raise ValueError(f"a loss is applied by {' or '.join(DROP_MECHANISMS)}, not {mechanism!r}")
+    if mechanism == NETEM:
+        impair.require_netem()
     found = _between(fabric, a, b, direction)
-    at = ends(found, direction, receiving=True)
+    at = ends(found, direction, receiving=mechanism == NFT)
     record = FaultRecord(fabric)
-    _check_free(record, NFT, at, target_name(a, b, direction))
+    _check_free(record, mechanism, at, target_name(a, b, direction))
     kind = "blackhole" if percent >= 100 else "loss"
-    entry = Entry.new(kind, target_name(a, b, direction), NFT, at, [lk.link_id for lk in found],
+    entry = Entry.new(kind, target_name(a, b, direction), mechanism, at, [lk.link_id for lk in found],
                       {} if kind == "blackhole" else {"percent": percent}, by)
 
     def act() -> None:
+        if mechanism == NETEM:
+            impair.set_delay(fabric, at, 0.0, percent / 100)
+            return
         for node, intf in at:
             faults.loss(fabric, node, percent, [intf])
 
