@@ -318,6 +318,9 @@ def _link_impairment(c: _Checker, fld: str, f: dict, item: Fault, topo: Topology
         if f["mechanism"] not in LOSS_MECHANISMS:
             raise c.fail(f"{fld}.mechanism", f"{f['mechanism']!r}: a loss is applied by {' or '.join(LOSS_MECHANISMS)}")
         item.mechanism = f["mechanism"]
+    if (kind == "delay" or item.mechanism == "netem") and topo.ports.model == "red":
+        raise c.fail(f"{fld}.kind", f"netem would take the place of RED at the ports of topology {topo.name} "
+                                    f"(port model red): use the XDP loss, or port model bpf")
     if kind == "delay":
         ms = f["ms"]
         if isinstance(ms, bool) or not isinstance(ms, (int, float)) or not 0 < ms <= 10_000:

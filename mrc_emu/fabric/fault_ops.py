@@ -60,6 +60,18 @@ def _check_free(record: FaultRecord, mechanism: str, at: list[tuple[str, str]], 
                                    f"by {entry.by}, pid {entry.pid}): `mrc-emu fault clear` it first")
 
 
+def _check_not_red(fabric: Fabric, at: list[tuple[str, str]], what: str) -> None:
+    """netem goes where a port's data class keeps its queue, which under `port: {model: red}` is
+    RED (fabric/red.py): refused there, rather than a RED gone for good once the netem comes off."""
+    topo = fabric.topology
+    if topo.ports.model != "red":
+        return
+    served = {(p.node, p.ifname) for p in topo.egress_ports()}
+    if hit := sorted(set(at) & served):
+        raise FabricSetupError(f"{what}: netem would take the place of the RED qdisc on {hit[0][0]} {hit[0][1]} (port "
+                               f"model red); use the XDP or nft loss, or a fabric with port model bpf")
+
+
 def _apply(fabric: Fabric, entry: Entry, act) -> Entry:
     record = FaultRecord(fabric)
     record.add(entry)
@@ -102,6 +114,7 @@ def delay(fabric: Fabric, a: str, b: str, ms: float, direction: Direction = None
     impair.require_netem()
     found = _between(fabric, a, b, direction)
     at = ends(found, direction, receiving=False)
+    _check_not_red(fabric, at, f"a delay on {target_name(a, b, direction)}")
     record = FaultRecord(fabric)
     _check_free(record, NETEM, at, target_name(a, b, direction))
     entry = Entry.new("delay", target_name(a, b, direction), NETEM, at, [lk.link_id for lk in found], {"ms": ms}, by)
@@ -125,6 +138,8 @@ def drop(fabric: Fabric, a: str, b: str, percent: float = 100.0, direction: Dire
         impair.require_netem()
     found = _between(fabric, a, b, direction)
     at = ends(found, direction, receiving=mechanism == NFT)
+    if mechanism == NETEM:
+        _check_not_red(fabric, at, f"a netem loss on {target_name(a, b, direction)}")
     record = FaultRecord(fabric)
     _check_free(record, mechanism, at, target_name(a, b, direction))
     kind = "blackhole" if percent >= 100 else "loss"

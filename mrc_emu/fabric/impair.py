@@ -99,29 +99,41 @@ class QdiscBatch(Batch):
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
-@functools.lru_cache(maxsize=1)
-def netem_missing() -> str | None:
-    """Why a delay cannot be applied here (one line naming the module), or None: asks the kernel to
-    add a netem to the loopback of a fresh, unnamed namespace, which vanishes with this call."""
+def kernel_refuses(build, what: str = "netem") -> str | None:
+    """What the kernel said when refusing the requests `build()` makes (a Batch), sent in a fresh,
+    unnamed namespace that vanishes with this call; None if it took them. A probe for a module:
+    netem here, RED in red.py."""
     home = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
     try:
         if _libc.unshare(netns.CLONE_NEWNET) != 0:
             err = ctypes.get_errno()
-            return f"cannot probe for netem: unshare(CLONE_NEWNET): {os.strerror(err)} (needs root)"
+            return f"cannot probe for {what}: unshare(CLONE_NEWNET): {os.strerror(err)} (needs root)"
         try:
-            batch = QdiscBatch()
-            batch.netem(socket.if_nametoindex("lo"), TC_H_ROOT, 1_000_000)
-            batch.send()
+            build().send()
         except NetlinkError as exc:
-            return (f"this kernel has no netem (module sch_netem, CONFIG_NET_SCH_NETEM): a delay fault (and a netem "
-                    f"loss) needs it "
-                    f"(the kernel said: {str(exc).rsplit(': ', 1)[-1]}); a stock distribution kernel has it "
-                    f"(the Vagrant VM of the README)")
+            return str(exc).rsplit(": ", 1)[-1]
         finally:
             netns.setns(home)
     finally:
         os.close(home)
     return None
+
+
+@functools.lru_cache(maxsize=1)
+def netem_missing() -> str | None:
+    """Why a delay cannot be applied here (one line naming the module), or None: asks the kernel to
+    add a netem to the loopback of a fresh, unnamed namespace, which vanishes with this call."""
+    def build() -> QdiscBatch:
+        batch = QdiscBatch()
+        batch.netem(socket.if_nametoindex("lo"), TC_H_ROOT, 1_000_000)
+        return batch
+
+    said = kernel_refuses(build)
+    if said is None or said.startswith("cannot probe"):
+        return said
+    return (f"this kernel has no netem (module sch_netem, CONFIG_NET_SCH_NETEM): a delay fault (and a netem "
+            f"loss) needs it (the kernel said: {said}); a stock distribution kernel has it "
+            f"(the Vagrant VM of the README)")
 
 
 def require_netem() -> None:

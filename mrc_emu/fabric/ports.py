@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..topology import Topology
-from ..topology.port import HIST_BUCKETS, PortConfig, tbf_shape
+from ..topology.port import HIST_BUCKETS, PortConfig, tbf_limit, tbf_shape
 from . import bpfobj, cabling, netlink, netns
 from .netlink import NLM_F_CREATE, NLM_F_EXCL, Batch, _nla
 from .nodes import FabricSetupError
@@ -142,10 +142,18 @@ def _indexes(topo: Topology) -> dict[tuple[str, str], int]:
 
 
 def _cfg_bytes(port: PortConfig, rate_bps: float, mtu: int, epoch: int = 0) -> bytes:
+    """The program's numbers for one port. Under `model: red` the kernel's RED qdisc marks and
+    drops (fabric/red.py): the program only classifies (skb->priority), counts and keeps its
+    virtual queue, with ECN and trimming off and its buffer at what TBF holds, so it drops nothing
+    RED would let in; its histogram keeps the port's bucket width, comparable with a `bpf` run."""
     rate, burst = tbf_shape(rate_bps, mtu)
-    flags = PORT_ENABLED | (PORT_ECN if port.ecn else 0) | (PORT_TRIM if port.trim else 0) \
-        | (PORT_LASTHOP if port.lasthop else 0)
-    return _CFG.pack(rate, flags, burst, port.buffer, port.kmin, port.kmax, min(0xFFFFFFFF, round(port.pmax * 2**32)),
+    if port.model == "red":
+        flags, buffer = PORT_ENABLED | (PORT_LASTHOP if port.lasthop else 0), tbf_limit(rate_bps, mtu)
+    else:
+        flags = PORT_ENABLED | (PORT_ECN if port.ecn else 0) | (PORT_TRIM if port.trim else 0) \
+            | (PORT_LASTHOP if port.lasthop else 0)
+        buffer = port.buffer
+    return _CFG.pack(rate, flags, burst, buffer, port.kmin, port.kmax, min(0xFFFFFFFF, round(port.pmax * 2**32)),
                      port.trim_threshold, port.trim_bytes, port.hist_width, epoch)
 
 
@@ -269,6 +277,11 @@ def _by_node(topo: Topology) -> dict[str, list[tuple[PortConfig, int]]]:
     for port in topo.egress_ports():
         out.setdefault(port.node, []).append((port, indexes[(port.node, port.ifname)]))
     return out
+
+
+def served_by_node(topo: Topology) -> dict[str, list[tuple[PortConfig, int]]]:
+    """{node: [(port, interface index)]} of every port the program serves (red.py puts RED on them)."""
+    return _by_node(topo)
 
 
 def counters(fabric: Fabric, node: str | None = None) -> dict[str, dict[str, dict[str, Any]]]:
