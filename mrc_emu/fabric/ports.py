@@ -55,7 +55,7 @@ _RATESPEC = struct.Struct("=BBHhHI")  # struct tc_ratespec: cell_log, linklayer,
 TCA_KIND, TCA_OPTIONS = 1, 2
 TCA_BPF_FD, TCA_BPF_NAME, TCA_BPF_FLAGS = 6, 7, 8
 TCA_BPF_FLAG_ACT_DIRECT = 1
-TC_H_CLSACT, CLSACT_HANDLE, CLSACT_EGRESS = 0xFFFFFFF1, 0xFFFF0000, 0xFFFFFFF3
+TC_H_CLSACT, CLSACT_HANDLE, CLSACT_INGRESS, CLSACT_EGRESS = 0xFFFFFFF1, 0xFFFF0000, 0xFFFFFFF2, 0xFFFFFFF3
 ETH_P_ALL = 3
 
 
@@ -122,13 +122,14 @@ class TcBatch(Batch):
                       _tcmsg(index, leaf, classid) + _nla(TCA_KIND, b"pfifo\0")
                       + _nla(TCA_OPTIONS, struct.pack("=I", leaf_limit(limit))), f"pfifo under {classid:#x} on {index}")
 
-    def bpf_egress(self, index: int, prog_fd: int) -> None:
+    def bpf_egress(self, index: int, prog_fd: int, parent: int = CLSACT_EGRESS, name: str = FILTER_NAME) -> None:
         info = (1 << 16) | socket.htons(ETH_P_ALL)  # priority 1, every protocol
-        body = struct.pack("=BxxxiIII", socket.AF_UNSPEC, index, 1, CLSACT_EGRESS, info)
-        options = (_nla(TCA_BPF_FD, struct.pack("=I", prog_fd)) + _nla(TCA_BPF_NAME, FILTER_NAME.encode() + b"\0")
+        body = struct.pack("=BxxxiIII", socket.AF_UNSPEC, index, 1, parent, info)
+        options = (_nla(TCA_BPF_FD, struct.pack("=I", prog_fd)) + _nla(TCA_BPF_NAME, name.encode() + b"\0")
                    + _nla(TCA_BPF_FLAGS, struct.pack("=I", TCA_BPF_FLAG_ACT_DIRECT)))
+        where = "egress" if parent == CLSACT_EGRESS else "ingress"
         self._add(RTM_NEWTFILTER, NLM_F_CREATE | NLM_F_EXCL, body + _nla(TCA_KIND, b"bpf\0") + _nla(TCA_OPTIONS, options),
-                  f"bpf egress filter on {index}")
+                  f"bpf {where} filter {name} on {index}")
 
 
 @functools.lru_cache(maxsize=8)
@@ -277,6 +278,11 @@ def _by_node(topo: Topology) -> dict[str, list[tuple[PortConfig, int]]]:
     for port in topo.egress_ports():
         out.setdefault(port.node, []).append((port, indexes[(port.node, port.ifname)]))
     return out
+
+
+def index_of(topo: Topology, node: str, ifname: str) -> int:
+    """The interface index of a node's interface (fixed by cabling.py, unique across the fabric)."""
+    return _indexes(topo)[(node, ifname)]
 
 
 def served_by_node(topo: Topology) -> dict[str, list[tuple[PortConfig, int]]]:

@@ -22,7 +22,8 @@ the one packet HTB has handed to TBF), the virtual queue is all of TBF's; RED sp
 (Floyd's count: the gap between marks is uniform in 1..1/p, so about 2p of the packets are
 marked where the program marks each with p); RED has no trimming (model red needs `trim: off`);
 RED marks the outer IPv6 header only, and the hosts' SRv6 decapsulation (exthdrs.c) does not
-carry it inward, so the endpoints never see RED's marks: NSCC runs on delay alone.
+carry it inward, so model red also puts ecn_decap.py's program on every host port's ingress,
+which does (RFC 6040); the endpoints then see RED's marks as they see the program's.
 
 The requests are encoded here (as impair.py encodes netem) so a unit test sees exactly what is
 sent; `tc -s qdisc` text is parsed by parse_tc_stats. Nothing here outlives the fabric: the
@@ -42,7 +43,7 @@ import subprocess
 from dataclasses import dataclass
 
 from ..topology.port import PortConfig
-from . import netns, ports
+from . import ecn_decap, netns, ports
 from .impair import TC_H_ROOT, kernel_refuses
 from .netlink import NLM_F_CREATE, NLM_F_REPLACE, Batch, _nla
 from .nodes import FabricSetupError
@@ -159,8 +160,8 @@ def red_options(params: RedParams) -> bytes:
             + _nla(TCA_RED_MAX_P, struct.pack("=I", params.max_p)))
 
 
-class RedBatch(Batch):
-    """The requests that put RED on ports (create or replace)."""
+class RedBatch(ports.TcBatch):
+    """The requests that put RED on ports (create or replace), beside the tc ones of ports.py."""
 
     def red(self, index: int, parent: int, params: RedParams, handle: int = RED_HANDLE) -> None:
         body = _TCMSG.pack(socket.AF_UNSPEC, index, handle, parent, 0) + _nla(TCA_KIND, b"red\0")
@@ -193,22 +194,48 @@ def require_red() -> None:
         raise RedMissing(reason)
 
 
+DECAP_FILTER = "mrc-ecn-decap"
+
+
 def attach(fabric: Fabric) -> int:
-    """RED under the data class of every served port of a `model: red` fabric (one batch per node);
-    the number of ports (0 for `model: bpf`). The TBF and its ordering HTB must be there (build.up)."""
+    """RED under the data class of every served port of a `model: red` fabric, and the ECN
+    decapsulation program on every host port's ingress (one batch per node); the number of RED
+    ports (0 for `model: bpf`). The TBF and its ordering HTB must be there (build.up)."""
     topo = fabric.topology
     if topo.ports.model != "red" or not topo.egress_ports():
         return 0
     require_red()
+    by_node = ports.served_by_node(topo)
+    batches: dict[str, RedBatch] = {}
     count = 0
-    for node, served in ports.served_by_node(topo).items():
-        batch = RedBatch()
+    for node, served in by_node.items():
+        batch = batches.setdefault(node, RedBatch())
         for port, index in served:
             batch.red(index, ports.CLASS_DATA, red_params(port, topo.ports.red_avpkt, topo.ports.red_burst))
             count += 1
-        with netns.entered(fabric.netns(node)):
-            batch.send()
+    prog_fd = ecn_decap.load()
+    try:
+        decap_requests(topo, batches, prog_fd, set(by_node))
+        for node, batch in batches.items():
+            with netns.entered(fabric.netns(node)):
+                batch.send()
+    finally:
+        ecn_decap.close(prog_fd)
     return count
+
+
+def decap_requests(topo, batches: dict[str, RedBatch], prog_fd: int, with_clsact: set[str]) -> None:
+    """Add to `batches` (per node) the requests that put the ECN decapsulation program on every
+    host port's ingress; `with_clsact`: nodes whose ports already have a clsact (ports.attach
+    made one on the ports it serves: hosts too with `port: {hosts: on}`)."""
+    for host in topo.hosts:
+        batch = batches.setdefault(host.name, RedBatch())
+        for link in topo.links_of(host.name):
+            _, intf, _ = topo.peer(link, host.name)
+            index = ports.index_of(topo, host.name, intf)
+            if host.name not in with_clsact:
+                batch.clsact(index)
+            batch.bpf_egress(index, prog_fd, ports.CLSACT_INGRESS, DECAP_FILTER)
 
 
 # ---- reading `tc -s qdisc` -------------------------------------------------------------------
