@@ -123,11 +123,12 @@ def point(fabric: Fabric, scn, transport: Transport, model: str, period_s: float
     before = ports.counters(fabric)
     tbf_before = {p: ports.tbf_counters_of(fabric, *p)[0] for p in where}
     red_before = {p: red.red_counters(fabric, *p) for p in where} if model == "red" else {}
-    sampler = BacklogSampler(fabric, where, ["tbf", "red"] if model == "red" else ["tbf"], period_s)
+    kinds = ["tbf", "red"] if model == "red" else ["tbf"]
+    sampler = BacklogSampler(fabric, where, kinds, period_s) if period_s > 0 else None
     try:
         run = run_transfers(fabric, specs, dilation=scn.time_dilation)
     finally:
-        sampled = sampler.stop()
+        sampled = sampler.stop() if sampler is not None else {}
     delta = ports.delta(before, ports.counters(fabric))
     span = max(r.end_ns for r in run) - min(r.start_ns for r in run)  # the transport's (emulated) clock
     per_port = {}
@@ -238,7 +239,7 @@ def main() -> None:
     parser.add_argument("--models", default="bpf,red", help="port models, in order (default bpf,red)")
     parser.add_argument("--red-burst", type=int, default=None, help="RED's burst in packets (its EWMA); default: Wlog 0")
     parser.add_argument("--bpf-trim", action="store_true", help="keep trimming on in the BPF run (RED has none)")
-    parser.add_argument("--sample-ms", type=float, default=1.0, help="backlog sampling period (default 1 ms)")
+    parser.add_argument("--sample-ms", type=float, default=1.0, help="backlog sampling period (default 1 ms; 0: none)")
     parser.add_argument("--json", default=None, help="also write every figure to this file")
     args = parser.parse_args()
     try:

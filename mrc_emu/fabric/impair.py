@@ -131,9 +131,8 @@ def netem_missing() -> str | None:
     said = kernel_refuses(build)
     if said is None or said.startswith("cannot probe"):
         return said
-    return (f"this kernel has no netem (module sch_netem, CONFIG_NET_SCH_NETEM): a delay fault (and a netem "
-            f"loss) needs it (the kernel said: {said}); a stock distribution kernel has it "
-            f"(the Vagrant VM of the README)")
+    return (f"this kernel has no netem (module sch_netem, CONFIG_NET_SCH_NETEM): a delay fault needs it "
+            f"(the kernel said: {said}); a stock distribution kernel has it (the Vagrant VM of the README)")
 
 
 def require_netem() -> None:
