@@ -36,6 +36,13 @@ def test_the_loss_word_is_iproutes():
         impair.loss_word(1.5)
 
 
+def test_the_loss_is_what_tc_sends():
+    """`tc qdisc add dev lo root handle 6d72: netem limit 100000 loss 5%` (iproute2 6.1, captured with
+    strace -xx) sent this tc_netem_qopt; ours is the same, then TCA_NETEM_LATENCY64 0."""
+    iproute2 = bytes.fromhex("00000000a0860100cdcccc0c000000000000000000000000")
+    assert impair.netem_options(0, loss=0.05) == iproute2 + bytes.fromhex("0c000a000000000000000000")
+
+
 def test_a_netem_loss_request_is_what_the_kernel_reads():
     batch = impair.QdiscBatch()
     batch.netem(7, impair.TC_H_ROOT, 0, loss=0.05)

@@ -52,13 +52,13 @@ def test_a_burst_gives_iproutes_ewma_and_idle_table():
     assert red.ewma_log(10_000, 20, 4250) == 8  # a = 18.65; W = 1/128 gives 18.61, 1/256 gives 19.25
     with pytest.raises(ValueError, match="at least 3"):
         red.ewma_log(10_000, 1, 4250)
-    # idle decay: 4250 B at 50 MB/s is 85 us; W = 1/256 takes ln(256/255) of the average per packet time
+    # idle decay: 4250 B at 50 MB/s is 85 us (1,328 ticks); W = 1/256 takes ln(256/255) of the average per packet time
     cell_log, stab = red.idle_table(8, 4250, 50e6)
-    assert cell_log == 11 and stab[0] == 0 and stab[255] == 31 and list(stab[1:4]) == [0, 0, 0]
+    assert cell_log == 15 and stab[0] == 0 and stab[255] == 31 and list(stab[1:4]) == [0, 0, 0]
     assert all(a <= b for a, b in zip(stab[1:255], stab[2:255]))  # the longer idle, the larger the shift
     topo = _incast({"model": "red", "trim": "off", "red": {"burst": 20}})
     params = red.red_params(_lasthop(topo), topo.ports.red_avpkt, topo.ports.red_burst)
-    assert (params.wlog, params.scell_log, params.plog) == (8, 11, 18)
+    assert (params.wlog, params.scell_log, params.plog) == (8, 15, 18)
     assert params.tc_line("p0l0-eth0") == ("tc qdisc replace dev p0l0-eth0 parent 2:2 handle 7265: red limit 200000 "
                                            "min 10000 max 40000 avpkt 4250 burst 20 probability 0.2 ecn")
 
@@ -82,9 +82,34 @@ def test_the_red_request_is_tc_red_qopt_stab_and_max_p():
     options = raw[raw.index(b"red\0") + 4:][4:]  # past TCA_KIND and TCA_OPTIONS' own header
     length, nla = struct.unpack_from("=HH", options)
     assert (length, nla) == (4 + 16, red.TCA_RED_PARMS)
-    assert struct.unpack_from("=IIIBBBB", options, 4) == (200_000, 10_000, 40_000, 8, 18, 11, red.TC_RED_ECN)
+    assert struct.unpack_from("=IIIBBBB", options, 4) == (200_000, 10_000, 40_000, 8, 18, 15, red.TC_RED_ECN)
     assert struct.unpack_from("=HH", options, 20) == (4 + 256, red.TCA_RED_STAB) and options[24:280] == params.stab
     assert struct.unpack_from("=HHI", options, 280) == (8, red.TCA_RED_MAX_P, round(0.2 * 2**32))
+
+
+# TCA_OPTIONS of `tc qdisc add dev lo root handle 7265: red limit 200000 min 10000 max 40000 avpkt 4250
+# burst 20 probability 0.2 bandwidth 400mbit ecn` as iproute2 6.1 sent it (captured with strace -xx here;
+# the kernel refused it, having no sch_red): tc_red_qopt, TCA_RED_STAB, TCA_RED_MAX_P, then TCA_RED_FLAGS
+IPROUTE2_RED = bytes.fromhex(
+    "14000100400d030010270000409c000008120f00040102000000000000000000000000010101010101010101010202020202020202"
+    "0202020303030303030303030304040404040404040404050505050505050505050506060606060606060606070707070707070707"
+    "070808080808080808080808090909090909090909090a0a0a0a0a0a0a0a0a0a0b0b0b0b0b0b0b0b0b0b0b0c0c0c0c0c0c0c0c0c"
+    "0c0d0d0d0d0d0d0d0d0d0d0e0e0e0e0e0e0e0e0e0e0e0f0f0f0f0f0f0f0f0f0f101010101010101010101011111111111111111111"
+    "12121212121212121212131313131313131313131314141414141414141414151515151515151515151616161616161616161616"
+    "171717171717171717171818181818181f08000300333333330c000400010000000f000000")
+
+
+def test_the_red_request_is_what_tc_sends_for_the_same_line():
+    """Byte for byte iproute2's, but for where ECN is said: tc 6.1 puts it in TCA_RED_FLAGS (a
+    bitfield, kernels since 5.9), we in the tc_red_qopt flags every kernel reads."""
+    topo = _incast({"model": "red", "trim": "off", "red": {"burst": 20}})
+    params = red.red_params(_lasthop(topo), topo.ports.red_avpkt, topo.ports.red_burst)
+    ours = red.red_options(params)
+    assert len(ours) == 288 and IPROUTE2_RED[288:] == struct.pack("=HHII", 12, 4, red.TC_RED_ECN, 0x0F)
+    assert ours[:19] + ours[20:] == IPROUTE2_RED[:19] + IPROUTE2_RED[20:288]  # byte 19: tc_red_qopt.flags
+    assert (ours[19], IPROUTE2_RED[19]) == (red.TC_RED_ECN, 0)
+    assert params.tc_line("lo").split("red ", 1)[1] == ("limit 200000 min 10000 max 40000 avpkt 4250 burst 20 "
+                                                       "probability 0.2 ecn")
 
 
 def test_tc_s_qdisc_is_parsed_as_iproute2_prints_it():

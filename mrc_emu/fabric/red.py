@@ -121,18 +121,23 @@ def probability_log(qth_min: int, qth_max: int, probability: float) -> int:
     raise ValueError(f"RED probability {probability:g} too small for min {qth_min}, max {qth_max}")
 
 
+PSCHED_TICKS_PER_US = 1000 / 64  # iproute2's tick_in_usec: /proc/net/psched's t2us / us2t (64 ns ticks)
+
+
 def idle_table(wlog: int, avpkt: int, bytes_per_s: float) -> tuple[int, bytes]:
-    """(Scell_log, Stab): how RED decays its average over an idle period, in the microseconds the
-    kernel measures it in (sch_red: Stab[us_idle >> Scell_log] is a right shift of the average) -
-    the average loses what `idle / xmit_time(avpkt)` packets of EWMA would take off. Wlog 0 (the
-    instantaneous queue): every entry 31, so an idle port's average is 0 at its next packet."""
+    """(Scell_log, Stab): how RED decays its average over an idle period (sch_red: the average is
+    shifted right by Stab[idle >> Scell_log]), as iproute2's tc_red_eval_idle_damping makes them
+    for `avpkt` at `bytes_per_s`, so that tc_line's command makes the same RED. (iproute2 counts
+    the time in 64 ns psched ticks and the kernel reads the index in microseconds, so a real idle
+    period decays as one 15.6 times shorter would; kept, since it is what `tc` gives.) Wlog 0
+    (the instantaneous queue): every entry 31, so an idle port's average is 0 at its next packet."""
     if wlog == 0:
         return 0, bytes([31] * STAB_SIZE)
-    xmit_us = avpkt / bytes_per_s * 1e6
-    per_us = -math.log(1 - 1 / (1 << wlog)) / xmit_us
-    longest = 31 / per_us
+    xmit_ticks = avpkt / bytes_per_s * 1e6 * PSCHED_TICKS_PER_US
+    per_tick = -math.log(1 - 1 / (1 << wlog)) / xmit_ticks
+    longest = 31 / per_tick
     cell_log = next(c for c in range(32) if longest / (1 << c) < 512)
-    table = [0] + [min(31, int((i << cell_log) * per_us)) for i in range(1, STAB_SIZE - 1)] + [31]
+    table = [0] + [min(31, int((i << cell_log) * per_tick)) for i in range(1, STAB_SIZE - 1)] + [31]
     return cell_log, bytes(table)
 
 
