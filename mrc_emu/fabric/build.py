@@ -80,7 +80,8 @@ def up(topo: Topology, name: str = "mrc", progress: Progress | None = None) -> U
             progress(f"port programs on {len(topo.egress_ports())} egress ports")
             ports.attach(fabric)
             if topo.ports.model == "red":  # the kernel's RED marks under each data class (fabric/red.py)
-                progress(f"RED with ECN on {red.attach(fabric)} egress ports")
+                count = red.attach(fabric)
+                progress(f"RED with ECN on {count} egress ports")
             phases["ports"] = time.monotonic() - mark
 
         mark = time.monotonic()
