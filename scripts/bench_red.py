@@ -5,7 +5,7 @@ qdisc with ECN under the same TBF, `model: red`, fabric/red.py), printed side by
 the RED half needs sch_red (a stock kernel, the Vagrant VM) and is skipped, saying why, without it.
 
 Usage: sudo .venv/bin/python scripts/bench_red.py [--scenario incast8] [--transports mrc]
-       [--models bpf,red] [--red-burst N] [--bpf-trim] [--sample-ms 1] [--json FILE]
+       [--models bpf,red] [--red-burst N] [--bpf-trim] [--sample-ms 1] [--dilation K] [--json FILE]
 
 The workload, topology, MTU and time dilation are the scenario's (default incast8: 8 hosts WRITE
 2 MiB each to h0 over the `incast` fabric, 400 Mbit/s links, K = 4). Both runs use the topology's
@@ -27,6 +27,7 @@ timeouts, retransmits) with the emulation verdict. Prints the table on stdout (p
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import select
@@ -240,6 +241,7 @@ def main() -> None:
     parser.add_argument("--red-burst", type=int, default=None, help="RED's burst in packets (its EWMA); default: Wlog 0")
     parser.add_argument("--bpf-trim", action="store_true", help="keep trimming on in the BPF run (RED has none)")
     parser.add_argument("--sample-ms", type=float, default=1.0, help="backlog sampling period (default 1 ms; 0: none)")
+    parser.add_argument("--dilation", type=float, default=None, help="time dilation K (default: the scenario's)")
     parser.add_argument("--json", default=None, help="also write every figure to this file")
     args = parser.parse_args()
     try:
@@ -248,6 +250,8 @@ def main() -> None:
         scn = scenario.load(args.scenario)
     except (ValueError, scenario.ScenarioError) as exc:
         parser.error(str(exc))
+    if args.dilation is not None:
+        scn = dataclasses.replace(scn, time_dilation=args.dilation)
     if bad := [m for m in models if m not in ("bpf", "red")]:
         parser.error(f"unknown port model {bad[0]!r} (bpf, red)")
     if not scn.topology.link_rate_bps:
