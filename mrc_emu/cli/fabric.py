@@ -29,10 +29,14 @@ def _open(name: str):
               help="Plain IPv6 routing between hosts, for --format UDP (the baseline) or STEV: 'static' installs the routes "
                    "BGP converges to (no repair after a fault), 'bgp' runs FRR BGP+BFD in every switch. [default: none]")
 @click.option("--bgp", is_flag=True, help="Same as --routing bgp.")
+@click.option("--port-model", type=click.Choice(["bpf", "red"]), default=None,
+              help="Who marks at a shaped fabric's switch ports: the port program's virtual queue, or the kernel's "
+                   "RED qdisc with ECN (needs sch_red; trimming off). [default: the topology's port.model, bpf]")
 @NAME_OPTION
 @JSON_OPTION
 @friendly
-def up(topology: str | None, routing_mode: str | None, bgp: bool, name: str, as_json: bool) -> None:
+def up(topology: str | None, routing_mode: str | None, bgp: bool, port_model: str | None, name: str,
+       as_json: bool) -> None:
     """Build the fabric and leave it running."""
     from ..fabric import build, routing, static_routes
     from ..topology import ev_count
@@ -41,6 +45,13 @@ def up(topology: str | None, routing_mode: str | None, bgp: bool, name: str, as_
         raise click.UsageError(f"--bgp means --routing bgp, not --routing {routing_mode}: give one of them")
     mode = "bgp" if bgp else routing_mode or "none"
     topo = resolve(topology)
+    if port_model is not None:
+        from ..topology import from_dict
+        from ..topology.port import with_model
+
+        if not topo.link_rate_bps:
+            raise click.UsageError(f"--port-model needs a shaped topology: {topo.name} has no link_rate, no queue to model")
+        topo = from_dict({**topo.to_dict(), "port": with_model(topo.ports.raw, port_model)}, topo.source)
     if mode == "bgp" and (reason := routing.frr_missing()):
         raise routing.FabricSetupError(reason)
     result = build.up(topo, name, progress=None if as_json else progress)

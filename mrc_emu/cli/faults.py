@@ -111,18 +111,22 @@ def blackhole(a: str, b: str, direction: str | None, one_way: bool, name: str, a
 @click.argument("a")
 @click.argument("b")
 @click.option("--percent", type=float, required=True, help="Percent of the packets dropped, in (0, 100).")
+@click.option("--by", "mechanism", type=click.Choice(["nft", "netem"]), default="nft", show_default=True,
+              help="nft rules on the receiving ends' ingress, or netem's loss on the sending ends' egress "
+                   "(needs the kernel's sch_netem).")
 @_direction_options
 @NAME_OPTION
 @JSON_OPTION
 @friendly
-def loss(a: str, b: str, percent: float, direction: str | None, one_way: bool, name: str, as_json: bool) -> None:
+def loss(a: str, b: str, percent: float, mechanism: str, direction: str | None, one_way: bool, name: str,
+         as_json: bool) -> None:
     """Drop a share of the packets over the link between A and B at random."""
     from ..fabric import fault_ops
 
     way = _direction(a, b, direction, one_way)  # a usage error before the fabric is opened
     with _open(name) as fabric:
-        entry = fault_ops.drop(fabric, a, b, percent, way)
-    _applied(entry, as_json, f"{entry.target} drops {percent:g} %")
+        entry = fault_ops.drop(fabric, a, b, percent, way, mechanism=mechanism)
+    _applied(entry, as_json, f"{entry.target} drops {percent:g} % (by {mechanism})")
 
 
 @fault.command(name="list")

@@ -111,18 +111,38 @@ class DelayOff:
 
 
 @dataclass(frozen=True)
+class NetemLoss:
+    """netem on the links' egress (the agent's sending ends) dropping this fraction at random."""
+
+    fraction: float
+
+    @property
+    def label(self) -> str:
+        return f"netem-loss:{self.fraction:g}"
+
+
+@dataclass(frozen=True)
+class NetemLossOff:
+    """Take the netem loss off."""
+
+    @property
+    def label(self) -> str:
+        return "netem-loss-off"
+
+
+@dataclass(frozen=True)
 class After:
     """Carry out `action` `ms` milliseconds from now: the fault's own schedule (a duration)."""
 
     ms: float
-    action: LinkDown | LinkUp | Flap | Drop | DropOff | Reshape | Delay | DelayOff
+    action: LinkDown | LinkUp | Flap | Drop | DropOff | Reshape | Delay | DelayOff | NetemLoss | NetemLossOff
 
     @property
     def label(self) -> str:
         return self.action.label
 
 
-Action = LinkDown | LinkUp | Flap | Drop | DropOff | Reshape | Delay | DelayOff | After
+Action = LinkDown | LinkUp | Flap | Drop | DropOff | Reshape | Delay | DelayOff | NetemLoss | NetemLossOff | After
 
 
 @dataclass(frozen=True)
@@ -157,7 +177,7 @@ def _applies(action: Action) -> bool | None:
         return None
     if isinstance(action, Reshape):
         return action.fraction < 1
-    return isinstance(action, (LinkDown, Drop, Delay))
+    return isinstance(action, (LinkDown, Drop, Delay, NetemLoss))
 
 
 class _Agent:
@@ -198,7 +218,8 @@ class _Agent:
         self.run = {LinkDown: lambda _: self.switch.down(), LinkUp: lambda _: self.switch.up(),
                     Flap: lambda a: link_state.flap(self.switch, a.period_ms, a.count),
                     Drop: lambda a: self._drop(a.fraction), DropOff: lambda _: self._drop(0.0),
-                    Reshape: self._reshape, Delay: self._delay, DelayOff: self._undelay}
+                    Reshape: self._reshape, Delay: self._delay, DelayOff: self._undelay,
+                    NetemLoss: self._delay, NetemLossOff: self._undelay}
 
     def _drop(self, fraction: float) -> None:
         if self.dropper is None:
@@ -212,14 +233,15 @@ class _Agent:
         for node, intf in self.egress:
             build.shape_port(self.fabric, node, intf, rate * action.fraction / action.dilation, self.qdisc_sockets[node])
 
-    def _delay(self, action: Delay) -> None:
+    def _delay(self, action: Delay | NetemLoss) -> None:
+        ms, loss = (action.ms, 0.0) if isinstance(action, Delay) else (0.0, action.fraction)
         for node, intf in self.egress:
             ipr = self.qdisc_sockets[node]
-            batch = impair.delay_batch(ipr, ipr.link_lookup(ifname=intf)[0], round(action.ms * 1e6))
+            batch = impair.delay_batch(ipr, ipr.link_lookup(ifname=intf)[0], round(ms * 1e6), loss)
             with netns.entered(self.fabric.node_path(node)):
                 batch.send()
 
-    def _undelay(self, _: DelayOff) -> None:
+    def _undelay(self, _: DelayOff | NetemLossOff) -> None:
         for node, intf in self.egress:
             ipr = self.qdisc_sockets[node]
             batch = impair.undelay_batch(ipr, ipr.link_lookup(ifname=intf)[0])
@@ -231,7 +253,7 @@ class _Agent:
             return rec.XDP, self.ingress, {}
         if isinstance(action, Reshape):
             return rec.TBF, self.egress, {"rate_bps": self.fabric.topology.link_rate_bps}
-        if isinstance(action, (Delay, DelayOff)):
+        if isinstance(action, (Delay, DelayOff, NetemLoss, NetemLossOff)):
             return rec.NETEM, self.egress, {}
         return rec.LINK, self.ingress, {}
 

@@ -17,7 +17,9 @@ from typing import Any, ClassVar
 from ..fabric import impair
 from ..topology import Topology, evs_between
 from ..topology.model import Link
-from .fault_agent import Action, Delay, DelayOff, Drop, DropOff, Flap, LinkDown, LinkUp, Reshape
+from .fault_agent import Action, Delay, DelayOff, Drop, DropOff, Flap, LinkDown, LinkUp, NetemLoss, NetemLossOff, Reshape
+
+LOSS_MECHANISMS = ("xdp", "netem")  # a loss fault's `mechanism:` (xdp the default: any kernel has it)
 
 
 class Target(Enum):
@@ -55,6 +57,7 @@ class Fault:
     direction: tuple[str, str] | None = None  # (A, B): only what A sends to B
     rate: float = 1.0  # degrade: the fraction of the link's rate left
     ms: float = 0.0  # delay: milliseconds added each way
+    mechanism: str = "xdp"  # loss: the agent's XDP program on ingress, or netem's loss on egress (LOSS_MECHANISMS)
 
     @classmethod
     def unavailable(cls) -> str | None:
@@ -133,21 +136,34 @@ class FlapFault(Fault):
 
 
 class LossFault(Fault):
-    "A link stays up and drops `percent` % of the packets at both ends (or of those from A to B)."
+    """A link stays up and drops `percent` % of the packets at both ends (or of those from A to B):
+    by the agent's XDP program on the receiving ends' ingress (`mechanism: xdp`, the default), or
+    by netem's own random loss on the sending ends' egress (`mechanism: netem`, where the kernel
+    has sch_netem; skipped, saying why, elsewhere)."""
 
     kind = "loss"
-    drops = True
     directed = True
     needs_percent = True
 
+    @property
+    def drops(self) -> bool:  # type: ignore[override]
+        return self.mechanism == "xdp"
+
+    @property
+    def qdiscs(self) -> bool:  # type: ignore[override]
+        return self.mechanism == "netem"
+
+    def unavailable(self) -> str | None:  # type: ignore[override]
+        return impair.netem_missing() if self.mechanism == "netem" else None
+
     def apply(self, dilation: float = 1.0) -> Action:
-        return Drop(self.percent / 100)
+        return NetemLoss(self.percent / 100) if self.mechanism == "netem" else Drop(self.percent / 100)
 
     def revert(self, dilation: float = 1.0) -> Action:
-        return DropOff()
+        return NetemLossOff() if self.mechanism == "netem" else DropOff()
 
     def detail(self) -> str:
-        return f" {self.percent:g}%"
+        return f" {self.percent:g}%" + (" by netem" if self.mechanism == "netem" else "")
 
     def params(self) -> dict[str, Any]:
         return {"percent": self.percent}

@@ -26,6 +26,7 @@ only parses and validates: every problem is one ScenarioError naming file, line 
       - {kind: link-down, link: [p0l0, p0s1], at: 0.3}
       - {kind: flap, link: [p0l0, p0s1], at: 0.2, period_ms: 100, count: 3}
       - {kind: loss, link: [p1l0, p1s2], percent: 5, at: 0.1}
+      - {kind: loss, link: [p1l0, p1s2], percent: 5, mechanism: netem, at: 0.1}   # netem's loss (default: xdp)
       - {kind: blackhole, link: [p0l0, p0s1], direction: p0l0->p0s1, at: 0.3}   # one way only
       - {kind: degrade, link: [p0l0, p0s1], rate: 0.25, at: 0.3}   # a quarter of link_rate left
       - {kind: delay, link: [p0l0, p0s1], ms: 5, at: 0.3}   # netem: skipped, said why, without it
@@ -50,7 +51,7 @@ from typing import Any
 
 from ..topology import Role, Topology, TopologyError, resolve
 from ..topology.model import key_lines, parse_size, read_yaml
-from .faults import FAULT_KINDS, Fault, Target, parse_direction
+from .faults import FAULT_KINDS, LOSS_MECHANISMS, Fault, Target, parse_direction
 from .transports import Transport
 
 WORKLOADS = ("write", "incast", "all-to-all", "ring-allreduce")
@@ -215,7 +216,7 @@ def from_dict(data: Any, source: str = "<dict>", lines: dict[str, int] | None = 
         if kind is None:
             raise c.fail(fld, f"needs kind: one of {', '.join(FAULT_KINDS)}")
         allowed = {"kind", "at", "link", "node", "host", "plane", "percent", "duration_ms", "period_ms", "count",
-                   "flows", "size", "direction", "rate", "ms"}
+                   "flows", "size", "direction", "rate", "ms", "mechanism"}
         extra = sorted(set(f) - allowed)
         if extra:
             raise c.fail(fld, f"unknown key {extra[0]!r} (known: {', '.join(sorted(allowed))})")
@@ -284,7 +285,7 @@ def from_dict(data: Any, source: str = "<dict>", lines: dict[str, int] | None = 
 
 
 def _link_impairment(c: _Checker, fld: str, f: dict, item: Fault, topo: Topology) -> None:
-    """direction (loss, blackhole, degrade, delay), rate (degrade) and ms (delay) of one fault."""
+    """direction (loss, blackhole, degrade, delay), rate (degrade), ms (delay) and mechanism (loss) of one fault."""
     kind = item.kind
     if "direction" in f:
         if not type(item).directed:
@@ -311,6 +312,15 @@ def _link_impairment(c: _Checker, fld: str, f: dict, item: Fault, topo: Topology
                                         f"links run as fast as the CPU forwards and there is no rate to take a "
                                         f"fraction of (use a topology with link_rate, e.g. 'incast')")
         item.rate = float(rate)
+    if "mechanism" in f:
+        if kind != "loss":
+            raise c.fail(f"{fld}.mechanism", f"only a loss takes a mechanism, not {kind}")
+        if f["mechanism"] not in LOSS_MECHANISMS:
+            raise c.fail(f"{fld}.mechanism", f"{f['mechanism']!r}: a loss is applied by {' or '.join(LOSS_MECHANISMS)}")
+        item.mechanism = f["mechanism"]
+    if (kind == "delay" or item.mechanism == "netem") and topo.ports.model == "red":
+        raise c.fail(f"{fld}.kind", f"netem would take the place of RED at the ports of topology {topo.name} "
+                                    f"(port model red): use the XDP loss, or port model bpf")
     if kind == "delay":
         ms = f["ms"]
         if isinstance(ms, bool) or not isinstance(ms, (int, float)) or not 0 < ms <= 10_000:

@@ -17,7 +17,7 @@ from pyroute2 import IPRoute
 
 from ..topology import Topology
 from ..topology.port import TBF_LATENCY_US, tbf_limit, tbf_shape
-from . import cabling, config, limits, links, namespaces, netns, ports, registry
+from . import cabling, config, limits, links, namespaces, netns, ports, red, registry
 from .nodes import check_prerequisites
 from .running import Fabric
 
@@ -40,6 +40,8 @@ def up(topo: Topology, name: str = "mrc", progress: Progress | None = None) -> U
     progress = progress or _quiet
     registry.check_name(name)
     check_prerequisites()
+    if topo.ports.model == "red" and topo.egress_ports():
+        red.require_red()  # one line naming sch_red, before anything exists
     if registry.journal_path(name).exists():
         raise registry.RegistryError(
             f"a fabric named {name!r} is already up: 'mrc-emu down --name {name}' first, or choose another --name"
@@ -77,6 +79,9 @@ def up(topo: Topology, name: str = "mrc", progress: Progress | None = None) -> U
             mark = time.monotonic()
             progress(f"port programs on {len(topo.egress_ports())} egress ports")
             ports.attach(fabric)
+            if topo.ports.model == "red":  # the kernel's RED marks under each data class (fabric/red.py)
+                count = red.attach(fabric)
+                progress(f"RED with ECN on {count} egress ports")
             phases["ports"] = time.monotonic() - mark
 
         mark = time.monotonic()

@@ -9,8 +9,8 @@ nothing).
 
 Which end a fault acts on: a link A-B has two ends. A fault on what arrives (drops: nft or XDP
 on ingress) acts at the receiving end, so `direction` A->B drops at B's end only; a fault on
-what leaves (a degraded TBF, netem's delay: egress qdiscs) acts at the sending end, A's. Without
-a direction both ends act, so both directions are hit.
+what leaves (a degraded TBF, netem's delay or loss: egress qdiscs) acts at the sending end, A's.
+Without a direction both ends act, so both directions are hit.
 """
 
 from __future__ import annotations
@@ -60,6 +60,18 @@ def _check_free(record: FaultRecord, mechanism: str, at: list[tuple[str, str]], 
                                    f"by {entry.by}, pid {entry.pid}): `mrc-emu fault clear` it first")
 
 
+def _check_not_red(fabric: Fabric, at: list[tuple[str, str]], what: str) -> None:
+    """netem goes where a port's data class keeps its queue, which under `port: {model: red}` is
+    RED (fabric/red.py): refused there, rather than a RED gone for good once the netem comes off."""
+    topo = fabric.topology
+    if topo.ports.model != "red":
+        return
+    served = {(p.node, p.ifname) for p in topo.egress_ports()}
+    if hit := sorted(set(at) & served):
+        raise FabricSetupError(f"{what}: netem would take the place of the RED qdisc on {hit[0][0]} {hit[0][1]} (port "
+                               f"model red); use the XDP or nft loss, or a fabric with port model bpf")
+
+
 def _apply(fabric: Fabric, entry: Entry, act) -> Entry:
     record = FaultRecord(fabric)
     record.add(entry)
@@ -102,27 +114,42 @@ def delay(fabric: Fabric, a: str, b: str, ms: float, direction: Direction = None
     impair.require_netem()
     found = _between(fabric, a, b, direction)
     at = ends(found, direction, receiving=False)
+    _check_not_red(fabric, at, f"a delay on {target_name(a, b, direction)}")
     record = FaultRecord(fabric)
     _check_free(record, NETEM, at, target_name(a, b, direction))
     entry = Entry.new("delay", target_name(a, b, direction), NETEM, at, [lk.link_id for lk in found], {"ms": ms}, by)
     return _apply(fabric, entry, lambda: impair.set_delay(fabric, at, ms))
 
 
+DROP_MECHANISMS = (NFT, NETEM)  # how `drop` drops: nft rules on ingress (the default), or netem's loss on egress
+
+
 def drop(fabric: Fabric, a: str, b: str, percent: float = 100.0, direction: Direction = None,
-         by: str = "cli") -> Entry:
-    """Drop `percent` % of what arrives over the link (100: a blackhole), in both directions or
-    only in `direction`; the link stays up (nft rules on the receiving ends' ingress)."""
+         by: str = "cli", mechanism: str = NFT) -> Entry:
+    """Drop `percent` % of what crosses the link (100: a blackhole), in both directions or only in
+    `direction`; the link stays up. `mechanism` nft: nft rules on the receiving ends' ingress;
+    netem: netem's random loss on the sending ends' egress (refused before anything is touched,
+    naming the module, where the kernel has no netem; one netem per port, so not beside a delay)."""
     if not 0 < percent <= 100:
         raise ValueError(f"loss must be in (0, 100] percent, not {percent:g}")
+    if mechanism not in DROP_MECHANISMS:
+        raise ValueError(f"a loss is applied by {' or '.join(DROP_MECHANISMS)}, not {mechanism!r}")
+    if mechanism == NETEM:
+        impair.require_netem()
     found = _between(fabric, a, b, direction)
-    at = ends(found, direction, receiving=True)
+    at = ends(found, direction, receiving=mechanism == NFT)
+    if mechanism == NETEM:
+        _check_not_red(fabric, at, f"a netem loss on {target_name(a, b, direction)}")
     record = FaultRecord(fabric)
-    _check_free(record, NFT, at, target_name(a, b, direction))
+    _check_free(record, mechanism, at, target_name(a, b, direction))
     kind = "blackhole" if percent >= 100 else "loss"
-    entry = Entry.new(kind, target_name(a, b, direction), NFT, at, [lk.link_id for lk in found],
+    entry = Entry.new(kind, target_name(a, b, direction), mechanism, at, [lk.link_id for lk in found],
                       {} if kind == "blackhole" else {"percent": percent}, by)
 
     def act() -> None:
+        if mechanism == NETEM:
+            impair.set_delay(fabric, at, 0.0, percent / 100)
+            return
         for node, intf in at:
             faults.loss(fabric, node, percent, [intf])
 

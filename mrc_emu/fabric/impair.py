@@ -1,7 +1,9 @@
-"""Added delay on a link's egress, with netem, and the probe that says whether the kernel has it.
+"""Added delay or random loss on a link's egress, with netem, and the probe that says whether the kernel has it.
 
 Why it exists: a `delay` fault (a longer cable, a detour through a distant switch) is netem's
-job, and netem is a kernel module a kernel may lack (this machine's has no sch_netem; a stock
+job, and so is the netem way of a `loss` fault (`mechanism: netem`, `fault loss --by netem`:
+the kernel's own random loss on egress, beside our XDP and nft drops on ingress, so the two can
+be held against each other). netem is a kernel module a kernel may lack (this machine's has no sch_netem; a stock
 Debian or Ubuntu kernel has it). So before any fault touches a fabric, `netem_missing()` asks
 the kernel itself: it adds a netem qdisc to the loopback of a throwaway network namespace (an
 unnamed one, gone as soon as this thread leaves it) and reports the refusal as one line naming
@@ -49,27 +51,38 @@ _TCMSG = struct.Struct("=BxxxiIII")  # struct tcmsg: family, ifindex, handle, pa
 
 
 class NetemMissing(FabricSetupError):
-    """The kernel has no netem: a delay fault cannot be applied."""
+    """The kernel has no netem: a delay (or a netem loss) cannot be applied."""
 
 
 def _tcmsg(index: int, handle: int, parent: int) -> bytes:
     return _TCMSG.pack(socket.AF_UNSPEC, index, handle, parent, 0)
 
 
-def netem_options(delay_ns: int, limit: int = NETEM_LIMIT) -> bytes:
-    """TCA_OPTIONS of a netem with a fixed delay: tc_netem_qopt (latency in psched ticks, as every
-    kernel reads it) followed by TCA_NETEM_LATENCY64 in ns (exact, read since 4.15)."""
+def loss_word(fraction: float) -> int:
+    """netem's random loss probability as tc_netem_qopt holds it: fraction x (2^32 - 1), as
+    iproute2's `loss 5%` writes it (q_netem.c: percent_to_u32)."""
+    if not 0 <= fraction <= 1:
+        raise ValueError(f"a loss fraction is in [0, 1], not {fraction:g}")
+    return round(fraction * 0xFFFFFFFF)
+
+
+def netem_options(delay_ns: int, limit: int = NETEM_LIMIT, loss: float = 0.0) -> bytes:
+    """TCA_OPTIONS of a netem with a fixed delay and a random loss fraction: tc_netem_qopt (latency
+    in psched ticks, as every kernel reads it; loss as loss_word) followed by TCA_NETEM_LATENCY64
+    in ns (exact, read since 4.15)."""
     ticks = min(delay_ns >> PSCHED_SHIFT, 0xFFFFFFFF)
-    return _QOPT.pack(ticks, limit, 0, 0, 0, 0) + _nla(TCA_NETEM_LATENCY64, struct.pack("=q", delay_ns))
+    return _QOPT.pack(ticks, limit, loss_word(loss), 0, 0, 0) + _nla(TCA_NETEM_LATENCY64, struct.pack("=q", delay_ns))
 
 
 class QdiscBatch(Batch):
     """The qdisc requests of a delay: netem added (or replaced), a fifo put back, a root deleted."""
 
-    def netem(self, index: int, parent: int, delay_ns: int, limit: int = NETEM_LIMIT, handle: int = NETEM_HANDLE) -> None:
+    def netem(self, index: int, parent: int, delay_ns: int, limit: int = NETEM_LIMIT, handle: int = NETEM_HANDLE,
+              loss: float = 0.0) -> None:
         body = _tcmsg(index, handle, parent) + _nla(TCA_KIND, b"netem\0")
-        body += _nla(TCA_OPTIONS, netem_options(delay_ns, limit))
-        self._add(RTM_NEWQDISC, NLM_F_CREATE | NLM_F_REPLACE, body, f"netem delay {delay_ns / 1e6:g} ms on {index}")
+        body += _nla(TCA_OPTIONS, netem_options(delay_ns, limit, loss))
+        self._add(RTM_NEWQDISC, NLM_F_CREATE | NLM_F_REPLACE, body,
+                  f"netem delay {delay_ns / 1e6:g} ms loss {loss:.4%} on {index}")
 
     def bfifo(self, index: int, parent: int, limit_bytes: int) -> None:
         body = _tcmsg(index, 0, parent) + _nla(TCA_KIND, b"bfifo\0") + _nla(TCA_OPTIONS, struct.pack("=I", limit_bytes))
@@ -86,28 +99,40 @@ class QdiscBatch(Batch):
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
-@functools.lru_cache(maxsize=1)
-def netem_missing() -> str | None:
-    """Why a delay cannot be applied here (one line naming the module), or None: asks the kernel to
-    add a netem to the loopback of a fresh, unnamed namespace, which vanishes with this call."""
+def kernel_refuses(build, what: str = "netem") -> str | None:
+    """What the kernel said when refusing the requests `build()` makes (a Batch), sent in a fresh,
+    unnamed namespace that vanishes with this call; None if it took them. A probe for a module:
+    netem here, RED in red.py."""
     home = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
     try:
         if _libc.unshare(netns.CLONE_NEWNET) != 0:
             err = ctypes.get_errno()
-            return f"cannot probe for netem: unshare(CLONE_NEWNET): {os.strerror(err)} (needs root)"
+            return f"cannot probe for {what}: unshare(CLONE_NEWNET): {os.strerror(err)} (needs root)"
         try:
-            batch = QdiscBatch()
-            batch.netem(socket.if_nametoindex("lo"), TC_H_ROOT, 1_000_000)
-            batch.send()
+            build().send()
         except NetlinkError as exc:
-            return (f"this kernel has no netem (module sch_netem, CONFIG_NET_SCH_NETEM): a delay fault needs it "
-                    f"(the kernel said: {str(exc).rsplit(': ', 1)[-1]}); a stock distribution kernel has it "
-                    f"(the Vagrant VM of the README)")
+            return str(exc).rsplit(": ", 1)[-1]
         finally:
             netns.setns(home)
     finally:
         os.close(home)
     return None
+
+
+@functools.lru_cache(maxsize=1)
+def netem_missing() -> str | None:
+    """Why a delay cannot be applied here (one line naming the module), or None: asks the kernel to
+    add a netem to the loopback of a fresh, unnamed namespace, which vanishes with this call."""
+    def build() -> QdiscBatch:
+        batch = QdiscBatch()
+        batch.netem(socket.if_nametoindex("lo"), TC_H_ROOT, 1_000_000)
+        return batch
+
+    said = kernel_refuses(build)
+    if said is None or said.startswith("cannot probe"):
+        return said
+    return (f"this kernel has no netem (module sch_netem, CONFIG_NET_SCH_NETEM): a delay fault needs it "
+            f"(the kernel said: {said}); a stock distribution kernel has it (the Vagrant VM of the README)")
 
 
 def require_netem() -> None:
@@ -124,18 +149,19 @@ def _tbf_limit(qdisc) -> int:
     return qdisc.get_attr("TCA_OPTIONS").get_attr("TCA_TBF_PARMS")["limit"]
 
 
-def delay_batch(ipr: IPRoute, index: int, delay_ns: int) -> QdiscBatch:
-    """The request that adds `delay_ns` to the port: netem at the root, or under the port's TBF."""
+def delay_batch(ipr: IPRoute, index: int, delay_ns: int, loss: float = 0.0) -> QdiscBatch:
+    """The request that adds `delay_ns` (and drops a fraction `loss` at random) on the port: netem
+    at the root, or under the port's TBF."""
     root = _root(ipr, index)
     batch = QdiscBatch()
     if root is None or root.get_attr("TCA_KIND") in ("noqueue", "netem"):
-        batch.netem(index, TC_H_ROOT, delay_ns)
+        batch.netem(index, TC_H_ROOT, delay_ns, loss=loss)
     elif root.get_attr("TCA_KIND") == "tbf":
         if _ordered(ipr, index, root):  # the HTB that sends control ahead of data: under each of its classes
             for n, classid in enumerate(ORDER_CLASSES):
-                batch.netem(index, classid, delay_ns, handle=NETEM_HANDLE + 1 + n)
+                batch.netem(index, classid, delay_ns, handle=NETEM_HANDLE + 1 + n, loss=loss)
         else:
-            batch.netem(index, root["handle"] | 1, delay_ns)
+            batch.netem(index, root["handle"] | 1, delay_ns, loss=loss)
     else:
         raise FabricSetupError(f"cannot add a delay under a {root.get_attr('TCA_KIND')} root qdisc")
     return batch
@@ -169,13 +195,14 @@ def _ordered(ipr: IPRoute, index: int, root) -> bool:
     return bool(child) and child[0].get_attr("TCA_KIND") == "htb" and child[0]["handle"] == ORDER_HANDLE
 
 
-def set_delay(fabric: Fabric, ends: list[tuple[str, str]], ms: float) -> None:
-    """Delay every packet leaving each (node, interface) of `ends` by `ms` milliseconds."""
+def set_delay(fabric: Fabric, ends: list[tuple[str, str]], ms: float, loss: float = 0.0) -> None:
+    """Delay every packet leaving each (node, interface) of `ends` by `ms` milliseconds, and drop
+    a fraction `loss` of them at random (netem's own loss: `loss` faults with mechanism netem)."""
     require_netem()
     for node, intf in ends:
         with netns.entered(fabric.node_path(node)), IPRoute() as ipr:
             (index,) = ipr.link_lookup(ifname=intf)
-            delay_batch(ipr, index, round(ms * 1e6)).send()  # its socket opens in this namespace
+            delay_batch(ipr, index, round(ms * 1e6), loss).send()  # its socket opens in this namespace
 
 
 def clear_delay(fabric: Fabric, ends: list[tuple[str, str]]) -> None:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..topology import Topology
-from ..topology.port import HIST_BUCKETS, PortConfig, tbf_shape
+from ..topology.port import HIST_BUCKETS, PortConfig, tbf_limit, tbf_shape
 from . import bpfobj, cabling, netlink, netns
 from .netlink import NLM_F_CREATE, NLM_F_EXCL, Batch, _nla
 from .nodes import FabricSetupError
@@ -55,7 +55,7 @@ _RATESPEC = struct.Struct("=BBHhHI")  # struct tc_ratespec: cell_log, linklayer,
 TCA_KIND, TCA_OPTIONS = 1, 2
 TCA_BPF_FD, TCA_BPF_NAME, TCA_BPF_FLAGS = 6, 7, 8
 TCA_BPF_FLAG_ACT_DIRECT = 1
-TC_H_CLSACT, CLSACT_HANDLE, CLSACT_EGRESS = 0xFFFFFFF1, 0xFFFF0000, 0xFFFFFFF3
+TC_H_CLSACT, CLSACT_HANDLE, CLSACT_INGRESS, CLSACT_EGRESS = 0xFFFFFFF1, 0xFFFF0000, 0xFFFFFFF2, 0xFFFFFFF3
 ETH_P_ALL = 3
 
 
@@ -122,13 +122,14 @@ class TcBatch(Batch):
                       _tcmsg(index, leaf, classid) + _nla(TCA_KIND, b"pfifo\0")
                       + _nla(TCA_OPTIONS, struct.pack("=I", leaf_limit(limit))), f"pfifo under {classid:#x} on {index}")
 
-    def bpf_egress(self, index: int, prog_fd: int) -> None:
+    def bpf_egress(self, index: int, prog_fd: int, parent: int = CLSACT_EGRESS, name: str = FILTER_NAME) -> None:
         info = (1 << 16) | socket.htons(ETH_P_ALL)  # priority 1, every protocol
-        body = struct.pack("=BxxxiIII", socket.AF_UNSPEC, index, 1, CLSACT_EGRESS, info)
-        options = (_nla(TCA_BPF_FD, struct.pack("=I", prog_fd)) + _nla(TCA_BPF_NAME, FILTER_NAME.encode() + b"\0")
+        body = struct.pack("=BxxxiIII", socket.AF_UNSPEC, index, 1, parent, info)
+        options = (_nla(TCA_BPF_FD, struct.pack("=I", prog_fd)) + _nla(TCA_BPF_NAME, name.encode() + b"\0")
                    + _nla(TCA_BPF_FLAGS, struct.pack("=I", TCA_BPF_FLAG_ACT_DIRECT)))
+        where = "egress" if parent == CLSACT_EGRESS else "ingress"
         self._add(RTM_NEWTFILTER, NLM_F_CREATE | NLM_F_EXCL, body + _nla(TCA_KIND, b"bpf\0") + _nla(TCA_OPTIONS, options),
-                  f"bpf egress filter on {index}")
+                  f"bpf {where} filter {name} on {index}")
 
 
 @functools.lru_cache(maxsize=8)
@@ -142,10 +143,18 @@ def _indexes(topo: Topology) -> dict[tuple[str, str], int]:
 
 
 def _cfg_bytes(port: PortConfig, rate_bps: float, mtu: int, epoch: int = 0) -> bytes:
+    """The program's numbers for one port. Under `model: red` the kernel's RED qdisc marks and
+    drops (fabric/red.py): the program only classifies (skb->priority), counts and keeps its
+    virtual queue, with ECN and trimming off and its buffer at what TBF holds, so it drops nothing
+    RED would let in; its histogram keeps the port's bucket width, comparable with a `bpf` run."""
     rate, burst = tbf_shape(rate_bps, mtu)
-    flags = PORT_ENABLED | (PORT_ECN if port.ecn else 0) | (PORT_TRIM if port.trim else 0) \
-        | (PORT_LASTHOP if port.lasthop else 0)
-    return _CFG.pack(rate, flags, burst, port.buffer, port.kmin, port.kmax, min(0xFFFFFFFF, round(port.pmax * 2**32)),
+    if port.model == "red":
+        flags, buffer = PORT_ENABLED | (PORT_LASTHOP if port.lasthop else 0), tbf_limit(rate_bps, mtu)
+    else:
+        flags = PORT_ENABLED | (PORT_ECN if port.ecn else 0) | (PORT_TRIM if port.trim else 0) \
+            | (PORT_LASTHOP if port.lasthop else 0)
+        buffer = port.buffer
+    return _CFG.pack(rate, flags, burst, buffer, port.kmin, port.kmax, min(0xFFFFFFFF, round(port.pmax * 2**32)),
                      port.trim_threshold, port.trim_bytes, port.hist_width, epoch)
 
 
@@ -269,6 +278,16 @@ def _by_node(topo: Topology) -> dict[str, list[tuple[PortConfig, int]]]:
     for port in topo.egress_ports():
         out.setdefault(port.node, []).append((port, indexes[(port.node, port.ifname)]))
     return out
+
+
+def index_of(topo: Topology, node: str, ifname: str) -> int:
+    """The interface index of a node's interface (fixed by cabling.py, unique across the fabric)."""
+    return _indexes(topo)[(node, ifname)]
+
+
+def served_by_node(topo: Topology) -> dict[str, list[tuple[PortConfig, int]]]:
+    """{node: [(port, interface index)]} of every port the program serves (red.py puts RED on them)."""
+    return _by_node(topo)
 
 
 def counters(fabric: Fabric, node: str | None = None) -> dict[str, dict[str, dict[str, Any]]]:

@@ -14,6 +14,8 @@ port that faces a host), a buffer of 4 BDP. Sizes are bytes (`parse_size`) or BD
       ecn: {kmin: 0.2bdp, kmax: 0.8bdp, pmax: 0.2}     # or: ecn: off
       trim: {threshold: 1bdp, lasthop_threshold: 1.5bdp, bytes: 28}   # or: trim: off
       hosts: off                                       # host egress ports too?
+      model: bpf                                       # or red: the kernel's RED qdisc (needs sch_red) marks
+      red: {burst: 3, avpkt: 4250}                     # model red only: averaged RED (default: instantaneous)
       links:                                           # overrides, per link
         - {link: [p0l0, h1], ecn: off}                 # both egress ports of the link
         - {link: [p0l0, p0s0], from: p0l0, buffer: 64k}  # only p0l0's egress port
@@ -33,7 +35,9 @@ HIST_BUCKETS = 64  # port.bpf.c HIST_BUCKETS
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ns|us|ms|s)\s*$")
 _DURATION_UNITS = {"ns": 1, "us": 1_000, "ms": 1_000_000, "s": 1_000_000_000}
 _BDP_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*bdp\s*$", re.IGNORECASE)
-_PORT_KEYS = {"buffer", "ecn", "trim", "hosts", "links"}
+_PORT_KEYS = {"buffer", "ecn", "trim", "hosts", "links", "model", "red"}
+QUEUE_MODELS = ("bpf", "red")  # who marks: the port program's virtual queue, or the kernel's RED qdisc (fabric/red.py)
+RED_AVPKT = 4250  # bytes: a data packet of 4 KiB payload with its headers (Ethernet, IPv6, SRH, IPv6, UDP, BTH, RETH)
 _OVERRIDE_KEYS = {"link", "from", "buffer", "ecn", "trim"}
 
 
@@ -105,6 +109,9 @@ class PortModel:
     hosts: bool = False
     overrides: tuple[Override, ...] = ()
     raw: Any = None  # the block as written, so a stored topology reproduces it
+    model: str = "bpf"  # QUEUE_MODELS
+    red_burst: int | None = None  # model red: RED's burst in packets (its EWMA weight); None: weight 1, the instant queue
+    red_avpkt: int = RED_AVPKT
 
     def spec_for(self, node: str, peer: str) -> PortSpec:
         spec = self.defaults
@@ -132,6 +139,7 @@ class PortConfig:
     trim: bool
     trim_threshold: int
     trim_bytes: int
+    model: str = "bpf"  # red: the kernel's RED marks and drops; the port program only classifies and counts
 
     @property
     def hist_width(self) -> int:
@@ -141,7 +149,7 @@ class PortConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in ("peer", "lasthop", "bdp_bytes", "buffer", "ecn", "kmin", "kmax", "pmax",
-                                              "trim", "trim_threshold", "trim_bytes")}
+                                              "trim", "trim_threshold", "trim_bytes", "model")}
 
 
 def plane_bdp(rate_bps: float, base_rtt_ns: int, mtu: int) -> int:
@@ -176,8 +184,19 @@ def resolve(model: PortModel, node: str, ifname: str, peer: str, lasthop: bool, 
         buffer=spec.buffer.bytes(bdp), ecn=ecn is not None,
         kmin=ecn.kmin.bytes(bdp) if ecn else 0, kmax=ecn.kmax.bytes(bdp) if ecn else 0,
         pmax=ecn.pmax if ecn else 0.0, trim=trim is not None, trim_threshold=threshold,
-        trim_bytes=trim.bytes if trim else MIN_TRIM_BYTES,
+        trim_bytes=trim.bytes if trim else MIN_TRIM_BYTES, model=model.model,
     )
+
+
+def with_model(raw: Any, model: str) -> dict[str, Any]:
+    """A `port:` block as written (`raw`, None: none) with its queue model set to `model`; `red`
+    also turns trimming off (RED cannot trim), so the same block runs under both models."""
+    block = dict(raw or {})
+    block["model"] = model
+    if model == "red":
+        block["trim"] = "off"
+        block["links"] = [{k: v for k, v in item.items() if k != "trim"} for item in block.get("links", [])]
+    return block
 
 
 # ---- parsing --------------------------------------------------------------------------------
@@ -294,4 +313,29 @@ def parse(port: Any, base_rtt: Any, node_names: set[str]) -> PortModel:
         if from_node is not None and from_node not in ends:
             raise PortError(f"{fld}.from", f"{from_node!r} is not an end of link {ends}")
         overrides.append(Override((ends[0], ends[1]), from_node, _fields(item, fld)))
-    return PortModel(base_rtt_ns, defaults, hosts, tuple(overrides), port)
+    model, burst, avpkt = _queue_model(data)
+    if model == "red":
+        trimming = [f"port.links[{i}]" for i, o in enumerate(overrides) if o.fields.get("trim")]
+        if defaults.trim is not None or trimming:
+            raise PortError(trimming[0] if trimming else "port.trim",
+                            "RED cannot trim (model red): give trim: off, so both port models can run the same ports")
+    return PortModel(base_rtt_ns, defaults, hosts, tuple(overrides), port, model, burst, avpkt)
+
+
+def _queue_model(data: dict[str, Any]) -> tuple[str, int | None, int]:
+    """`model:` and `red:` of a port block: (model, RED burst in packets or None, RED avpkt bytes)."""
+    model = data.get("model", "bpf")
+    if model not in QUEUE_MODELS:
+        raise PortError("port.model", f"{model!r} is not one of {', '.join(QUEUE_MODELS)}")
+    if "red" not in data:
+        return model, None, RED_AVPKT
+    if model != "red":
+        raise PortError("port.red", "only model: red takes red: {burst, avpkt}")
+    red = _mapping(data["red"], "port.red", {"burst", "avpkt"})
+    avpkt = _amount(red.get("avpkt", RED_AVPKT), "port.red.avpkt")
+    if avpkt.bdp or not 64 <= avpkt.value <= 65536:
+        raise PortError("port.red.avpkt", f"{red.get('avpkt')!r} is not a packet size in bytes, 64..65536")
+    burst = red.get("burst")
+    if burst is not None and (isinstance(burst, bool) or not isinstance(burst, int) or not 1 <= burst <= 10_000):
+        raise PortError("port.red.burst", f"{burst!r} is not a number of packets in 1..10000")
+    return model, burst, int(avpkt.value)
