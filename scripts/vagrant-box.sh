@@ -6,7 +6,7 @@
 #   disk: a 20 GiB sparse disk, one MBR partition (ext4), GRUB on the MBR, converted to qcow2
 #   system: debootstrap --variant=minbase, linux-image-amd64 (Debian's stock 6.1 kernel: netem,
 #           RED, fq_codel, VRF, dummy), openssh-server, sudo, ifupdown DHCP on eth0, ca-certificates,
-#           python3, rsync (vagrant's rsync synced folder)
+#           python3, rsync (vagrant's rsync synced folder), dbus (hostnamectl, which vagrant calls)
 #   vagrant: user `vagrant` (password vagrant) with Vagrant's insecure public key, passwordless sudo
 #   access: this machine's apt sources, apt and pip settings and CA bundle (vagrant-host-config.sh)
 #
@@ -85,7 +85,7 @@ undo+=("umount $root")
 
 step "debootstrap $suite"
 debootstrap --variant=minbase \
-    --include=systemd-sysv,udev,kmod,iproute2,ifupdown,isc-dhcp-client,openssh-server,sudo,ca-certificates,python3,rsync,initramfs-tools,zstd \
+    --include=systemd-sysv,udev,kmod,dbus,iproute2,ifupdown,isc-dhcp-client,openssh-server,sudo,ca-certificates,python3,rsync,initramfs-tools,zstd \
     "$suite" "$root" "$mirror" >"$work/debootstrap.log" 2>&1 || { tail -n 20 "$work/debootstrap.log" >&2; exit 1; }
 
 mount --bind /dev "$root/dev"; undo+=("umount $root/dev")
