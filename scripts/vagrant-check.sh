@@ -9,6 +9,8 @@
 #                                                files it writes to $MRC_EMU_RESULTS are copied out);
 #                                                --run may be given several times, each runs in turn
 #   scripts/vagrant-check.sh --keep ...          leave the VM up afterwards (it says how to destroy it)
+#   scripts/vagrant-check.sh --in RUN_DIR --run 'CMD'   in a kept VM: the checkout synced again (vagrant
+#                                                rsync), CMD run, results copied out; the VM stays up
 #   scripts/vagrant-check.sh --destroy RUN_DIR   destroy a kept VM and everything its run recorded
 #   options: --results DIR (default results/vagrant-RUN), --cpus N, --memory MIB
 #
@@ -22,6 +24,7 @@ repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cache="${MRC_EMU_VAGRANT_CACHE:-$repo/.vagrant-cache}"
 keep=0
 destroy_dir=""
+in_dir=""
 results=""
 cpus=2
 memory=4096
@@ -34,7 +37,8 @@ while [ "$#" -gt 0 ]; do
         --cpus) cpus="$2"; shift ;;
         --memory) memory="$2"; shift ;;
         --destroy) destroy_dir="$(cd "$2" && pwd)"; shift ;;
-        -h|--help) sed -n '2,19p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        --in) in_dir="$(cd "$2" && pwd)"; shift ;;
+        -h|--help) sed -n '2,21p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "vagrant-check.sh: unknown argument $1 (--help)" >&2; exit 2 ;;
     esac
     shift
@@ -45,6 +49,8 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 
 say() { echo "vagrant-check.sh: $*" >&2; }
+# vagrant's progress bars (carriage returns, thousands of "Progress: N%") as one line per 10 %
+quiet_progress() { tr '\r' '\n' | awk '/Progress: [0-9]+%/ { p = int($NF / 10); if (p == last) next; last = p } { print; fflush() }' >&2; }
 phases=()
 phase_start=0
 phase_name=""
@@ -196,13 +202,62 @@ start_libvirt() {  # use a running system libvirt; start one (recorded) where th
     return 1
 }
 
+# ---- inside the VM: the commands, then their results copied out ----------------------------------
+guest() { ssh -F "$run/ssh-config" -o ServerAliveInterval=30 default "$@"; }
+guest_results=/tmp/mrc-emu-results
+run_inside() {  # each of "${commands[@]}" as root in the synced checkout; returns the last failure's status
+    local status=0 i=0 cmd log cmd_rc
+    # as root in the synced checkout, with the venv install.sh made and a results directory to copy out
+    local as_root="sudo env MRC_EMU_VENV=/opt/mrc-emu-venv MRC_EMU_RESULTS=$guest_results"
+    guest "sudo rm -rf $guest_results && sudo mkdir -p $guest_results" </dev/null
+    phase tests
+    for cmd in "${commands[@]}"; do
+        i=$((i + 1))
+        say "inside the VM: $cmd"
+        log="$results/run-$i.log"
+        echo "\$ $cmd" >"$log"
+        cmd_rc=0
+        guest "$as_root bash -o pipefail -c $(printf '%q' "cd /vagrant && $cmd")" </dev/null 2>&1 | tee -a "$log" || cmd_rc=$?
+        echo "exit $cmd_rc" >>"$log"
+        say "exit $cmd_rc: $cmd"
+        [ "$cmd_rc" -eq 0 ] || status="$cmd_rc"
+    done
+    phase copy-out
+    guest "sudo tar -C $guest_results -cf - ." </dev/null | tar -C "$results" -xf -
+    guest "uname -r; cat /etc/debian_version; nproc" </dev/null >"$results/vm.txt" 2>&1 || true
+    say "copied out to $results: $(cd "$results" && ls | tr '\n' ' ')"
+    return "$status"
+}
+
 # ---- --destroy RUN_DIR: a kept VM -------------------------------------------------------------------
 if [ -n "$destroy_dir" ]; then
     run="$destroy_dir"
     [ -f "$run/record" ] || { say "$run has no record (already destroyed?)"; exit 1; }
     cpus="$(cat "$run/cpus")"; memory="$(cat "$run/memory")"
-    teardown
-    exit $?
+    phase destroy
+    destroy_rc=0
+    teardown || destroy_rc=$?
+    phase ""
+    print_phases
+    exit "$destroy_rc"
+fi
+
+# ---- --in RUN_DIR: commands in a kept VM ---------------------------------------------------------------
+if [ -n "$in_dir" ]; then
+    run="$in_dir"
+    [ -f "$run/record" ] && [ -n "$(recorded machine)" ] || { say "$run has no VM up (already destroyed?)"; exit 1; }
+    [ "${#commands[@]}" -gt 0 ] || { say "--in needs at least one --run 'CMD'"; exit 2; }
+    cpus="$(cat "$run/cpus")"; memory="$(cat "$run/memory")"
+    results="${results:-$repo/results/vagrant-$(basename "$run")-$(date -u +%H%M%S)}"
+    mkdir -p "$results"
+    phase rsync
+    (vagrant_env; vagrant rsync) >&2
+    status=0
+    run_inside || status=$?
+    phase ""
+    print_phases
+    say "VM still up; destroy it with  scripts/vagrant-check.sh --destroy $run"
+    exit "$status"
 fi
 
 # ---- the run ---------------------------------------------------------------------------------------
@@ -255,44 +310,21 @@ phase box
 box_file="$("$repo/scripts/vagrant-box.sh")"
 box_name="mrc-emu-check-$run_id"
 record box "$box_name"
-vagrant box add --name "$box_name" "$box_file" >&2
+vagrant box add --name "$box_name" "$box_file" 2>&1 | quiet_progress
 "$repo/scripts/vagrant-host-config.sh" "$run/host-config" >&2
 
 phase up
 record machine default
 vagrant_env
 up_rc=0
-vagrant up --provider libvirt >&2 || up_rc=$?
+vagrant up --provider libvirt 2>&1 | quiet_progress || up_rc=$?
 record_libvirt_made
 [ "$up_rc" -eq 0 ] || { say "vagrant up failed ($up_rc)"; exit "$up_rc"; }
 vagrant ssh-config >"$run/ssh-config"
-guest() { ssh -F "$run/ssh-config" -o ServerAliveInterval=30 default "$@"; }
-
-# as root in the synced checkout, with the venv install.sh made and a results directory to copy out
-guest_results=/tmp/mrc-emu-results
-as_root="sudo env MRC_EMU_VENV=/opt/mrc-emu-venv MRC_EMU_RESULTS=$guest_results"
-guest "sudo rm -rf $guest_results && sudo mkdir -p $guest_results" </dev/null
 if [ "${#commands[@]}" -eq 0 ]; then
     # the README's test command, as is; pytest writes its junit file where it is copied out from
     commands=("scripts/test.sh --junitxml=$guest_results/junit.xml")
 fi
-phase tests
 status=0
-i=0
-for cmd in "${commands[@]}"; do
-    i=$((i + 1))
-    say "inside the VM: $cmd"
-    log="$results/run-$i.log"
-    echo "\$ $cmd" >"$log"
-    cmd_rc=0
-    guest "$as_root bash -o pipefail -c $(printf '%q' "cd /vagrant && $cmd")" </dev/null 2>&1 | tee -a "$log" || cmd_rc=$?
-    echo "exit $cmd_rc" >>"$log"
-    say "exit $cmd_rc: $cmd"
-    [ "$cmd_rc" -eq 0 ] || status="$cmd_rc"
-done
-
-phase copy-out
-guest "sudo tar -C $guest_results -cf - ." </dev/null | tar -C "$results" -xf -
-guest "uname -r; cat /etc/debian_version; nproc" </dev/null >"$results/vm.txt" 2>&1 || true
-say "copied out: $(cd "$results" && ls | tr '\n' ' ')"
+run_inside || status=$?
 exit "$status"
