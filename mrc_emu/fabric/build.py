@@ -69,7 +69,7 @@ def up(topo: Topology, name: str = "mrc", progress: Progress | None = None) -> U
         mark = time.monotonic()
         progress(f"cabling {len(topo.links)} links")
         fds = namespaces.open_all(paths)
-        cabling.batch(topo, dict(zip(topo.nodes, fds))).send()
+        cabling.send(cabling.batch(topo, dict(zip(topo.nodes, fds))))
         if topo.link_rate_bps:
             for node_name in topo.nodes:
                 shape_node(fabric, node_name)
