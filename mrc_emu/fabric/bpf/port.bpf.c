@@ -286,7 +286,13 @@ int port_egress(struct __sk_buff *skb)
 	st->last_ns = now;
 	__u64 queue = st->queue;   /* what the arriving packet finds */
 	__u64 bucket = queue ? 1 + (queue - 1) / width : 0;   /* bucket 0: an empty queue */
-	st->hist[bucket < HIST_BUCKETS ? bucket : HIST_BUCKETS - 1] += 1;
+	__u32 slot = bucket < HIST_BUCKETS ? (__u32)bucket : HIST_BUCKETS - 1;
+	/* The verifier of older kernels (Debian 12's 6.1) cannot bound the select clang makes of the
+	 * clamp above ("math between map_value pointer and register with unbounded min value"):
+	 * hide it from the optimiser and mask, a bound every verifier sees (64 is a power of two). */
+	asm volatile("" : "+r"(slot));
+	slot &= HIST_BUCKETS - 1;
+	st->hist[slot] += 1;
 
 	if (trimmable && queue + len > threshold) {
 		verdict = TRIM;
