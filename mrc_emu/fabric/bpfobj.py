@@ -45,6 +45,26 @@ def bpf_syscall(cmd: int, attr: ctypes.Array, error: type[OSError] = BpfError) -
 _bpf = bpf_syscall
 
 
+BPF_PROG_LOAD_CMD = 5
+
+
+def load_instructions(prog_type: int, instructions: list[bytes], error: type[OSError], what: str,
+                      log_size: int = 8192) -> int:
+    """BPF_PROG_LOAD of hand-written instructions (the XDP dropper, the ECN decapsulation program):
+    the program's fd, or `error` saying `what` failed with the verifier's log."""
+    code = b"".join(instructions)
+    insns = ctypes.create_string_buffer(code, len(code))
+    license_ = ctypes.create_string_buffer(b"GPL")
+    log = ctypes.create_string_buffer(log_size)
+    attr = ctypes.create_string_buffer(128)
+    struct.pack_into("<IIQQIIQ", attr, 0, prog_type, len(code) // 8, ctypes.addressof(insns),
+                     ctypes.addressof(license_), 1, len(log), ctypes.addressof(log))
+    try:
+        return bpf_syscall(BPF_PROG_LOAD_CMD, attr, error)
+    except error as exc:
+        raise error(exc.errno, f"loading {what} failed: {exc.strerror} {log.value.decode(errors='replace')}") from None
+
+
 def ensure_bpffs() -> bool:
     """Mount bpffs at /sys/fs/bpf if nothing is mounted there; True if this call mounted it.
     It stays mounted: it is the system's standard place (systemd mounts it at boot), other

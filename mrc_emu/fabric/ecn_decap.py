@@ -22,10 +22,10 @@ import ctypes
 import os
 import struct
 
-from .bpfobj import BpfError, bpf_syscall
+from .bpfobj import BpfError, bpf_syscall, load_instructions
 from .xdp import _insn
 
-BPF_PROG_LOAD, BPF_PROG_TEST_RUN = 5, 10
+BPF_PROG_TEST_RUN = 10
 BPF_PROG_TYPE_SCHED_CLS = 3
 TC_ACT_OK = 0
 SKB_DATA, SKB_DATA_END = 76, 80  # offsetof(struct __sk_buff, data), (..., data_end)
@@ -88,18 +88,7 @@ def program() -> list[bytes]:
 
 def load() -> int:
     """The program's fd (close it once a filter holds it)."""
-    code = b"".join(program())
-    insns = ctypes.create_string_buffer(code, len(code))
-    license_ = ctypes.create_string_buffer(b"GPL")
-    log = ctypes.create_string_buffer(8192)
-    attr = ctypes.create_string_buffer(128)
-    struct.pack_into("<IIQQIIQ", attr, 0, BPF_PROG_TYPE_SCHED_CLS, len(code) // 8, ctypes.addressof(insns),
-                     ctypes.addressof(license_), 1, len(log), ctypes.addressof(log))
-    try:
-        return bpf_syscall(BPF_PROG_LOAD, attr, EcnDecapError)
-    except EcnDecapError as exc:
-        raise EcnDecapError(exc.errno, f"loading the ECN decapsulation program failed: {exc.strerror} "
-                                       f"{log.value.decode(errors='replace')}") from None
+    return load_instructions(BPF_PROG_TYPE_SCHED_CLS, program(), EcnDecapError, "the ECN decapsulation program")
 
 
 def test_run(prog_fd: int, frame: bytes) -> tuple[int, bytes]:

@@ -18,9 +18,8 @@ import ctypes
 import os
 import struct
 
-from .bpfobj import BpfError, bpf_syscall
+from .bpfobj import BpfError, bpf_syscall, load_instructions
 
-BPF_PROG_LOAD = 5
 BPF_PROG_TYPE_XDP = 6
 XDP_DROP, XDP_PASS = 1, 2
 
@@ -91,18 +90,7 @@ class Dropper:
 
 
 def _load(instructions: list[bytes]) -> int:
-    code = b"".join(instructions)
-    insns = ctypes.create_string_buffer(code, len(code))
-    license_ = ctypes.create_string_buffer(b"GPL")
-    log = ctypes.create_string_buffer(4096)
-    attr = ctypes.create_string_buffer(128)
-    struct.pack_into("<IIQQIIQ", attr, 0, BPF_PROG_TYPE_XDP, len(code) // 8, ctypes.addressof(insns),
-                     ctypes.addressof(license_), 1, len(log), ctypes.addressof(log))
-    try:
-        return _bpf(BPF_PROG_LOAD, attr)
-    except XdpError as exc:
-        raise XdpError(exc.errno, f"loading an XDP program failed: {exc.strerror} "
-                                  f"{log.value.decode(errors='replace')}") from None
+    return load_instructions(BPF_PROG_TYPE_XDP, instructions, XdpError, "an XDP program", 4096)
 
 
 XDP_FLAGS_SKB_MODE = 2  # generic XDP: native XDP on a veth refuses MTUs above a page's worth (ERANGE)
