@@ -58,8 +58,10 @@ def test_demo_runs_both_transports_through_the_fault(tmp_path):
     assert (out / "report.md").read_text().count("made in a separate run of the same scenario") == 2
     assert no_leftovers(results["fabric"])
     if shutil.which("tshark"):
-        shown = subprocess.run(["tshark", "-r", str(out / "mrc.pcap"), "-c", "200", "-Y", "infiniband"],
-                               capture_output=True, text=True, timeout=60)
+        # a whole window of WRITEs leaves before the first ACK is back: look past it (on a loaded
+        # machine the first ACK came after more than 200 WRITEs)
+        shown = subprocess.run(["tshark", "-r", str(out / "mrc.pcap"), "-c", "5000", "-Y", "infiniband"],
+                               capture_output=True, text=True, timeout=120)
         assert "RDMA Write Only" in shown.stdout and "Acknowledge" in shown.stdout, shown.stdout[:2000]
 
 
