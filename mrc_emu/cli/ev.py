@@ -91,18 +91,12 @@ def _change(allow: bool, name: str, as_json: bool, **sel) -> None:
         if sel["spine"] and sel["spine"] not in {n.name for n in fabric.topology.nodes.values() if n.role.value == "spine"}:
             raise ValueError(f"{sel['spine']!r} is not a spine of {fabric.topology.name} (--node takes a leaf)")
         (record.allow if allow else record.deny)(selector)
-        hit = [e for e in record.listing() if selector.matches(_topo_ev(fabric.topology, e))]
+        hit = record.listing(selector=selector)
     verb = "allowed" if allow else "denied"
     emit({"selector": selector.to_dict(), "state": verb, "evs": len(hit)}, as_json,
          f"{selector.describe()}: {verb} ({len(hit)} EV(s) of {len({(e['src'], e['dst']) for e in hit})} host pair(s); "
          f"running transfers follow at once, later ones start so"
          + (")" if allow else "; `mrc-emu ev allow` lifts it)"))
-
-
-def _topo_ev(topo, entry):
-    from ..topology import evs_between
-
-    return evs_between(topo, entry["src"], entry["dst"])[entry["ev"]]
 
 
 @ev.command(name="deny")

@@ -203,8 +203,10 @@ class ControlRecord:
                 continue  # a line cut short by a kill, or one this version does not know
         return state
 
-    def listing(self, src: str | None = None, dst: str | None = None) -> list[dict[str, Any]]:
-        """Every EV between the hosts asked for (default: every ordered pair), with its admin state."""
+    def listing(self, src: str | None = None, dst: str | None = None,
+                selector: Selector | None = None) -> list[dict[str, Any]]:
+        """Every EV between the hosts asked for (default: every ordered pair; with `selector`, only
+        the EVs it matches), with its admin state."""
         topo = self.fabric.topology
         hosts = [h.name for h in topo.hosts]
         for name in (src, dst):
@@ -217,6 +219,8 @@ class ControlRecord:
                 if a == b:
                     continue
                 for ev in evs_between(topo, a, b):
+                    if selector is not None and not selector.matches(ev):
+                        continue
                     why = state.denied_by(ev)
                     out.append({"src": a, "dst": b, "ev": ev.index, "plane": ev.plane, "spine": ev.spine,
                                 "port": ev.plane + 1, "port_enabled": state.port_enabled(a, ev.plane),

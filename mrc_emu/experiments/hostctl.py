@@ -71,8 +71,7 @@ class HostControl:
         use are DENIED), made on first use; QPs towards `peer` over the same EVs share it."""
         count = max(paths) + 1
         values = {ev: _value(path) for ev, path in paths.items()}
-        key = (peer, tuple(sorted((ev, v, path.plane) for ev, ((_, v), path) in
-                                  ((ev, (values[ev], paths[ev])) for ev in paths))), ev_min_active)
+        key = (peer, tuple(sorted((ev, values[ev][1], paths[ev].plane) for ev in paths)), ev_min_active)
         if key in self._ev:
             return self._ev[key]
         (mode,) = {m for m, _ in values.values()} or {EvFormatMode.UDP}

@@ -314,8 +314,8 @@ class _Worker:
         for key, was in before.items():
             job = self.jobs[key]
             off = self._port_excluded(job, msg.mask)
-            disabled = [p for p in range(1, 17) if not msg.mask >> p & 1 and any(
-                (path.plane or 0) + 1 == p for path in job.requester.paths.values())]
+            ports = {(path.plane or 0) + 1 for path in job.requester.paths.values()}
+            disabled = sorted(p for p in ports if not msg.mask >> p & 1)
             job.ev_ops.append({"time_ns": now, "deny": sorted(off - was), "allow": sorted(was - off),
                                "reason": f"{msg.host} port(s) {', '.join(map(str, disabled))} disabled" if disabled
                                else f"{msg.host} ports enabled",
