@@ -70,9 +70,11 @@ print_phases() {
 
 # ---- libvirt's lists, to compare before and after ------------------------------------------------
 virsh_() { virsh -q -c qemu:///system "$@"; }
-list_domains() { virsh_ list --all --name | sed '/^$/d' | sort; }
-list_networks() { virsh_ net-list --all --name | sed '/^$/d' | sort; }
-list_pools() { virsh_ pool-list --all --name | sed '/^$/d' | sort; }
+# names only, one per line: virsh pads its lists with blank lines and trailing spaces
+names() { awk 'NF {print $1}' | sort; }
+list_domains() { virsh_ list --all --name | names; }
+list_networks() { virsh_ net-list --all --name | names; }
+list_pools() { virsh_ pool-list --all --name | names; }
 list_volumes() {  # "POOL VOLUME" per volume of every pool
     local pool
     for pool in $(list_pools); do
@@ -120,6 +122,10 @@ vagrant_env() {  # the shipped Vagrantfile, this run's box, TCG, rsync, the host
 teardown() {
     local pool volume name pid left=0
     [ -f "$run/record" ] || return 0
+    # interrupted (or failed) inside `vagrant up`: what vagrant-libvirt had made by then (the box's
+    # image half uploaded to the pool, a pool, a network, the domain) was not yet compared with the
+    # lists taken before; compare now, so it is recorded and removed like the rest
+    if [ -n "$(recorded machine)" ] && [ ! -d "$run/after-up" ]; then record_libvirt_made; fi
     if [ -n "$(recorded machine)" ]; then
         say "vagrant destroy -f"
         (vagrant_env; vagrant destroy -f) >&2 || say "vagrant destroy failed; removing the recorded objects one by one"
@@ -262,7 +268,7 @@ fi
 
 # ---- the run ---------------------------------------------------------------------------------------
 phase packages
-needed=(vagrant vagrant-libvirt libvirt-daemon-system libvirt-clients qemu-system-x86 qemu-utils debootstrap rsync bc dnsmasq-base)
+needed=(vagrant vagrant-libvirt libvirt-daemon-system libvirt-clients qemu-system-x86 qemu-utils debootstrap fdisk mount e2fsprogs rsync bc dnsmasq-base)
 missing=()
 for pkg in "${needed[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
