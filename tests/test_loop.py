@@ -149,8 +149,10 @@ def test_datagrams_are_handed_over_at_their_arrival_time_not_when_read():
 def test_due_wakeups_pump_and_their_lateness_is_measured():
     echo = Echo()
     clock = lp.Clock()
-    due = echo.wake = clock.now() + 2_000_000
     loop, rx, tx = _loop(echo, clock)
+    # due well after the first pump: were the set-up or that pump slower than the wait (a VM under
+    # TCG took more than 2 ms), the wakeup would already be due when armed, and be no timer at all
+    due = echo.wake = clock.now() + 20_000_000
     first = {"n": None}
 
     def stop():
