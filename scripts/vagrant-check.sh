@@ -49,8 +49,9 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 
 say() { echo "vagrant-check.sh: $*" >&2; }
-# vagrant's progress bars (carriage returns, thousands of "Progress: N%") as one line per 10 %
-quiet_progress() { tr '\r' '\n' | awk '/Progress: [0-9]+%/ { p = int($NF / 10); if (p == last) next; last = p } { print; fflush() }' >&2; }
+# vagrant's progress bars (carriage returns, thousands of "Progress: N%") as one line per 10 %, each
+# passed on as it comes (tr unbuffered: behind a pipe it held vagrant's output back for minutes)
+quiet_progress() { stdbuf -o0 tr '\r' '\n' | awk '/Progress: [0-9]+%/ { p = int($NF / 10); if (p == last) next; last = p } { print; fflush() }' >&2; }
 phases=()
 phase_start=0
 phase_name=""
