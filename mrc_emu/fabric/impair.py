@@ -42,7 +42,9 @@ TC_H_ROOT = 0xFFFFFFFF
 # a shaped port's qdiscs (fabric/build.py shape_node): TBF 1:, under it the HTB whose two classes
 # send control ahead of data; a delay there goes under each class, in place of its pfifo
 ORDER_CLASSES = (CLASS_AHEAD, CLASS_DATA)
-NETEM_HANDLE = 0x6D720000  # "mr": our netem's handle on a port, never one the kernel picks (8000+)
+NETEM_HANDLE = 0x6D720000  # "mr": our netem's handle on a port, never one the kernel picks (8000+);
+# a qdisc handle is a major only (the kernel refuses a minor: "Invalid minor handle"), so the two
+# netems under a shaped port's classes are majors 6d73: and 6d74:
 TCA_NETEM_LATENCY64 = 10
 PSCHED_SHIFT = 6  # the kernel's psched tick is 64 ns (PSCHED_TICKS2NS)
 NETEM_LIMIT = 100_000  # packets netem may hold (its default, 1,000, drops at ~4 MB/s x 1 ms with small ACKs)
@@ -159,7 +161,7 @@ def delay_batch(ipr: IPRoute, index: int, delay_ns: int, loss: float = 0.0) -> Q
     elif root.get_attr("TCA_KIND") == "tbf":
         if _ordered(ipr, index, root):  # the HTB that sends control ahead of data: under each of its classes
             for n, classid in enumerate(ORDER_CLASSES):
-                batch.netem(index, classid, delay_ns, handle=NETEM_HANDLE + 1 + n, loss=loss)
+                batch.netem(index, classid, delay_ns, handle=NETEM_HANDLE + ((1 + n) << 16), loss=loss)
         else:
             batch.netem(index, root["handle"] | 1, delay_ns, loss=loss)
     else:
