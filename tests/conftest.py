@@ -25,6 +25,38 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason=reason))
 
 
+DILATIONS = (4, 16, 64)
+
+
+def kept_up(result) -> bool:
+    """Whether the emulator outran the fabric in a run (run_transfers' Run, or one send's
+    TransferResult): no worker was on a CPU for CPU_BUSY_LIMIT of it (emulation.py), so what limited
+    the flows was the fabric's ports, not the emulator's packet rate."""
+    from mrc_emu.experiments.emulation import CPU_BUSY_LIMIT
+
+    report = result.emulation
+    busy = report.cpu_busy if hasattr(report, "cpu_busy") else report["cpu_busy"]
+    return max(busy, default=0) < CPU_BUSY_LIMIT
+
+
+def summary(result) -> str:
+    report = result.emulation
+    return report.line() if hasattr(report, "line") else f"{report['verdict']}: {report['reasons']}"
+
+
+def at_a_dilation_that_keeps_up(run, dilations=DILATIONS):
+    """`run(K)` under the first time dilation K at which the emulator kept up (kept_up), as a user
+    does when a run says its workers were saturated; the last one's (result, K) otherwise, for the
+    test to fail on. A figure that needs the fabric to be the bottleneck (a queue at a port, its
+    marks, a degraded link's goodput) needs a larger K on a slower machine: a VM under TCG pushed
+    about a twentieth of this machine's packet rate."""
+    for k in dilations:
+        result = run(k)
+        if kept_up(result):
+            break
+    return result, k
+
+
 def wait_for(condition, timeout: float = 20.0, what: str = "condition"):
     """Wait until `condition()` is true; fail the test naming `what` if it is not within `timeout` s."""
     return until(condition, timeout, what, interval=0.02)

@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import at_a_dilation_that_keeps_up, kept_up, summary
 
 from mrc_emu.experiments.transfer import run_transfers
 from mrc_emu.experiments.transports import Transport
@@ -82,8 +83,8 @@ def test_the_decap_program_on_every_host_port_breaks_nothing(fabric_name):
                          for f in ipr.get_filters(index=ports.index_of(topo, "h0", "h0-eth0"), parent=ports.CLSACT_INGRESS)]
             assert red.DECAP_FILTER in names
             specs = [Transport.MRC.spec(src, "h0", 1 * MiB, 4096, topology=topo) for src in ("h4", "h8", "h12", "h16")]
-            run = run_transfers(fabric, specs, dilation=4)
-            assert all(r.ok for r in run)
+            run, k = at_a_dilation_that_keeps_up(lambda k: run_transfers(fabric, specs, dilation=k))
+            assert all(r.ok for r in run) and kept_up(run), (k, summary(run))
             assert sum(r.responder["stats"]["ce_received"] for r in run) > 0  # the program's inner marks get through
     finally:
         build.down(fabric_name)
@@ -111,16 +112,22 @@ def test_a_red_fabric_marks_by_red_and_the_receivers_see_it(fabric_name):
             assert red_q["handle"] == f"{red.RED_HANDLE >> 16:x}:"
             assert red_q["options"].split()[:6] == ["limit", "200000b", "min", "10000b", "max", "40000b"]
             assert "ecn" in red_q["options"].split()
-            before = {(n, i): red.red_counters(fabric, n, i) for n, i in (("p0l0", "p0l0-eth0"), ("p1l0", "p1l0-eth0"))}
-            program_before = ports.counters(fabric)
             specs = [Transport.MRC.spec(src, "h0", 2 * MiB, 4096, topology=topo)
                      for src in ("h4", "h8", "h12", "h16", "h5", "h9", "h13", "h17")]
-            run = run_transfers(fabric, specs, dilation=4)
-            assert all(r.ok for r in run)
+            bottleneck = (("p0l0", "p0l0-eth0"), ("p1l0", "p1l0-eth0"))
+            seen_before: dict = {}
+
+            def incast(k: int):
+                seen_before.update(red={at: red.red_counters(fabric, *at) for at in bottleneck}, program=ports.counters(fabric))
+                return run_transfers(fabric, specs, dilation=k)
+
+            run, k = at_a_dilation_that_keeps_up(incast)
+            assert all(r.ok for r in run) and kept_up(run), (k, summary(run))
+            before, program_before = seen_before["red"], seen_before["program"]
             marked = sum(red.red_counters(fabric, n, i)["marked"] - before[(n, i)]["marked"] for n, i in before)
             seen = sum(r.responder["stats"]["ce_received"] for r in run)
             program = ports.delta(program_before, ports.counters(fabric))
-            print(f"\nRED marked {marked} at the bottleneck; the receivers saw {seen} CE; the program (marking off) "
+            print(f"\nRED marked {marked} at the bottleneck (time dilation {k}); the receivers saw {seen} CE; the program (marking off) "
                   f"marked {sum(program[n][i]['ce_marked'] for n, i in before)}")
             assert marked > 0 and seen > 0  # RED's outer marks reach the endpoints (ecn_decap)
             assert all(program[n][i]["ce_marked"] == 0 and program[n][i]["trimmed"] == 0 for n, i in before)
