@@ -291,12 +291,25 @@ def test_a_crashed_runs_pins_go_with_its_journal(fabric_name):
     assert not pins.exists()
 
 
+def _tbf_parms(fabric: Fabric, node: str, intf: str) -> dict:
+    from pyroute2 import IPRoute
+
+    with netns.entered(fabric.node_path(node)), IPRoute() as ipr:
+        (index,) = ipr.link_lookup(ifname=intf)
+        (tbf,) = [q for q in ipr.get_qdiscs(index=index) if q.get_attr("TCA_KIND") == "tbf"]
+        return tbf.get_attr("TCA_OPTIONS").get_attr("TCA_TBF_PARMS")
+
+
 def test_a_reshaped_port_drains_its_virtual_queue_at_the_new_rate(fabric_name):
     with _fabric(fabric_name) as fabric:
         index = ports._indexes(fabric.topology)[("p0l1", "p0l1-eth0")]
+        full = _tbf_parms(fabric, "p0l1", "p0l1-eth0")
         build.shape_node(fabric, "p0l1", 100e6)  # what a run under time dilation 4 does
         rate, _, burst = ports._CFG.unpack(ports._maps_of(fabric).cfg.get(index))[:3]
         assert (rate, burst) == (12_500_000, 36_000)
+        slowed = _tbf_parms(fabric, "p0l1", "p0l1-eth0")
+        # TBF's rate follows, its limit in bytes does not: the port holds what it holds at full rate
+        assert (slowed["rate"], slowed["limit"]) == (12_500_000, full["limit"]) and full["limit"] >= 2_500_000
         build.shape_node(fabric, "p0l1", 400e6)
         assert ports._CFG.unpack(ports._maps_of(fabric).cfg.get(index))[0] == 50_000_000
     build.down(fabric_name)

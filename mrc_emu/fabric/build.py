@@ -117,14 +117,17 @@ def shape_node(fabric: Fabric, node_name: str, rate_bps: float | None = None) ->
     the data queued at the port. A reshape changes TBF in place and keeps its child."""
     topo = fabric.topology
     rate, burst = tbf_shape(rate_bps or topo.link_rate_bps, topo.mtu)  # pyroute2 takes bytes per second
+    # the limit in bytes is the topology's, whatever the rate: under time dilation K a port holds
+    # as many bytes as it does at full rate (K times as long), never less than the program's buffer
+    limit = tbf_limit(topo.link_rate_bps, topo.mtu)
     order = ports.TcBatch() if rate_bps is None else None  # the first shaping: the HTB under each TBF too
     with netns.entered(fabric.netns(node_name)), IPRoute() as ipr:
         for link in topo.links_of(node_name):
             _, intf, _ = topo.peer(link, node_name)
             (index,) = ipr.link_lookup(ifname=intf)
-            ipr.tc("replace", "tbf", index, ports.TBF_HANDLE, rate=rate, burst=burst, latency=TBF_LATENCY_US)
+            ipr.tc("replace", "tbf", index, ports.TBF_HANDLE, rate=rate, burst=burst, limit=limit)
             if order is not None:
-                order.order_classes(index, rate, tbf_limit(topo.link_rate_bps, topo.mtu), topo.mtu)
+                order.order_classes(index, rate, limit, topo.mtu)
         if order is not None:
             order.send()  # one round trip for the node's ports
     if rate_bps is not None:
