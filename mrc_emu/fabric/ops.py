@@ -82,6 +82,32 @@ def host_sockets(fabric: Fabric, host: str) -> tuple[socket.socket, socket.socke
     return send, recv
 
 
+BURST_DILATIONS = (1, 4, 16, 64)
+
+
+def burst_dilation(fabric: Fabric, host: str, frames: Sequence[tuple[bytes, str]], factor: float = 2.0) -> tuple[int, float]:
+    """(K, bits/s): the first K of BURST_DILATIONS at which `host`'s raw socket hands `frames`
+    ((frame, first hop), sent once) to the kernel at `factor` x the link rate / K or faster.
+
+    A burst from raw sockets builds a queue at a port only if it arrives faster than the port
+    drains; a send returns once the kernel has forwarded the frame up to its first queue, so this
+    is the machine's own forwarding speed (1 frame in about a millisecond in a VM under TCG). A
+    caller that needs the queue runs the ports at rate / K (build.shape_node), as a run under time
+    dilation K does: the same bytes of buffer and thresholds, K times slower."""
+    raw, unused = host_sockets(fabric, host)
+    unused.close()
+    raw.setsockopt(socket.SOL_SOCKET, 32, 64 << 20)  # SO_SNDBUFFORCE: a full buffer never blocks the burst
+    try:
+        began = time.monotonic()
+        for frame, hop in frames:
+            raw.sendto(frame, (hop, 0))
+        bps = sum(len(f) for f, _ in frames) * 8 / max(time.monotonic() - began, 1e-9)
+    finally:
+        raw.close()
+    rate = fabric.topology.link_rate_bps or 0
+    return next((k for k in BURST_DILATIONS if bps >= factor * rate / k), BURST_DILATIONS[-1]), bps
+
+
 CAPTURE_BUFFER_KIB = 65536  # tcpdump -B: 64 MiB of ring; a 128 MiB WRITE at full speed into one host fits (docs/results.md)
 RING_FLUSH_S = 1.1  # tcpdump's 1000 ms packet timeout is the kernel's block retire timer (TPACKET_V3): what
                     # arrived before stop() reaches the file within it; the exit statistics check it
