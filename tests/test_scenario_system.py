@@ -30,7 +30,8 @@ def test_demo_runs_both_transports_through_the_fault(tmp_path):
     """The demo end to end. Its headline figure (MRC recovering at least 100x faster) is a speed
     target, so scripts/bench.py measures it (median of runs); here: what it must do and show."""
     out = tmp_path / "demo"
-    done = subprocess.run(CLI + ["demo", "--out", str(out), "--json"], capture_output=True, text=True, timeout=240)
+    # about a minute here; the timeout only guards against a hang, and a VM under TCG takes ten times as long
+    done = subprocess.run(CLI + ["demo", "--out", str(out), "--json"], capture_output=True, text=True, timeout=1800)
     assert done.returncode == 0, done.stderr[-2000:]
     results = json.loads((out / "results.json").read_text())
     jsonschema.validate(results, report.RESULTS_SCHEMA)

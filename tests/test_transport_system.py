@@ -9,7 +9,7 @@ import threading
 import time
 
 import pytest
-from conftest import wait_for
+from conftest import at_a_dilation_that_keeps_up, kept_up, summary, wait_for
 
 from mrc_emu.experiments.transfer import Control, TransferSpec, run_transfers, send
 from mrc_emu.fabric import faults, links
@@ -85,13 +85,16 @@ def test_five_percent_loss_on_one_plane(default_fabric):
     fabric, topo = default_fabric, default_fabric.topology
     for spine in faults.plane_nodes(topo, 0):
         faults.loss(fabric, spine, 5.0)
-    result = send(fabric, "h0", "h2", 64 * MiB)
+    # the share moves only where the EVs' windows limit the sender: under the first time dilation at
+    # which the sender was not on a CPU all the time (1 here; a VM under TCG needs more)
+    result, k = at_a_dilation_that_keeps_up(lambda k: send(fabric, "h0", "h2", 64 * MiB, dilation=k), (1, 4, 16, 64))
     for spine in faults.plane_nodes(topo, 0):
         faults.clear(fabric, spine)
     assert result.verified, result.error
+    assert kept_up(result), (k, summary(result))
     assert result.requester["stats"]["retransmits"] > 0
     share = {p: sum(e["share"] for e in result.per_ev if e["plane"] == p) for p in (0, 1)}
-    print(f"\nshare of packets: plane 0 (5% loss) {share[0]:.3f}, plane 1 {share[1]:.3f}")
+    print(f"\nshare of packets (time dilation {k}): plane 0 (5% loss) {share[0]:.3f}, plane 1 {share[1]:.3f}")
     assert share[0] < 0.9 * share[1]
 
 
