@@ -90,7 +90,7 @@ def _spread(values: list[float], digits: int) -> dict:
 def measure(frames: int, payload: int, rate: str, name: str = "pq", dilation: int | None = None) -> dict:
     """The burst's queue at p0l1's port to h2, sampled. `dilation` K runs every port at rate / K (the
     same bytes of buffer, as a run under time dilation does); by default K is measured
-    (ops.burst_dilation: where this machine cannot send at twice the link rate, a VM under TCG)."""
+    (ops.burst_dilation: where this machine cannot send at 4x the link rate, a VM under TCG)."""
     topo = from_dict({"name": "pq", "planes": 1, "spines_per_plane": 2, "leaves_per_plane": 2, "hosts_per_leaf": 2,
                       "mtu": 9000, "link_rate": rate, "port": {"ecn": "off", "trim": "off",
                                                   "buffer": tbf_limit(parse_rate(rate), 9000) - 9000}}, "<port_queue>")
@@ -106,8 +106,7 @@ def measure(frames: int, payload: int, rate: str, name: str = "pq", dilation: in
                          for psn in range(30)]
                 dilation, _ = ops.burst_dilation(fabric, "h0", probe, factor=4.0)  # 2 senders: 2x the rate in
             if dilation > 1:
-                for node in topo.nodes:
-                    build.shape_node(fabric, node, topo.link_rate_bps / dilation)
+                build.shape_every_node(fabric, topo.link_rate_bps / dilation)
             (link,) = topo.links_between("p0l1", "h2")
             ifname = topo.peer(link, "p0l1")[1]
             streams, socks = [], []
@@ -182,7 +181,7 @@ def main() -> None:
     parser.add_argument("--rate", default="400mbit", help="link rate of every link")
     parser.add_argument("--dilation", type=int, default=None,
                         help="run the ports at rate / K (default: measured, 1 unless this machine sends slower than "
-                             "twice the link rate)")
+                             "4x the link rate)")
     args = parser.parse_args()
     print(json.dumps(measure(args.frames, args.payload, args.rate, dilation=args.dilation), indent=1))
 

@@ -54,8 +54,7 @@ def _burst_fabric(name: str, **extra) -> Fabric:
     fabric = _fabric(name, **extra)
     k, bps = ops.burst_dilation(fabric, "h0", _frames(fabric, "h0", 0, 30, dst="h3"), factor=4.0)
     if k > 1:
-        for node in fabric.topology.nodes:
-            build.shape_node(fabric, node, fabric.topology.link_rate_bps / k)
+        build.shape_every_node(fabric, fabric.topology.link_rate_bps / k)
     print(f"\nsending {bps / 1e6:.0f} Mbit/s: ports at 1/{k} of the link rate")
     return fabric
 

@@ -306,8 +306,7 @@ def _shape_for_dilation(fabric: Fabric, dilation: float, undo: bool = False) -> 
     rate = fabric.topology.link_rate_bps
     if not rate or (dilation == 1.0 and not undo):
         return False
-    for node in fabric.topology.nodes:
-        build.shape_node(fabric, node, rate / dilation)
+    build.shape_every_node(fabric, rate / dilation)
     for node, intf, fraction in fault_ops.degraded_ports(fabric):  # a degrade in force stays degraded
         build.shape_port(fabric, node, intf, rate * fraction / dilation)
     return True

@@ -134,6 +134,13 @@ def shape_node(fabric: Fabric, node_name: str, rate_bps: float | None = None) ->
         ports.set_rate(fabric, node_name, rate_bps)
 
 
+def shape_every_node(fabric: Fabric, rate_bps: float) -> None:
+    """Every node's ports at `rate_bps` (shape_node): a run under time dilation K at rate / K, and a
+    raw-socket burst on a machine too slow to outrun the links (ops.burst_dilation)."""
+    for node in fabric.topology.nodes:
+        shape_node(fabric, node, rate_bps)
+
+
 def shape_port(fabric: Fabric, node_name: str, intf: str, rate_bps: float, ipr: IPRoute | None = None) -> None:
     """One port's token bucket (and its port program's virtual queue) reshaped to `rate_bps`: a
     degraded link (experiments' `degrade` fault, `mrc-emu fault degrade`). `ipr`: an IPRoute
