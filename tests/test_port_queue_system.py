@@ -22,6 +22,7 @@ from mrc_emu.fabric import ports
 pytestmark = [pytest.mark.system, pytest.mark.slow]
 
 FRAMES, PAYLOAD = 200, 8000
+DRAINED_ON_TIME = 0.97  # TBF sent at least this share of its rate while it held a backlog
 
 
 @pytest.fixture(autouse=True)
@@ -38,8 +39,24 @@ def _port_queue():
     return module
 
 
+def _kept_up(result) -> bool:
+    """The kernel dequeued TBF on time and the senders outran the link. On a loaded machine TBF's
+    watchdog fires late, the real queue outgrows the virtual one (which drains by the clock), and
+    the burst arrives too slowly to queue: the machine's lag, so the ports run slower (as the
+    transfers of a run under time dilation do) rather than the program be judged on it."""
+    drained = result["tbf_drained_of_rate"]
+    return drained is not None and drained >= DRAINED_ON_TIME and result["peak_tbf_backlog"] > 0.5 * FRAMES * PAYLOAD
+
+
 def test_the_burst_builds_a_queue_and_the_virtual_queue_follows_tbfs_backlog(fabric_name):
-    result = _port_queue().measure(FRAMES, PAYLOAD, "400mbit", name=fabric_name)
+    module, tried = _port_queue(), []
+    for dilation in (None, 16, 64):  # None: the K that ops.burst_dilation measures
+        if tried and dilation <= tried[-1]["dilation"]:
+            continue
+        tried.append(result := module.measure(FRAMES, PAYLOAD, "400mbit", name=fabric_name, dilation=dilation))
+        if _kept_up(result):
+            break
+    assert result["tbf_drained_of_rate"] >= DRAINED_ON_TIME, [(r["dilation"], r["tbf_drained_of_rate"]) for r in tried]
     # two line-rate senders into one link: the bottleneck holds about half of the 3.2 MB that arrive
     # (1.6 MB measured on an idle machine; less when a busy one hands the burst over slower)
     half = FRAMES * PAYLOAD
