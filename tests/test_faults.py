@@ -59,9 +59,11 @@ faults:
     assert degrade.describe() == "degrade to 25% p0l0-p0s0 at 30%"
     assert delay.describe() == "delay +5 ms p0s0->p0l1 at 30%"
     assert blackhole.describe() == "blackhole p1l1->p1s1 at 50%"
-    # the agent's actions: a degrade at its fraction under the run's dilation, back at 1; a delay in wall time
+    # the agent's actions: a degrade at its fraction under the run's dilation, back at 1; a delay of 5 emulated
+    # ms is netem's 20 in wall time at K = 4, and labelled with the 5 the scenario asked for
     assert degrade.apply(4.0) == fault_agent.Reshape(0.25, 4.0) and degrade.revert() == fault_agent.Reshape(1.0, 1.0)
-    assert delay.apply(4.0) == fault_agent.Delay(20.0) and delay.revert() == fault_agent.DelayOff()
+    assert delay.apply(4.0) == fault_agent.Delay(5.0, 4.0) and delay.revert() == fault_agent.DelayOff()
+    assert (delay.apply(4.0).wall_ms, delay.apply(4.0).label) == (20.0, "delay:5ms")
     assert degrade.params() == {"rate": 0.25} and delay.params() == {"ms": 5.0}
     assert degrade.apply().label != degrade.revert().label  # the runner tells an applied fault from a reverted one
 

@@ -92,9 +92,16 @@ class Reshape:
 
 @dataclass(frozen=True)
 class Delay:
-    """netem on the links' egress (the agent's sending ends): `ms` wall-clock milliseconds more."""
+    """netem on the links' egress (the agent's sending ends): `ms` emulated milliseconds more, under
+    time dilation `dilation` (ms x K of wall time in netem). The label, like Reshape's, is the
+    emulated figure: what the scenario asked for and what the run's times are in."""
 
     ms: float
+    dilation: float = 1.0
+
+    @property
+    def wall_ms(self) -> float:
+        return self.ms * self.dilation
 
     @property
     def label(self) -> str:
@@ -234,7 +241,7 @@ class _Agent:
             build.shape_port(self.fabric, node, intf, rate * action.fraction / action.dilation, self.qdisc_sockets[node])
 
     def _delay(self, action: Delay | NetemLoss) -> None:
-        ms, loss = (action.ms, 0.0) if isinstance(action, Delay) else (0.0, action.fraction)
+        ms, loss = (action.wall_ms, 0.0) if isinstance(action, Delay) else (0.0, action.fraction)
         for node, intf in self.egress:
             ipr = self.qdisc_sockets[node]
             batch = impair.delay_batch(ipr, ipr.link_lookup(ifname=intf)[0], round(ms * 1e6), loss)

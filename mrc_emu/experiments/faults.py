@@ -216,7 +216,7 @@ class DelayFault(Fault):
         return impair.netem_missing()
 
     def apply(self, dilation: float = 1.0) -> Action:
-        return Delay(self.ms * dilation)  # emulated ms: under dilation K they last K times longer in wall time
+        return Delay(self.ms, dilation)  # emulated ms: under dilation K netem holds them K times as long
 
     def revert(self, dilation: float = 1.0) -> Action:
         return DelayOff()
