@@ -41,7 +41,7 @@ from mrc_emu.topology.port import tbf_limit
 from mrc_emu.transport.paths import qp_paths
 from mrc_emu.wire.format import DataPacket
 
-PAIR_S = 0.002  # a TBF read that took longer (the scheduler) leaves a pair too far apart to compare
+PAIR_S = 0.002  # a sample whose three reads took longer (the scheduler) is too spread to compare (x K at rate / K)
 IDLE_S = 0.02  # sampling ends when both queues stayed empty this long after the burst
 BUSY_FLOOR = 0.1  # per-sample relative differences only where TBF holds at least this share of its peak
 
@@ -146,7 +146,8 @@ def measure(frames: int, payload: int, rate: str, name: str = "pq", dilation: in
                 sent, tbf = netlink.qdisc_counters(route, index)
                 virtual = (before + ports.queue_now(fabric, "p0l1", ifname)) // 2  # the TBF read sits between
                 took = time.monotonic() - first
-                if took < PAIR_S:  # a pair split by longer (the scheduler) says nothing
+                if took < PAIR_S * dilation:  # split by longer (the scheduler) it says nothing; at rate / K the
+                    # queue moves K times slower, so a pair K times as long says as much
                     samples.append((began, tbf, virtual, sent))
                 else:
                     discarded.append(took)

@@ -45,7 +45,8 @@ def _kept_up(result) -> bool:
     the burst arrives too slowly to queue: the machine's lag, so the ports run slower (as the
     transfers of a run under time dilation do) rather than the program be judged on it."""
     drained = result["tbf_drained_of_rate"]
-    return drained is not None and drained >= DRAINED_ON_TIME and result["peak_tbf_backlog"] > 0.5 * FRAMES * PAYLOAD
+    return (drained is not None and drained >= DRAINED_ON_TIME and result["peak_tbf_backlog"] > 0.5 * FRAMES * PAYLOAD
+            and result["busy_samples"] >= 20)  # and the sampler kept up (a VM under TCG took over 2 ms a pair)
 
 
 def test_the_burst_builds_a_queue_and_the_virtual_queue_follows_tbfs_backlog(fabric_name):
