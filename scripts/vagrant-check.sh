@@ -51,7 +51,11 @@ fi
 say() { echo "vagrant-check.sh: $*" >&2; }
 # vagrant's progress bars (carriage returns, thousands of "Progress: N%") as one line per 10 %, each
 # passed on as it comes (tr unbuffered: behind a pipe it held vagrant's output back for minutes)
-quiet_progress() { stdbuf -o0 tr '\r' '\n' | awk '/Progress: [0-9]+%/ { p = int($NF / 10); if (p == last) next; last = p } { print; fflush() }' >&2; }
+# (and awk reading line by line: mawk, Debian's and Ubuntu's awk, reads a pipe in blocks unless
+# -W interactive, so the log stood still at "Clock offset" through boot and provisioning)
+line_awk=(awk)
+if awk -W version 2>&1 | grep -q mawk; then line_awk=(awk -W interactive); fi
+quiet_progress() { stdbuf -o0 tr '\r' '\n' | "${line_awk[@]}" '/Progress: [0-9]+%/ { p = int($NF / 10); if (p == last) next; last = p } { print; fflush() }' >&2; }
 phases=()
 phase_start=0
 phase_name=""
