@@ -37,6 +37,7 @@ import sys
 import time
 from pathlib import Path
 
+from mrc_emu.experiments import congestion
 from mrc_emu.experiments.transfer import Run, TransferSpec, run_transfers
 from mrc_emu.fabric import build
 from mrc_emu.fabric.running import Fabric
@@ -124,7 +125,7 @@ def measure(fabric: Fabric, kind: str, specs: list[TransferSpec]) -> dict:
     point = {
         "kind": kind, "qps": len(specs), "bytes_per_qp": specs[0].size, "payload_bytes": sum(s.size for s in specs),
         "verified": sum(r.verified for r in run), "failed": [f"{r.src}->{r.dst}: {r.error}" for r in run if not r.ok],
-        "aggregate_goodput_gbps": round(sum(r.size for r in run) * 8 / max(1, end - start), 3),
+        "aggregate_goodput_gbps": round(congestion.aggregate_goodput_gbps(run), 3),
         "span_ms": round((end - start) / 1e6, 1), "wall_s": round(wall, 1),
         "cores_used": cores, "load_average_1m": round(os.getloadavg()[0], 2),
         "completion_ms": {"min": min(r.completion_ms or 0 for r in run), "max": max(r.completion_ms or 0 for r in run)},

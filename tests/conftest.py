@@ -47,10 +47,11 @@ def summary(result) -> str:
 def goodput_bps(result) -> float:
     """What a run (its flows together, first start to last end) or one send delivered, in
     emulated bits per second."""
+    from mrc_emu.experiments.congestion import aggregate_goodput_gbps
+
     if hasattr(result, "goodput_gbps"):
         return (result.goodput_gbps or 0) * 1e9
-    span = max(r.end_ns for r in result) - min(r.start_ns for r in result)
-    return sum(r.size for r in result) * 8e9 / max(1, span)
+    return aggregate_goodput_gbps(result) * 1e9
 
 
 def fabric_limited(capacity_bps: float, share: float = 0.7):

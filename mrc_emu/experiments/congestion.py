@@ -44,6 +44,13 @@ def utilisation(wire_bytes: int, span_ns: int, capacity_bps: float) -> float | N
     return wire_bytes * 8e9 / span_ns / capacity_bps
 
 
+def aggregate_goodput_gbps(results: Sequence[Any]) -> float:
+    """What a run's transfers delivered together, first start to last end (transport time), Gbit/s."""
+    start = min((r.start_ns for r in results), default=0)
+    end = max((r.end_ns for r in results), default=0)
+    return sum(r.size for r in results) * 8 / max(1, end - start)
+
+
 def flows(results: Sequence[Any]) -> dict[str, Any]:
     """Per-flow figures of one run's transfers (experiments.transfer.TransferResult): goodput,
     completion, fairness, and what the requesters counted (timeouts, retransmits, trims)."""
@@ -56,7 +63,7 @@ def flows(results: Sequence[Any]) -> dict[str, Any]:
     return {
         "flows": len(results), "verified": sum(1 for r in results if r.ok),
         "span_ms": round((end - start) / 1e6, 3),
-        "aggregate_goodput_gbps": round(sum(r.size for r in results) * 8 / max(1, end - start), 4),
+        "aggregate_goodput_gbps": round(aggregate_goodput_gbps(results), 4),
         "jain": _round(jain(goodput), 4),
         "fct_ms": {"p50": _round(percentile(fct, 50), 3), "p99": _round(percentile(fct, 99), 3),
                    "max": _round(max(fct, default=None), 3)},
