@@ -515,6 +515,14 @@ def test_recovery_metric_on_synthetic_timelines():
     # never recovers before the end
     dead = [(t * ms, min(t, 100) * rate) for t in range(200)]
     assert metrics.recovery(dead, 100 * ms).recovery_ms is None
+    # what was past the failed link drains at the full rate for 20 ms, then an 800 ms stall (a VM
+    # under TCG): by its goodput alone it "recovered" at once; not before its losses were repaired
+    drained = [(t * ms, (t if t < 120 else 120 if t < 920 else t - 800) * rate) for t in range(1200)]
+    assert metrics.recovery(drained, 100 * ms).recovery_ms == 0.0
+    rec = metrics.recovery(drained, 100 * ms, settled_ns=921 * ms)
+    assert 820 <= rec.recovery_ms <= 822 and rec.worst_gbps == 0.0
+    # losses repaired while the goodput never dipped: nothing to recover from
+    assert metrics.recovery(steady, 100 * ms, settled_ns=110 * ms).recovery_ms == 0.0
 
 
 @settings(max_examples=15, deadline=None)

@@ -165,7 +165,7 @@ class RecordAs:
 
 @dataclass(frozen=True)
 class Done:
-    """From the agent: `action` ran from `began_ns` to `returned_ns`."""
+    """From the agent: `action` ran from `began_ns` (its record written) to `returned_ns`."""
 
     action: Action
     began_ns: int
@@ -264,8 +264,9 @@ class _Agent:
             return rec.NETEM, self.egress, {}
         return rec.LINK, self.ingress, {}
 
-    def act(self, action: Action) -> None:
-        """Carry out one action, recorded: a fault in force is in the record before it acts."""
+    def act(self, action: Action) -> int:
+        """Carry out one action, recorded: a fault in force is in the record before it acts.
+        Returns when (CLOCK_MONOTONIC ns) the action itself began, after its record was written."""
         applies = _applies(action)
         if self.record is not None and applies is not False and self.entry is None:
             mechanism, ends, undo = self._mechanism(action)
@@ -274,7 +275,9 @@ class _Agent:
                                                        [lk.link_id for lk in self.links], r.params, r.by,
                                                        r.pid or os.getppid(), undo))
         try:
+            began = time.monotonic_ns()
             self.run[type(action)](action)
+            return began
         finally:
             if self.entry is not None and applies is not True:
                 self.record.clear(self.entry.id)
@@ -307,8 +310,7 @@ def _serve(parent: Parent, fabric: Fabric, links: Sequence[Link], at: str, drops
                 pause_until(time.monotonic() + action.ms / 1000)
                 action = action.action
             try:
-                began = time.monotonic_ns()
-                agent.act(action)
+                began = agent.act(action)
             except Exception as exc:  # reported to the parent, which raises it
                 parent.send(ActionFailed(action, f"{type(exc).__name__}: {exc}"))
                 continue

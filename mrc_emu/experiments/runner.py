@@ -270,10 +270,6 @@ def _summarise(transport: Transport, results: Run, runs: list[FaultRun], pcap: s
         ref = ref_transfers.get(r.label)  # the same WRITE in the fault-free run, if there was one
         fault_rel = None if first_fault is None else int((first_fault - entry["offset_ms"]) * 1e6)
         completed = None if r.completion_ms is None else int(r.completion_ms * 1e6)
-        rec = None
-        if fault_rel is not None and r.timeline and MIN_PRE_FAULT_NS <= fault_rel <= r.end_ns - r.start_ns:
-            rec = metrics.recovery(r.timeline, fault_rel, completed).to_dict()  # a level to come back to
-        entry["recovery"] = rec
         figures = None
         if fault_rel is not None and topo is not None:
             failed = _failed_evs(transport, topo, first_run, r.src, r.dst)
@@ -286,8 +282,15 @@ def _summarise(transport: Transport, results: Run, runs: list[FaultRun], pcap: s
                                                 failed)
                 figures["failed_evs"] = None if failed is None else sorted(failed)
                 figures["stall_noise_ms"] = ref.get("longest_gap_ms") if ref else None
-                if ref and rec is not None:
-                    rec["noise_band"] = metrics.noise_band([(int(t * 1e6), b) for t, b in ref["timeline"]], fault_rel)
+        rec = None
+        if fault_rel is not None and r.timeline and MIN_PRE_FAULT_NS <= fault_rel <= r.end_ns - r.start_ns:
+            # a level to come back to; not before what the fault lost was repaired (metrics.recovery)
+            repair = figures.get("repair_ms") if figures else None
+            rec = metrics.recovery(r.timeline, fault_rel, completed,
+                                   settled_ns=None if repair is None else fault_rel + int(repair * 1e6)).to_dict()
+            if ref and figures is not None:
+                rec["noise_band"] = metrics.noise_band([(int(t * 1e6), b) for t, b in ref["timeline"]], fault_rel)
+        entry["recovery"] = rec
         entry["fault_figures"] = figures
         entry["slowdown"] = (round(r.completion_ms / ref["completion_ms"], 3)
                              if ref and ref.get("completion_ms") and r.completion_ms else None)
