@@ -176,8 +176,8 @@ def recovery(fabric: Fabric) -> dict:
             through = {ev.index for ev in evs_between(fabric.topology, "h0", "h2") if ev.crosses("p0l0", "p0s1")}
             exact = metrics.fault_figures(r.ledger, r.ev_events, fault, r.end_ns - r.start_ns, r.end_ns - r.start_ns,
                                           through)
-            repaired = None if exact["repair_ms"] is None else fault + int(exact["repair_ms"] * 1e6)
-            rec = metrics.recovery(r.timeline, fault, r.end_ns - r.start_ns, settled_ns=repaired)
+            rec = metrics.recovery(r.timeline, fault, r.end_ns - r.start_ns,
+                                   settled_ns=metrics.repaired_ns(exact, fault))
             runs.append({**rec.to_dict(), **exact, "fault_request_us": round((returned - began) / 1e3, 1),
                          "assumed_bad_after_ms": [round(b, 3) for b in bad], "completion_ms": r.completion_ms,
                          "retransmits": r.requester["stats"]["retransmits"]})

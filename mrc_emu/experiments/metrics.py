@@ -134,6 +134,14 @@ def fault_figures(ledger: dict, ev_events: list[dict], fault_ns: int, completed_
             "lost_on_failed_path": len(repaired) + (1 if never else 0)}
 
 
+def repaired_ns(figures: dict | None, fault_ns: int) -> int | None:
+    """When the last packet the fault cost was repaired, on the transfer's clock (ns), from
+    `fault_figures`; None where there are no figures or a loss was never repaired: what
+    `recovery(settled_ns=...)` takes."""
+    repair = figures.get("repair_ms") if figures else None
+    return None if repair is None else fault_ns + int(repair * 1e6)
+
+
 def noise_band(timeline: list[tuple[int, int]], at_ns: int, window_ns: int = 2_000_000, pre_ns: int = 50_000_000,
                span_ns: int = 100_000_000) -> dict | None:
     """How much the windowed goodput swings without a fault: over a fault-free run's timeline, the

@@ -285,9 +285,8 @@ def _summarise(transport: Transport, results: Run, runs: list[FaultRun], pcap: s
         rec = None
         if fault_rel is not None and r.timeline and MIN_PRE_FAULT_NS <= fault_rel <= r.end_ns - r.start_ns:
             # a level to come back to; not before what the fault lost was repaired (metrics.recovery)
-            repair = figures.get("repair_ms") if figures else None
             rec = metrics.recovery(r.timeline, fault_rel, completed,
-                                   settled_ns=None if repair is None else fault_rel + int(repair * 1e6)).to_dict()
+                                   settled_ns=metrics.repaired_ns(figures, fault_rel)).to_dict()
             if ref and figures is not None:
                 rec["noise_band"] = metrics.noise_band([(int(t * 1e6), b) for t, b in ref["timeline"]], fault_rel)
         entry["recovery"] = rec
