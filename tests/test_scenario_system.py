@@ -24,16 +24,25 @@ def no_leftovers(fabric: str) -> bool:
     return gone and not list(netns.NETNS_DIR.glob(f"{fabric}-*")) and not (registry.STATE_DIR / f"{fabric}-frr").exists()
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(routing.frr_missing() is not None, reason=str(routing.frr_missing()))
-def test_demo_runs_both_transports_through_the_fault(tmp_path):
-    """The demo end to end. Its headline figure (MRC recovering at least 100x faster) is a speed
-    target, so scripts/bench.py measures it (median of runs); here: what it must do and show."""
-    out = tmp_path / "demo"
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    """One run of `mrc-emu demo --json`: its exit, its stderr, its folder and results."""
+    if routing.frr_missing() is not None:
+        pytest.skip(str(routing.frr_missing()))
+    out = tmp_path_factory.mktemp("demo") / "demo"
     # about a minute here; the timeout only guards against a hang, and a VM under TCG takes ten times as long
     done = subprocess.run(CLI + ["demo", "--out", str(out), "--json"], capture_output=True, text=True, timeout=1800)
+    results = json.loads((out / "results.json").read_text()) if (out / "results.json").exists() else None
+    return done, out, results
+
+
+@pytest.mark.slow
+def test_demo_runs_both_transports_through_the_fault(demo):
+    """The demo end to end. Its headline figure (MRC recovering at least 100x faster) is a speed
+    target, so scripts/bench.py measures it (median of runs); here: what it must do and show.
+    It exits 0 when both transfers are verified, whatever the pcaps (the next test)."""
+    done, out, results = demo
     assert done.returncode == 0, done.stderr[-2000:]
-    results = json.loads((out / "results.json").read_text())
     jsonschema.validate(results, report.RESULTS_SCHEMA)
     mrc, base = results["runs"]["mrc"], results["runs"]["baseline"]
     for run in (mrc, base):
@@ -50,14 +59,28 @@ def test_demo_runs_both_transports_through_the_fault(tmp_path):
     assert any(e["new"] == "ASSUMED_BAD" for e in mrc["transfers"][0]["ev_events"])
     for name in ("goodput.png", "spray_share.png", "recovery.png", "report.md", "mrc.pcap", "baseline.pcap"):
         assert (out / name).stat().st_size > 1000, name
-    # the pcaps come from a separate run of each transport, captured whole and without loss
-    for transport, run in (("mrc", mrc), ("baseline", base)):
-        cap = run["capture"]
-        assert cap["run"] == "separate" and cap["verified"] and cap["complete"], cap["problem"]
-        assert cap["packets"] == pcap_reader.count(out / f"{transport}.pcap") >= 128 * 2**20 // 4096
-        assert run["pcap"] == cap["path"]
-    assert (out / "report.md").read_text().count("made in a separate run of the same scenario") == 2
     assert no_leftovers(results["fabric"])
+
+
+@pytest.mark.slow
+def test_demo_pcaps_are_complete_or_the_report_says_why(demo):
+    """Each pcap comes from a separate run of its transport, captured whole; a capture that lost
+    packets even at its slowest run is said in report.md, the notes and on stderr, never silently."""
+    done, out, results = demo
+    assert results is not None, done.stderr[-2000:]
+    report_md = (out / "report.md").read_text()
+    assert report_md.count("made in a separate run of the same scenario at time dilation") == 2
+    for transport in ("mrc", "baseline"):
+        run = results["runs"][transport]
+        cap = run["capture"]
+        assert cap["run"] == "separate" and cap["verified"] and run["pcap"] == cap["path"]
+        assert cap["time_dilation"] >= results["scenario"]["time_dilation"]
+        if cap["complete"]:
+            assert cap["packets"] == pcap_reader.count(out / f"{transport}.pcap") >= 128 * 2**20 // 4096
+        else:
+            assert f"**pcap ({transport}) INCOMPLETE**" in report_md and cap["problem"] in report_md
+            assert f"mrc-emu: warning: {transport}'s pcap is incomplete" in done.stderr
+            assert any(note.startswith(f"{transport}'s pcap is INCOMPLETE") for note in results["notes"])
     if shutil.which("tshark"):
         # a whole window of WRITEs leaves before the first ACK is back: look past it (on a loaded
         # machine the first ACK came after more than 200 WRITEs)

@@ -49,6 +49,18 @@ def friendly(func):
     return wrapper
 
 
+def fail(reason: str) -> None:
+    """Exit 1 with the reason on stderr in one line (after the output was written): every non-zero
+    exit says why, on the terminal, even when stdout went to a file or to --json's reader."""
+    click.echo(f"mrc-emu: {' '.join(reason.split())}", err=True)
+    sys.exit(1)
+
+
+def warn(message: str) -> None:
+    """A problem that does not fail the command, on stderr in one line."""
+    click.echo(f"mrc-emu: warning: {' '.join(message.split())}", err=True)
+
+
 def emit(data: Any, as_json: bool, text: str) -> None:
     click.echo(json.dumps(data, indent=2) if as_json else text)
 

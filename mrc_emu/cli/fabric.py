@@ -8,13 +8,12 @@ none runs) and hands it to the fabric or experiments layer.
 
 from __future__ import annotations
 
-import sys
 import time
 
 import click
 
 from ..topology import evs_between, resolve
-from .common import JSON_OPTION, NAME_OPTION, emit, friendly, progress
+from .common import JSON_OPTION, NAME_OPTION, emit, fail, friendly, progress
 
 
 def _open(name: str):
@@ -270,7 +269,7 @@ def capture(node: str, iface: str | None, duration: float, output: str, name: st
     emit(result.to_dict(), as_json, f"wrote {result.path}: {kept} packets from {', '.join(result.interfaces)}"
          + (f"\nINCOMPLETE: {problem}" if problem else ", none lost"))
     if problem:
-        sys.exit(1)
+        fail(f"the pcap {result.path} is incomplete: {problem}")
 
 
 @click.command()
@@ -324,7 +323,7 @@ def check(topology: str | None, max_pairs: int | None, name: str, as_json: bool)
         text += f"\n  unreachable: {miss['src']} -> {miss['dst']} EV {miss['ev']}"
     emit(result.to_dict(), as_json, text)
     if not result.ok:
-        sys.exit(1)
+        fail(f"{len(result.unreachable)} of {result.evs} EVs unreachable")
 
 
 @click.command("stev-coverage")
@@ -353,7 +352,7 @@ def stev_coverage(src: str, dst: str, count: int, frames: int, name: str, as_jso
         result = coverage(fabric, src, dst, count, frames=frames)
     emit(result.to_dict(), as_json, result.text())
     if not result.one_spine_each:
-        sys.exit(1)
+        fail("not every STEV value's frames all arrived through one spine of its own plane (see above)")
 
 
 COMMANDS = [up, down, clean, status, exec_, paths, probe, link, capture, stats, check, stev_coverage]

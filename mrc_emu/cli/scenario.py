@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from .common import JSON_OPTION, emit, friendly, progress
+from .common import JSON_OPTION, emit, fail, friendly, progress, warn
 
 
 class _ScenarioCommand(click.Command):
@@ -88,26 +88,33 @@ def _scenario_text(results: dict) -> str:
 
 
 def _finish(results: dict, as_json: bool) -> None:
-    """Exit 1 if a transfer is not verified or a pcap lost packets (after everything is written)."""
+    """Exit 1, saying why on stderr, if a transfer failed or was not verified (after everything is
+    written); a pcap that lost packets is a warning on stderr (the report says it too)."""
     emit(results, as_json, _scenario_text(results))
-    runs = results["runs"].values()
-    if not all(run["verified"] for run in runs) or any(run.get("capture", {}).get("problem") for run in runs):
-        sys.exit(1)
+    for transport, run in results["runs"].items():
+        if (cap := run.get("capture")) and cap.get("problem"):
+            warn(f"{transport}'s pcap is incomplete ({cap['path']}): {cap['problem']}")
+    bad = [f"{transport} {t['src']}->{t['dst']}: {t.get('error') or 'placed bytes differ from the source'}"
+           for transport, run in results["runs"].items() for t in run["transfers"] if not t.get("verified")]
+    if bad or not all(run["verified"] for run in results["runs"].values()):
+        fail(f"not verified: {'; '.join(bad) or 'a transport did not verify its transfers'} "
+             f"(results: {results['files']['results']})")
 
 
 @click.command(name="run", cls=_ScenarioCommand)
 @click.argument("scenario_file", metavar="SCENARIO")
 @click.option("--out", "-o", default=None, help="Output folder (default: results/<name>-<time>).")
 @click.option("--pcap", is_flag=True, help="Also make a pcap per transport (the source host's ports, whole packets) "
-                                            "in a separate run of the same scenario; exit 1 if it lost packets.")
+                                            "in a separate run of the same scenario, slower if the capture must keep up; "
+                                            "a pcap that lost packets is a warning.")
 @JSON_OPTION
 @friendly
 def run_(scenario_file: str, out: str | None, pcap: bool, as_json: bool) -> None:
     """Run a scenario (a YAML file or the name of a shipped one, listed below).
 
     Builds its own fabric, runs each transport with the fault schedule, tears down, and writes
-    results.json, plots (PNG) and report.md to --out. Exit 1 if a transfer is not verified
-    (or, with --pcap, a capture lost packets).
+    results.json, plots (PNG) and report.md to --out. Exit 1 if a transfer failed or is not
+    verified (the reason on stderr).
     """
     _finish(_run_scenario(scenario_file, out, pcap, as_json), as_json)
 

@@ -11,9 +11,10 @@ import sys
 import click
 
 from ..experiments.emulation import Report
+from ..fabric.limits import available_memory
 from ..topology import evs_between
 from ..transport.cc import profile_names
-from .common import JSON_OPTION, NAME_OPTION, Size, emit, friendly
+from .common import JSON_OPTION, NAME_OPTION, Size, emit, fail, friendly
 
 
 def _ev_selection(text: str | None, count: int) -> list[int] | None:
@@ -41,18 +42,6 @@ def memory_needed(size: int) -> int:
     side by side on this one machine. Nothing else bounds the size: each packet's RETH carries
     its own VA and DMA length (docs/wire-format.md), so no 32-bit message length applies."""
     return 2 * size + WORKER_OVERHEAD
-
-
-def available_memory() -> int | None:
-    """The kernel's estimate of the memory a new process can have without swapping (MemAvailable)."""
-    try:
-        with open("/proc/meminfo") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
 
 
 def memory_problem(size: int, available: int | None) -> str | None:
@@ -187,7 +176,7 @@ def send(src: str, dst: str, size: int, evs: str | None, ev_profile: str | None,
                               ev_profile=loaded if ev_profile is not None else None)
     emit(result.to_dict(), as_json, _transfer_text(result))
     if not result.verified:
-        sys.exit(1)
+        fail(f"{src} -> {dst} not verified: {result.error or 'the placed bytes differ from the source (SHA-256)'}")
 
 
 COMMANDS = [send]

@@ -45,13 +45,17 @@ _COUNT = {"type": ["integer", "null"], "minimum": 0}
 _CAPTURE = {  # the pcap's own run (runner.capture_run) and tcpdump's counts (fabric/ops.py CaptureResult)
     "type": "object",
     "required": ["path", "run", "host", "interfaces", "packets", "received", "dropped_kernel", "dropped_interface",
-                 "left_in_ring", "lost", "complete", "snaplen", "problem", "completion_ms", "verified"],
+                 "left_in_ring", "lost", "complete", "snaplen", "problem", "completion_ms", "verified", "time_dilation",
+                 "ring_kib", "attempts"],
     "properties": {
         "path": {"type": "string"}, "run": {"const": "separate"}, "host": {"type": "string"},
         "interfaces": {"type": "array", "items": {"type": "string"}},
         "packets": _COUNT, "received": _COUNT, "dropped_kernel": _COUNT, "dropped_interface": _COUNT,
         "left_in_ring": _COUNT, "lost": _COUNT, "complete": {"type": "boolean"}, "snaplen": _COUNT,
         "problem": {"type": ["string", "null"]}, "completion_ms": _NUM, "verified": {"type": "boolean"},
+        "time_dilation": {"type": "number", "minimum": 1}, "ring_kib": {"type": "integer", "minimum": 1},
+        "attempts": {"type": "array", "minItems": 1, "items": {"type": "object",
+                                                               "required": ["time_dilation", "ring_kib", "lost"]}},
     },
 }
 _RUN = {
@@ -245,7 +249,12 @@ def pcap_line(transport: str, run: dict[str, Any], markdown: bool = True) -> str
     path = f"`{Path(cap['path']).name}`" if markdown else cap["path"]
     took = "did not complete" if cap["completion_ms"] is None else f"took {cap['completion_ms']:.0f} ms"
     measured = "" if run.get("completion_ms") is None else f" against {run['completion_ms']:.0f} ms uncaptured"
-    again = (f"made in a separate run of the same scenario, which {took}{measured} "
+    tries = cap["attempts"]
+    retried = ("" if len(tries) == 1 else
+               f" (after {len(tries) - 1} lossy capture(s): " + ", ".join(f"{a['lost']:,} lost at K = {a['time_dilation']:g}"
+                                                                     for a in tries[:-1]) + ")")
+    again = (f"made in a separate run of the same scenario at time dilation {cap['time_dilation']:g} with a "
+             f"{cap['ring_kib'] // 1024} MiB ring{retried}, which {took}{measured} "
              f"({'verified' if cap['verified'] else 'NOT verified'}); the figures above are from the run without capture")
     if cap["problem"]:
         alarm = f"**pcap ({transport}) INCOMPLETE**" if markdown else f"pcap ({transport}) INCOMPLETE"

@@ -7,7 +7,8 @@ kernel cannot resolve a next hop and a send fails with EINVAL ("neighbor table o
 dmesg): a failure of the emulator, which the transport would take for a dead path. So `up`
 raises the limits to what the fabric needs (never lowers them), after writing the values it
 found to a file of its own; when the last fabric the journals record goes down, the values
-found are written back and the file removed. Nothing else is touched.
+found are written back and the file removed. Nothing else is touched. `available_memory`
+says what memory a run may still take (a WRITE's buffers, a capture's ring).
 """
 
 from __future__ import annotations
@@ -82,3 +83,15 @@ def restore_if_last() -> None:
         if Path(path).exists():
             _write(path, value)
     saved.unlink()
+
+
+def available_memory() -> int | None:
+    """The kernel's estimate of the memory a new process can have without swapping (MemAvailable)."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None

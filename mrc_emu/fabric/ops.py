@@ -22,6 +22,7 @@ from pyroute2 import IPRoute
 
 from ..topology import ev_count
 from . import netns
+from .limits import available_memory
 from .nodes import FabricSetupError
 from .running import Fabric
 from .waiting import WaitTimeout, until
@@ -108,9 +109,24 @@ def burst_dilation(fabric: Fabric, host: str, frames: Sequence[tuple[bytes, str]
     return next((k for k in BURST_DILATIONS if bps >= factor * rate / k), BURST_DILATIONS[-1]), bps
 
 
-CAPTURE_BUFFER_KIB = 65536  # tcpdump -B: 64 MiB of ring; a 128 MiB WRITE at full speed into one host fits (docs/results.md)
+CAPTURE_BUFFER_KIB = 65536  # tcpdump -B by default: 64 MiB of ring
+CAPTURE_RING_MEMORY_SHARE = 0.25  # a capture's ring takes at most this share of the memory available
 RING_FLUSH_S = 1.1  # tcpdump's 1000 ms packet timeout is the kernel's block retire timer (TPACKET_V3): what
                     # arrived before stop() reaches the file within it; the exit statistics check it
+DRAIN_TIMEOUT_S = 120.0  # how long stop() lets tcpdump write out a full ring before it ends it
+
+
+def ring_kib_for(expected_bytes: int, available: int | None = None) -> int:
+    """tcpdump's ring (-B, KiB) that holds `expected_bytes` of frames whole, so nothing is dropped even
+    when tcpdump gets no CPU until the traffic is over (on a busy 2-core machine the endpoints and
+    the kernel's forwarding take both cores: docs/results.md, Pcaps). Half as much again for headers,
+    ACKs and resends (go-back-N resent a sixth of the demo's WRITE); never below the default, nor
+    above a share of the memory available (`available` bytes, or the kernel's MemAvailable)."""
+    available = available_memory() if available is None else available
+    wanted = max(CAPTURE_BUFFER_KIB, int(expected_bytes * 1.5) // 1024)
+    if available is not None:
+        wanted = min(wanted, max(CAPTURE_BUFFER_KIB, int(available * CAPTURE_RING_MEMORY_SHARE) // 1024))
+    return wanted
 
 
 @dataclass
@@ -235,11 +251,34 @@ class Capture:
             self._stderr += chunk
         return b"listening on" in self._stderr
 
+    def _written(self) -> int:
+        try:
+            return self.path.stat().st_size
+        except FileNotFoundError:
+            return 0
+
+    def _drain(self) -> None:
+        """Wait until tcpdump has written out its ring: the pcap stops growing for longer than the
+        kernel's block timer (RING_FLUSH_S: a block retires at the latest then), or tcpdump exits.
+        A ring sized to hold a whole run (ring_kib_for) may still be full when the traffic ends."""
+        seen = {"size": self._written(), "since": time.monotonic()}
+
+        def written_out() -> bool:
+            size = self._written()
+            if size != seen["size"]:
+                seen.update(size=size, since=time.monotonic())
+            return self.proc.poll() is not None or time.monotonic() - seen["since"] > RING_FLUSH_S
+
+        try:
+            until(written_out, DRAIN_TIMEOUT_S, "tcpdump to write out its ring", interval=0.05)
+        except WaitTimeout:
+            pass  # still writing after the deadline: what is left in the ring is counted as lost
+
     def stop(self, flush: bool = True) -> CaptureResult:
         """End tcpdump once what arrived so far is written; its counts of what it kept and lost."""
         if self.proc.poll() is None:  # still running (it exits by itself only when it fails)
             if flush:
-                time.sleep(RING_FLUSH_S)  # the kernel's block timer, not a guess: see RING_FLUSH_S
+                self._drain()
             self.proc.send_signal(signal.SIGINT)
         _, err = self.proc.communicate(timeout=10)
         self._stderr += err or b""
