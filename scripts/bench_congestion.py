@@ -12,9 +12,9 @@ first over MRC (sprayed over every EV, selective repeat, NSCC), then over the ba
 ECMP-hashed path per QP, go-back-N, DCQCN with CNPs from the responder). `--trim` turns ECN off
 and makes the buffers shallow, so the fabric trims instead of marking.
 
-For each point and transport: WRITEs verified; bottleneck utilisation (bytes leaving leaf 0
-towards h0 on every plane, from the port counters, against planes x 400 Mbit/s over the span of
-the incast); queue p50/p99 and max at those ports (from the BPF histogram: an upper estimate);
+For each point and transport: WRITEs verified; bottleneck utilisation (the bytes TBF sent from
+leaf 0 towards h0, each plane's port against 400 Mbit/s over the span of the incast, the mean of
+the ports: congestion.port_utilisation, as bench_red.py); queue p50/p99 and max at those ports (from the BPF histogram: an upper estimate);
 CE marks, trims and drops there; Jain fairness of the flows' goodput; FCT p50/p99/max; ACK
 timeouts, retransmits, trim NACKs and CNPs; the emulation verdict; and, per bottleneck port, the
 bytes TBF sent against the bytes the port program passed (equal when the virtual queue is charged
@@ -82,17 +82,17 @@ def point(fabric: Fabric, transport: Transport, hosts: list[str], size: int, por
     delta = ports_module.delta(before, after)
     ports = {}
     for node, intf in bottleneck(topo):
-        figures = congestion.port_figures(delta[node][intf], span, topo.link_rate_bps)
+        tbf_sent = sent_after[(node, intf)] - sent_before[(node, intf)]
+        figures = congestion.port_figures(delta[node][intf], span, topo.link_rate_bps, tbf_sent)
         # the virtual queue is TBF's only if both were charged the same bytes (trimmed packets at
         # their trimmed length): what TBF sent against what the program passed, over the point
-        figures["tbf_sent_bytes"] = sent_after[(node, intf)] - sent_before[(node, intf)]
+        figures["tbf_sent_bytes"] = tbf_sent
         figures["tbf_minus_program_bytes"] = figures["tbf_sent_bytes"] - delta[node][intf]["bytes"]
         ports[f"{node}:{intf}"] = figures
     flows = congestion.flows(list(run))
-    util = [p["utilisation"] for p in ports.values() if p["utilisation"] is not None]
     emu = run.emulation
     return {"transport": transport.value, "cc": specs[0].cc, "degree": len(hosts), **flows,
-            "bottleneck_utilisation": round(sum(util) / len(util), 4) if util else None,
+            "bottleneck_utilisation": congestion.bottleneck_utilisation(ports),
             "bottleneck": ports,
             "emulation": {"verdict": emu.verdict, "reasons": emu.reasons, "loop_lag_us": emu.loop_lag_us,
                           "cpu_busy": emu.cpu_busy}}

@@ -136,7 +136,7 @@ def point(fabric: Fabric, scn, transport: Transport, model: str, period_s: float
     for node, intf in where:
         program = delta[node][intf]
         tbf_sent = ports.tbf_counters_of(fabric, node, intf)[0] - tbf_before[(node, intf)]
-        entry = {"utilisation": _round(congestion.utilisation(tbf_sent, span, topo.link_rate_bps), 4),
+        entry = {"utilisation": congestion.port_utilisation(tbf_sent, span, topo.link_rate_bps),
                  "tbf_sent_bytes": tbf_sent,
                  "program": {k: program[k] for k in ("packets", "bytes", "ce_marked", "trimmed", "dropped")}
                  | {"queue_p50": program["queue_p50"], "queue_p99": program["queue_p99"], "queue_max": program["max_queue"]},
@@ -151,15 +151,10 @@ def point(fabric: Fabric, scn, transport: Transport, model: str, period_s: float
         else:
             entry["ce_marked"], entry["dropped"] = program["ce_marked"], program["dropped"]
         per_port[f"{node}:{intf}"] = entry
-    util = [p["utilisation"] for p in per_port.values() if p["utilisation"] is not None]
     emu = run.emulation
     return {"model": model, "transport": transport.value, "cc": specs[0].cc, **congestion.flows(list(run)),
-            "bottleneck_utilisation": round(sum(util) / len(util), 4) if util else None, "bottleneck": per_port,
+            "bottleneck_utilisation": congestion.bottleneck_utilisation(per_port), "bottleneck": per_port,
             "emulation": {"verdict": emu.verdict, "reasons": emu.reasons}}
-
-
-def _round(x, digits):
-    return None if x is None else round(x, digits)
 
 
 def run_model(scn, model: str, transports: list[Transport], args) -> list[dict]:

@@ -45,28 +45,41 @@ def utilisation(wire_bytes: int, span_ns: int, capacity_bps: float) -> float | N
 
 
 def aggregate_goodput_gbps(results: Sequence[Any]) -> float:
-    """What a run's transfers delivered together, first start to last end (transport time), Gbit/s."""
+    """What a run's transfers delivered together, first start to last end (transport time), Gbit/s:
+    only the bytes of verified transfers count (a failed or unverified one adds nothing, though its
+    time is in the span: the run spent it)."""
     start = min((r.start_ns for r in results), default=0)
     end = max((r.end_ns for r in results), default=0)
-    return sum(r.size for r in results) * 8 / max(1, end - start)
+    return sum(r.size for r in results if r.verified) * 8 / max(1, end - start)
+
+
+def fct_percentiles(results: Sequence[Any]) -> dict[str, float | None]:
+    """Flow completion times p50/p99/max (ms), a flow that never completed counted as never: it
+    is above every finished one, and a percentile that falls on it is None (never), not the
+    percentile of the flows that happened to finish."""
+    fct = [math.inf if r.completion_ms is None or not r.verified else r.completion_ms for r in results]
+
+    def finite(x: float | None) -> float | None:
+        return None if x is None or math.isinf(x) else round(x, 3)
+
+    return {"p50": finite(percentile(fct, 50)), "p99": finite(percentile(fct, 99)),
+            "max": finite(max(fct, default=None))}
 
 
 def flows(results: Sequence[Any]) -> dict[str, Any]:
     """Per-flow figures of one run's transfers (experiments.transfer.TransferResult): goodput,
     completion, fairness, and what the requesters counted (timeouts, retransmits, trims)."""
-    done = [r for r in results if r.completion_ms is not None]
-    goodput = [r.goodput_gbps or 0.0 for r in results]
-    fct = [r.completion_ms for r in done]
+    goodput = [(r.goodput_gbps or 0.0) if r.verified else 0.0 for r in results]
     start = min((r.start_ns for r in results), default=0)
     end = max((r.end_ns for r in results), default=0)
     stats = [r.requester.get("stats", {}) for r in results]
     return {
-        "flows": len(results), "verified": sum(1 for r in results if r.ok),
+        "flows": len(results), "verified": sum(1 for r in results if r.verified),
+        "unfinished": sum(1 for r in results if r.completion_ms is None or not r.verified),
         "span_ms": round((end - start) / 1e6, 3),
         "aggregate_goodput_gbps": round(aggregate_goodput_gbps(results), 4),
         "jain": _round(jain(goodput), 4),
-        "fct_ms": {"p50": _round(percentile(fct, 50), 3), "p99": _round(percentile(fct, 99), 3),
-                   "max": _round(max(fct, default=None), 3)},
+        "fct_ms": fct_percentiles(results),
         "timeouts": sum(s.get("timeouts", 0) for s in stats),
         "retransmits": sum(s.get("retransmits", 0) for s in stats),
         "trim_nacks": sum(s.get("trim_nacks", 0) for s in stats),
@@ -77,12 +90,26 @@ def flows(results: Sequence[Any]) -> dict[str, Any]:
     }
 
 
-def port_figures(counters: Mapping[str, Any], span_ns: int, rate_bps: float) -> dict[str, Any]:
+def port_utilisation(sent_bytes: int, span_ns: int, rate_bps: float) -> float | None:
+    """A switch port's utilisation, the one definition every figure uses: the bytes its TBF sent
+    (what left the port on the wire: trimmed packets at their trimmed length, dropped ones not at
+    all; fabric.ports.tbf_counters_of) over the run's span, against the port's rate."""
+    return _round(utilisation(sent_bytes, span_ns, rate_bps), 4)
+
+
+def bottleneck_utilisation(ports: Mapping[str, Mapping[str, Any]]) -> float | None:
+    """The bottleneck's utilisation: the mean of its ports' (each from port_utilisation)."""
+    util = [p["utilisation"] for p in ports.values() if p.get("utilisation") is not None]
+    return round(sum(util) / len(util), 4) if util else None
+
+
+def port_figures(counters: Mapping[str, Any], span_ns: int, rate_bps: float, sent_bytes: int) -> dict[str, Any]:
     """One egress port's counters over a run (an entry of fabric.ports.delta) as figures: its
-    utilisation, marks, trims, drops, and the queue its arrivals found (p50/p99 from the port
-    program's histogram: upper bucket edges; max: the highest bucket reached)."""
+    utilisation (from `sent_bytes`, what its TBF sent: port_utilisation), marks, trims, drops, and
+    the queue its arrivals found (p50/p99 from the port program's histogram: upper bucket edges;
+    max: the highest bucket reached)."""
     return {
-        "utilisation": _round(utilisation(counters.get("bytes", 0), span_ns, rate_bps), 4),
+        "utilisation": port_utilisation(sent_bytes, span_ns, rate_bps),
         "packets": counters.get("packets", 0), "ce_marked": counters.get("ce_marked", 0),
         "trimmed": counters.get("trimmed", 0), "dropped": counters.get("dropped", 0),
         "queue_bytes": {"p50": counters.get("queue_p50"), "p99": counters.get("queue_p99"),

@@ -188,7 +188,8 @@ def flow_rows(results: dict[str, Any]) -> list[list[str]]:
         if not f or f["flows"] < 2:
             continue
         ms = f["fct_ms"]
-        rows.append([transport, str(f["flows"]), *("-" if ms[k] is None else f"{ms[k]:.1f} ms" for k in ("p50", "p99", "max")),
+        # a None is a flow that never completed (congestion.fct_percentiles): "never", as in the recovery table
+        rows.append([transport, str(f["flows"]), *("never" if ms[k] is None else f"{ms[k]:.1f} ms" for k in ("p50", "p99", "max")),
                      "-" if f["jain"] is None else f"{f['jain']:.3f}", f"{f['timeouts']:,}", f"{f['trim_nacks']:,}",
                      f"{f['cnps']:,}"])
     return rows if len(rows) > 1 else []
