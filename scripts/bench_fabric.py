@@ -11,8 +11,10 @@ the qdiscs; `ports`: loading, pinning and attaching the program).
 
 Plain Mininet means: every node a Mininet Host, every link a Mininet Link, built by
 Mininet(topo, controller=None) and stopped by net.stop(); it configures no SRv6 at all. It
-runs for `large` only: at 320 nodes its stop alone took 50 s here, so at a thousand it would
-take minutes and say nothing new.
+needs the mininet module (the `bench` extra: pip install -e '.[bench]') and mnexec (apt-get
+install mininet), and is skipped, saying which is missing, without them. It runs for `large`
+only: at 320 nodes its stop alone took 50 s here, so at a thousand it would take minutes and
+say nothing new.
 
 Memory is the kernel's, read from /proc/meminfo (Slab + Percpu + VmallocUsed, and MemAvailable)
 before `up`, with the fabric up, with its static routes installed, and after `down`. `down` returns once every name is gone
@@ -31,6 +33,7 @@ Targets on a 2-core machine: `large` up <= 5 s, a topology with >= 1,000 namespa
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import select
 import shutil
@@ -159,7 +162,9 @@ def main() -> None:
             topo = from_dict({**topo.to_dict(), "link_rate": rate}, f"<{topo_name}>")
         entry = ours(topo, "benchf")
         if topo_name == "large":  # (not large@RATE: Mininet shapes nothing)
-            if shutil.which("mnexec") is None:
+            if importlib.util.find_spec("mininet") is None:
+                entry["plain_mininet"] = "skipped: the mininet module is not installed (pip install -e '.[bench]')"
+            elif shutil.which("mnexec") is None:
                 entry["plain_mininet"] = "skipped: mnexec not installed (apt-get install mininet)"
             else:
                 plain = plain_mininet(topo)

@@ -13,8 +13,6 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 
 apt_packages=(
-    mininet          # ships /usr/bin/mnexec, which Mininet's Python module runs
-    net-tools        # ifconfig, which Mininet calls
     iproute2         # ip, for the few things netlink via pyroute2 cannot say
     ethtool tcpdump tshark nftables
     frr              # BGP (and BFD) in the switch namespaces: the baseline's route repair
@@ -54,7 +52,7 @@ stamp="$venv/.mrc-emu-installed"
 if [ ! -f "$stamp" ] || [ "$repo/pyproject.toml" -nt "$stamp" ]; then
     echo "install.sh: installing mrc-emu into $venv"
     "$venv/bin/pip" install -q --upgrade pip
-    "$venv/bin/pip" install -q -e "$repo[test]"
+    "$venv/bin/pip" install -q -e "$repo[test,bench]"
     touch "$stamp"
 fi
 echo "install.sh: ready ($venv/bin/mrc-emu)"

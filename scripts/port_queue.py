@@ -36,8 +36,8 @@ import traceback
 from mrc_emu.fabric import build, netlink, netns, ops, ports
 from mrc_emu.fabric.running import Fabric
 from mrc_emu.topology import from_dict
-from mrc_emu.topology.model import parse_rate
 from mrc_emu.topology.port import tbf_limit
+from mrc_emu.topology.units import parse_rate
 from mrc_emu.transport.paths import qp_paths
 from mrc_emu.wire.format import DataPacket
 

@@ -26,6 +26,9 @@ def pytest_collection_modifyitems(config, items):
 
 
 DILATIONS = (4, 16, 64)
+# the largest time dilation a test may need, unless it states its own: at K = 64 a 1 MiB transfer
+# at 20 Mbit/s already takes half a minute of wall time
+MAX_DILATION = 64
 
 
 def kept_up(result) -> bool:
@@ -62,18 +65,49 @@ def fabric_limited(capacity_bps: float, share: float = 0.7):
     return lambda result: kept_up(result) and goodput_bps(result) >= share * capacity_bps
 
 
-def at_a_dilation_that_keeps_up(run, dilations=DILATIONS, good=kept_up):
-    """`run(K)` under the first time dilation K at which the emulator kept up (`good`: kept_up, or
-    fabric_limited where the test needs the link to be the limit), as a user does when a run says
-    its workers were saturated; the last one's (result, K) otherwise, for the test to fail on. A
-    figure that needs the fabric to be the bottleneck (a queue at a port, its marks, a degraded
+def described(result) -> str:
+    """A run's goodput and its emulation verdict, for a message."""
+    return f"{goodput_bps(result) / 1e6:.1f} Mbit/s, {summary(result)}"
+
+
+@pytest.fixture
+def at_a_dilation_that_keeps_up(record_property):
+    """`find(run)`: `run(K)` under the first time dilation K at which the emulator kept up (`good`:
+    kept_up, or fabric_limited where the test needs the link to be the limit), as a user does when
+    a run says its workers were saturated; (result, K). Every K tried is printed and recorded as
+    the test's properties `time_dilation` and `time_dilations_tried`; no K above `cap` is tried,
+    and the test fails naming each K tried and what it gave if none kept up.
+
+    A figure that needs the fabric to be the bottleneck (a queue at a port, its marks, a degraded
     link's goodput) needs a larger K on a slower machine: a VM under TCG pushed about a twentieth
-    of this machine's packet rate."""
-    for k in dilations:
-        result = run(k)
-        if good(result):
-            break
-    return result, k
+    of this machine's packet rate. A run that needs more than the cap says the emulator got
+    slower, or the machine is too slow for the test: it fails, rather than pass behind a longer
+    run. `used(result, K)`: the K a run actually took, where `run(None)` lets it choose (later
+    ones no larger are skipped)."""
+
+    def find(run, dilations=DILATIONS, good=kept_up, cap=MAX_DILATION, describe=described, used=None):
+        over = [k for k in dilations if k is not None and k > cap]
+        if over:
+            raise ValueError(f"time dilations {over} are above the cap of {cap}")
+        tried, notes = [], []
+        for k in dilations:
+            if k is not None and tried and k <= tried[-1]:
+                continue
+            result = run(k)
+            k = used(result, k) if used else k
+            tried.append(k)
+            kept = good(result)
+            notes.append(f"K = {k}: {describe(result)}")
+            if kept:
+                break
+        print(f"\ntime dilation {k} (tried {tried}, cap {cap})")
+        record_property("time_dilation", k)
+        record_property("time_dilations_tried", tried)
+        if not kept:
+            pytest.fail(f"the emulator did not keep up at any time dilation up to the cap of {cap}: " + "; ".join(notes))
+        return result, k
+
+    return find
 
 
 def wait_for(condition, timeout: float = 20.0, what: str = "condition"):

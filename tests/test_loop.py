@@ -6,28 +6,49 @@ import time
 
 import pytest
 
+from mrc_emu.io import clock as clock_module
 from mrc_emu.io import loop as lp
 
 needs_sockio = pytest.mark.skipif(lp._sockio is None, reason="the C extension mrc_emu.io._sockio was not built")
 
 
-def test_clock_dilation_slows_time():
+class FakeTime:
+    """The two clocks Clock reads, moved by hand: CLOCK_REALTIME is CLOCK_MONOTONIC + `offset`."""
+
+    def __init__(self, mono_ns: int, offset_ns: int) -> None:
+        self.mono_ns, self.offset_ns = mono_ns, offset_ns
+
+    def monotonic_ns(self) -> int:
+        return self.mono_ns
+
+    def time_ns(self) -> int:
+        return self.mono_ns + self.offset_ns
+
+
+def test_clock_dilation_slows_time(monkeypatch):
+    fake = FakeTime(mono_ns=5_000_000, offset_ns=0)
+    monkeypatch.setattr(clock_module, "time", fake)
     clock = lp.Clock(dilation=4)
-    a, wall_a = clock.now(), time.monotonic_ns()
-    deadline = wall_a + 20_000_000
-    while time.monotonic_ns() < deadline:
-        pass
-    b, wall_b = clock.now(), time.monotonic_ns()
-    ratio = (wall_b - wall_a) / (b - a)
-    assert 3.5 < ratio < 4.5
+    before = clock.now()
+    fake.mono_ns += 20_000_000
+    assert clock.now() - before == 5_000_000  # 20 ms of wall time are 5 ms of the transport's
+    assert clock.from_monotonic(fake.mono_ns) == clock.now()
+    assert lp.Clock().from_monotonic(123) == 123  # undilated: monotonic time itself
     with pytest.raises(ValueError, match="at least 1"):
         lp.Clock(dilation=0.5)
 
 
-def test_clock_maps_realtime_stamps_onto_its_own_time():
+def test_clock_maps_realtime_stamps_onto_its_own_time(monkeypatch):
+    fake = FakeTime(mono_ns=7_000_000, offset_ns=1_700_000_000 * 10**9)
+    monkeypatch.setattr(clock_module, "time", fake)
     clock = lp.Clock(dilation=2)
-    real = time.time_ns()
-    assert abs(clock.from_realtime(real) - clock.now()) < 2_000_000
+    fake.mono_ns += 4_000_000
+    stamp = fake.time_ns()  # a kernel stamp taken now
+    assert clock.from_realtime(stamp) == clock.now()
+    assert clock.from_realtime(stamp - 2_000_000) == clock.now() - 1_000_000  # 2 ms earlier: 1 ms dilated
+    fake.offset_ns += 3_000_000  # NTP stepped CLOCK_REALTIME: a resync follows it
+    clock.resync()
+    assert clock.from_realtime(fake.time_ns()) == clock.now()
 
 
 def test_lag_meter_percentiles_bound_the_samples():
@@ -238,10 +259,11 @@ def test_a_datagram_stamped_before_what_was_taken_as_read_is_counted_late():
     loop, rx, tx = _loop(echo, clock)
     _until_the_kernel_stamps(rx, tx)
     port = loop.ports[0]
-    port.read_through = clock.now() + 50_000_000  # as if the socket had been seen empty 50 ms from now
+    port.read_through = ahead = clock.now() + 50_000_000  # as if the socket had been seen empty 50 ms from now
     tx.sendto(b"held in a backlog", rx.getsockname())
     loop.run(lambda: bool(echo.got))
-    assert port.late == 1 and loop.stats.late_max_ns >= 40_000_000
+    (_, arrived), = echo.got
+    assert port.late == 1 and loop.stats.late_max_ns == ahead - arrived > 0  # behind what was taken as read
     loop.measure(False)
     assert loop.stats.late_datagrams == 1
     loop.close()
@@ -255,12 +277,14 @@ def test_a_late_datagram_holds_the_published_horizon_back_by_twice_its_lateness(
     loop, rx, tx = _loop(echo, clock, horizon)
     _until_the_kernel_stamps(rx, tx)
     port = loop.ports[0]
-    port.read_through = clock.now() + 20_000_000  # the kernel will hand over a datagram 20 ms "late"
+    port.read_through = ahead = clock.now() + 20_000_000  # the kernel will hand over a datagram 20 ms "late"
     tx.sendto(b"held in a backlog", rx.getsockname())
     loop.run(lambda: bool(echo.got) and bool(echo.pumps))  # read before the first pump, in one turn
-    assert loop.stats.slack_max_ns >= 2 * 19_000_000
+    (_, arrived), = echo.got
+    lateness = ahead - arrived
+    assert lateness > 0 and loop.stats.slack_max_ns == 2 * lateness
     now, seen = echo.pumps[-1]
-    assert seen <= now - 2 * 19_000_000  # the horizon the endpoint was given is that far behind
+    assert seen <= now - 2 * lateness  # the horizon the endpoint was given is that far behind
     loop.close()
 
 

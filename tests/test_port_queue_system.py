@@ -43,28 +43,26 @@ def _kept_up(result) -> bool:
     """The kernel dequeued TBF on time and the senders outran the link. On a loaded machine TBF's
     watchdog fires late, the real queue outgrows the virtual one (which drains by the clock), and
     the burst arrives too slowly to queue: the machine's lag, so the ports run slower (as the
-    transfers of a run under time dilation do) rather than the program be judged on it."""
+    transfers of a run under time dilation do) rather than the program be judged on it. Two
+    line-rate senders into one link: the bottleneck holds about half of what arrives."""
     drained = result["tbf_drained_of_rate"]
     return (drained is not None and drained >= DRAINED_ON_TIME and result["peak_tbf_backlog"] > 0.5 * FRAMES * PAYLOAD
-            and result["busy_samples"] >= 20)  # and the sampler kept up (a VM under TCG took over 2 ms a pair)
+            and result["busy_samples"] >= 20)  # and the sampler kept up: every 0.3 ms or so over about 30 ms
 
 
-def test_the_burst_builds_a_queue_and_the_virtual_queue_follows_tbfs_backlog(fabric_name):
-    module, tried = _port_queue(), []
-    for dilation in (None, 16, 64):  # None: the K that ops.burst_dilation measures
-        if tried and dilation <= tried[-1]["dilation"]:
-            continue
-        tried.append(result := module.measure(FRAMES, PAYLOAD, "400mbit", name=fabric_name, dilation=dilation))
-        if _kept_up(result):
-            break
-    assert result["tbf_drained_of_rate"] >= DRAINED_ON_TIME, [(r["dilation"], r["tbf_drained_of_rate"]) for r in tried]
-    # two line-rate senders into one link: the bottleneck holds about half of the 3.2 MB that arrive
-    # (1.6 MB measured on an idle machine; less when a busy one hands the burst over slower)
-    half = FRAMES * PAYLOAD
-    assert result["peak_tbf_backlog"] > 0.5 * half, (result["peak_tbf_backlog"], result["handoff_ms"], result["dilation"])
-    assert result["program"]["max_queue"] > 0.5 * half, result["program"]
-    assert result["busy_samples"] >= 20, result["busy_samples"]  # every 0.3 ms or so over about 30 ms
-    assert result["abs_of_peak_tbf"]["mean"] < 0.05, result["abs_of_peak_tbf"]  # measured: 0.003-0.005
+def _described(result) -> str:
+    return (f"TBF drained {result['tbf_drained_of_rate']} of its rate, peak backlog {result['peak_tbf_backlog']} B "
+            f"(handed over in {result['handoff_ms']} ms), {result['busy_samples']} busy samples")
+
+
+def test_the_burst_builds_a_queue_and_the_virtual_queue_follows_tbfs_backlog(fabric_name, at_a_dilation_that_keeps_up):
+    module = _port_queue()
+    # None first: the K that ops.burst_dilation measures, then larger ones
+    result, _ = at_a_dilation_that_keeps_up(
+        lambda k: module.measure(FRAMES, PAYLOAD, "400mbit", name=fabric_name, dilation=k), (None, 16, 64),
+        good=_kept_up, describe=_described, used=lambda result, k: result["dilation"])
+    assert result["program"]["max_queue"] > 0.5 * FRAMES * PAYLOAD, result["program"]
+    assert result["abs_of_peak_tbf"]["mean"] < 0.05, result["abs_of_peak_tbf"]  # docs/fabric.md's table: under 2 %
     # trim off: the trimmed-packet redirect never ran, and TBF sent exactly what the program passed
     assert result["program"]["trimmed"] == 0 and result["program"]["dropped"] == 0, result["program"]
     assert result["tbf_sent_minus_program"] == 0, result["tbf_sent_minus_program"]

@@ -11,7 +11,8 @@ import pytest
 
 from mrc_emu.fabric import ports
 from mrc_emu.topology import TopologyError, builtin, from_dict
-from mrc_emu.topology.port import HIST_BUCKETS, parse_duration_ns, plane_bdp, tbf_shape
+from mrc_emu.topology.port import HIST_BUCKETS, plane_bdp, tbf_shape
+from mrc_emu.topology.units import parse_duration_ns
 
 BASE = {**builtin().to_dict(), "link_rate": "400mbit"}
 

@@ -12,7 +12,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import at_a_dilation_that_keeps_up, fabric_limited, goodput_bps, summary
+from conftest import fabric_limited
 
 from mrc_emu.experiments.transfer import run_transfers
 from mrc_emu.experiments.transports import Transport
@@ -28,6 +28,7 @@ BOTTLENECK_BPS = 2 * 400e6  # incast: leaf 0's port towards h0 in each plane
 # the incast must fill the bottleneck for a queue to mark: a run where the emulator kept up and
 # the flows carried 70 % of it
 BUSY_BOTTLENECK = fabric_limited(BOTTLENECK_BPS, share=0.7)
+RED_INCAST_MAX_DILATION = 256  # eight senders into one port: in a VM under TCG a worker saturated even at 64 (docs/vagrant.md)
 needs_root = pytest.mark.skipif(os.getuid() != 0, reason="needs root (bpf(2))")
 
 
@@ -64,7 +65,7 @@ def test_the_decap_program_carries_an_outer_ce_into_an_ect_inner_header(srh_word
         ecn_decap.close(fd)
 
 
-def test_the_decap_program_on_every_host_port_breaks_nothing(fabric_name):
+def test_the_decap_program_on_every_host_port_breaks_nothing(fabric_name, at_a_dilation_that_keeps_up):
     """On a `model: bpf` incast fabric (the port program marks both headers itself), the program on
     every host's ingress leaves an incast verified and its marks as they were seen."""
     topo = builtin("incast")
@@ -88,7 +89,7 @@ def test_the_decap_program_on_every_host_port_breaks_nothing(fabric_name):
             assert red.DECAP_FILTER in names
             specs = [Transport.MRC.spec(src, "h0", 1 * MiB, 4096, topology=topo) for src in ("h4", "h8", "h12", "h16")]
             run, k = at_a_dilation_that_keeps_up(lambda k: run_transfers(fabric, specs, dilation=k), good=BUSY_BOTTLENECK)
-            assert all(r.ok for r in run) and BUSY_BOTTLENECK(run), (k, goodput_bps(run), summary(run))
+            assert all(r.ok for r in run), [r.error for r in run if not r.ok]
             assert sum(r.responder["stats"]["ce_received"] for r in run) > 0  # the program's inner marks get through
     finally:
         build.down(fabric_name)
@@ -104,7 +105,7 @@ def test_up_with_port_model_red_without_red_is_one_line_and_leaves_nothing(fabri
 
 
 @pytest.mark.skipif(red.red_missing() is not None, reason=str(red.red_missing()))
-def test_a_red_fabric_marks_by_red_and_the_receivers_see_it(fabric_name):
+def test_a_red_fabric_marks_by_red_and_the_receivers_see_it(fabric_name, at_a_dilation_that_keeps_up):
     topo = from_dict({**builtin("incast").to_dict(), "port": with_model(None, "red")}, "<test red>")
     build.up(topo, fabric_name)
     try:
@@ -125,8 +126,8 @@ def test_a_red_fabric_marks_by_red_and_the_receivers_see_it(fabric_name):
                 seen_before.update(red={at: red.red_counters(fabric, *at) for at in bottleneck}, program=ports.counters(fabric))
                 return run_transfers(fabric, specs, dilation=k)
 
-            run, k = at_a_dilation_that_keeps_up(incast, (4, 16, 64, 256), good=BUSY_BOTTLENECK)
-            assert all(r.ok for r in run) and BUSY_BOTTLENECK(run), (k, goodput_bps(run), summary(run))
+            run, k = at_a_dilation_that_keeps_up(incast, (4, 16, 64, 256), good=BUSY_BOTTLENECK, cap=RED_INCAST_MAX_DILATION)
+            assert all(r.ok for r in run), [r.error for r in run if not r.ok]
             before, program_before = seen_before["red"], seen_before["program"]
             marked = sum(red.red_counters(fabric, n, i)["marked"] - before[(n, i)]["marked"] for n, i in before)
             seen = sum(r.responder["stats"]["ce_received"] for r in run)

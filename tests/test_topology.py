@@ -6,7 +6,7 @@ import pytest
 
 from mrc_emu.topology import TopologyError, builtin, evs_between, from_dict, load, probe_segments
 from mrc_emu.topology import addressing as ad
-from mrc_emu.topology.model import parse_size
+from mrc_emu.topology.units import parse_size
 
 
 def test_default_counts():

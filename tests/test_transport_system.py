@@ -9,7 +9,7 @@ import threading
 import time
 
 import pytest
-from conftest import at_a_dilation_that_keeps_up, kept_up, summary, wait_for
+from conftest import wait_for
 
 from mrc_emu.experiments.transfer import Control, TransferSpec, run_transfers, send
 from mrc_emu.fabric import faults, links
@@ -81,7 +81,7 @@ def test_link_down_mid_transfer_recovers_and_probes_revive(default_fabric, how):
     assert all(ev["state"] == "GOOD" for ev in result.per_ev)
 
 
-def test_five_percent_loss_on_one_plane(default_fabric):
+def test_five_percent_loss_on_one_plane(default_fabric, at_a_dilation_that_keeps_up):
     fabric, topo = default_fabric, default_fabric.topology
     for spine in faults.plane_nodes(topo, 0):
         faults.loss(fabric, spine, 5.0)
@@ -91,7 +91,6 @@ def test_five_percent_loss_on_one_plane(default_fabric):
     for spine in faults.plane_nodes(topo, 0):
         faults.clear(fabric, spine)
     assert result.verified, result.error
-    assert kept_up(result), (k, summary(result))
     assert result.requester["stats"]["retransmits"] > 0
     share = {p: sum(e["share"] for e in result.per_ev if e["plane"] == p) for p in (0, 1)}
     print(f"\nshare of packets (time dilation {k}): plane 0 (5% loss) {share[0]:.3f}, plane 1 {share[1]:.3f}")

@@ -12,12 +12,9 @@ from __future__ import annotations
 import errno
 from collections.abc import Sequence
 from enum import IntEnum, IntFlag
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from .errors import MrcApiError, RestrictionError
-
-if TYPE_CHECKING:
-    from .profiles import EvProfile
 
 EV_MAX_BYTES = 32  # MRC_CTL_EV_MAX_BYTES: an EV value is always 32 bytes, unused ones zero
 
@@ -41,6 +38,14 @@ class EvFormatMode(IntFlag):
     def max_bits(self) -> int:
         """How many EV bits this mode can carry: the sum of a format's widths may not exceed it."""
         return MODE_MAX_BITS[self]
+
+
+class FormatUser(Protocol):
+    """What a format profile needs of an EV profile naming it (profiles.EvProfile): which one it is,
+    and whether it is ONLINE (the format may not change under it then)."""
+
+    profile_id: int
+    state: ProfileState
 
 
 # STEV: the header puts the value in the first 32 bits; UDP: a 16-bit source port; SRV6: all 32 bytes.
@@ -81,7 +86,7 @@ class EvFormatProfile:
         self.state = ProfileState.INIT
         self.mode: EvFormatMode | None = None
         self.fields: tuple[int, ...] = ()  # the widths, once MODIFY_FIELDS set them
-        self.dependents: list[EvProfile] = []  # EV profiles naming this format (EBUSY while one is ONLINE)
+        self.dependents: list[FormatUser] = []  # EV profiles naming this format (EBUSY while one is ONLINE)
 
     @property
     def total_width(self) -> int:

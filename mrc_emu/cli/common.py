@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from ..topology import TopologyError, model
+from ..topology import TopologyError, units
 
 NAME_OPTION = click.option("--name", "-n", default="mrc", show_default=True, help="Fabric name (namespaces are <name>-<node>).")
 JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
@@ -70,9 +70,9 @@ def progress(message: str) -> None:
 
 
 def parse_size(text: str) -> int:
-    """'64MiB', '1.5GB', '4096', '100k' -> bytes (topology.model.parse_size, as a usage error)."""
+    """'64MiB', '1.5GB', '4096', '100k' -> bytes (topology.units.parse_size, as a usage error)."""
     try:
-        return model.parse_size(text)
+        return units.parse_size(text)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
 

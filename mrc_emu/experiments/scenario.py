@@ -50,7 +50,8 @@ from pathlib import Path
 from typing import Any
 
 from ..topology import Role, Topology, TopologyError, resolve
-from ..topology.model import key_lines, parse_size, read_yaml
+from ..topology.model import key_lines, read_yaml
+from ..topology.units import parse_size
 from .faults import FAULT_KINDS, LOSS_MECHANISMS, Fault, Target, parse_direction
 from .transports import Transport
 

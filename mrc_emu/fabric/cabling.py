@@ -1,14 +1,14 @@
 """Every veth of a fabric, created in one netlink batch with interface indexes the topology fixes.
 
-Why it exists: one pyroute2 call per veth took 1.4 ms here (3.3 s for the 2,368 of `large`);
-the same requests encoded by netlink.Batch and sent from this namespace, each end placed
-straight into its node's namespace by fd, cost 0.2-0.45 ms each, nearly all of it the
-kernel's. The index of every end is fixed (lo is 1 everywhere; `index_of`) and unique across
-the whole fabric, so the two ends of a veth never share an index. That matters: linkwatch
-makes a veth operational (operstate UP, qdisc attached: until then it drops) at once only if
-its peer's index differs from its own (its "urgent" test, meant for stacked devices), and
-otherwise up to a second later. With the indexes the kernel picks (1, 2, 3... in every
-namespace) ends often collide: waiting for every link of `large` took 1.4-1.6 s; now 0.13-0.2 s.
+Why it exists: one pyroute2 call per veth costs several times the kernel's work on it; the same
+requests encoded by netlink.Batch and sent from this namespace, each end placed straight into
+its node's namespace by fd, cost little more than the kernel's (docs/scale.md has the figures).
+The index of every end is fixed (lo is 1 everywhere; `index_of`) and unique across the whole
+fabric, so the two ends of a veth never share an index. That matters: linkwatch makes a veth
+operational (operstate UP, qdisc attached: until then it drops) at once only if its peer's
+index differs from its own (its "urgent" test, meant for stacked devices), and otherwise up to
+a second later. With the indexes the kernel picks (1, 2, 3... in every namespace) ends often
+collide, and `large` waited over a second for its links.
 
 The batch is sent from a namespace of its own that holds only lo (`send`): Linux 6.1 (Debian 12's
 stock kernel, the Vagrant VM's) refuses a requested index that is taken in the namespace the request

@@ -9,8 +9,8 @@ lists every hop needs no more; besides, for the short uSID carrier `fc00:0:<spin
 spine routes each host's SIDs down to the host's leaf in its plane. Those neighbours are written
 down too (permanent entries: every veth end has a MAC the topology fixes), as a fabric's ND/ARP
 tables are populated before traffic: resolved on the data path, a next hop behind a lossy link
-once held a QP's ACKs for the one second of an NS retransmission, and the transport took it
-for a dead path.
+can hold a QP's ACKs for the one second of an NS retransmission, which the transport takes for
+a dead path.
 """
 
 from __future__ import annotations

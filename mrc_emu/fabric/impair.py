@@ -3,7 +3,7 @@
 Why it exists: a `delay` fault (a longer cable, a detour through a distant switch) is netem's
 job, and so is the netem way of a `loss` fault (`mechanism: netem`, `fault loss --by netem`:
 the kernel's own random loss on egress, beside our XDP and nft drops on ingress, so the two can
-be held against each other). netem is a kernel module a kernel may lack (this machine's has no sch_netem; a stock
+be held against each other). netem is a kernel module a kernel may lack (sch_netem; a stock
 Debian or Ubuntu kernel has it). So before any fault touches a fabric, `netem_missing()` asks
 the kernel itself: it adds a netem qdisc to the loopback of a throwaway network namespace (an
 unnamed one, gone as soon as this thread leaves it) and reports the refusal as one line naming

@@ -1,10 +1,10 @@
 """Named network namespaces made directly, as `ip netns add` makes them: no process per node.
 
 Why it exists: a fabric of a thousand nodes needs a thousand namespaces. Mininet starts a
-shell per node (mnexec, a pty, a prompt to wait for): 4-5 ms a node here, plus a process to
-stop. This thread instead calls unshare(CLONE_NEWNET), writes the namespace's sysctls while it
-is inside (no extra switch), bind-mounts /proc/thread-self/ns/net onto the name and goes home:
-0.4-1.8 ms a node with its journal entry, and nothing keeps running. The name alone holds it.
+shell per node (mnexec, a pty, a prompt to wait for), and leaves a process per node to stop.
+This thread instead calls unshare(CLONE_NEWNET), writes the namespace's sysctls while it is
+inside (no extra switch), bind-mounts /proc/thread-self/ns/net onto the name and goes home, and
+nothing keeps running: the name alone holds it (docs/scale.md has what each costs a node).
 
 It never journals: the caller records each path before calling `create` (registry.py's
 discipline), so a crash at any point leaves only names the journal holds. If anything fails

@@ -2,8 +2,8 @@
 program's virtual queue against a real queue.
 
 Why it exists: the port model of issue 12 (bpf/port.bpf.c) marks CE from a virtual queue that
-follows TBF's backlog; a stock kernel (the Vagrant VM; not this machine's, which has no sch_red)
-can mark from the queue itself. Under `model: red` every served egress port keeps the shaping
+follows TBF's backlog; a kernel with sch_red (a stock Debian or Ubuntu one, as in the Vagrant
+VM) can mark from the queue itself. Under `model: red` every served egress port keeps the shaping
 TBF 1: and the ordering HTB 2: (build.shape_node); RED takes the place of the pfifo under the
 data class 2:2 (control and trimmed headers still go ahead through 2:1), with its numbers from
 the same `port:` block:

@@ -93,9 +93,8 @@ class SocketLink:
         """Hand up to `budget` waiting datagrams to the endpoint; how many there were.
 
         The driver pumps the endpoint between batches, and a responder sends its ACKs only when
-        pumped: the budget bounds how many packets an ACK can wait for. At 256 a busy responder
-        acknowledged once per 256 packets (about 3 ms) instead of every 32, and goodput over
-        2 ms windows swung by 43 % (12 % at 32)."""
+        pumped: the budget bounds how many packets an ACK can wait for (a larger one made the
+        goodput bursty: docs/transport.md, Responder)."""
         recv = self.recv_sock.recvmsg
         packed = self._packed
         n = 0

@@ -34,13 +34,12 @@ from typing import Any
 import yaml
 
 from . import port as port_model
+from .units import parse_rate
 
 MAX_NODE_ID = 0xDFFF  # node IDs live in 16-bit uSIDs; 0xE000.. is kept for local functions
 MIN_MTU = 1280  # IPv6 minimum link MTU
 MAX_MTU = 9000
-_RATE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(kbit|mbit|gbit)\s*$", re.IGNORECASE)
 _NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,15}$")
-_RATE_UNITS = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
 
 
 class TopologyError(ValueError):
@@ -250,38 +249,6 @@ _INT_FIELDS = {
     "hosts_per_leaf": (1, 64),
 }
 _OPTIONAL = {"name", "mtu", "link_rate", "description", "base_rtt", "port"}
-
-
-_SIZE_RE = re.compile(r"^\s*(\d[\d_]*(?:\.\d+)?)\s*([kmg]i?b?|b)?\s*$", re.IGNORECASE)
-_SIZE_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 10**6, "mb": 10**6, "mib": 2**20,
-               "g": 10**9, "gb": 10**9, "gib": 2**30}
-
-
-def parse_size(text: str | int) -> int:
-    """'64MiB', '1.5GB', '4096', '100k', '1_000' (or an int) -> bytes, at least one; raises
-    ValueError on anything else. The one language of sizes: the CLI's and the scenarios'."""
-    if isinstance(text, int) and not isinstance(text, bool):
-        value = text
-    else:
-        m = _SIZE_RE.match(str(text))
-        unit = (m.group(2) or "").lower() if m else ""
-        if not m or unit not in _SIZE_UNITS:
-            raise ValueError(f"{text!r} is not a size (examples: 4096, 100k, 64MiB, 1.5GB)")
-        value = int(float(m.group(1).replace("_", "")) * _SIZE_UNITS[unit])
-    if value < 1:
-        raise ValueError(f"{text!r} is less than one byte")
-    return value
-
-
-def parse_rate(text: str) -> float:
-    """'100mbit' -> 1e8 bits/s; raises ValueError on anything else."""
-    m = _RATE_RE.match(str(text))
-    if not m:
-        raise ValueError(f"{text!r} is not a rate like '100mbit', '1gbit' or '500kbit'")
-    value = float(m.group(1)) * _RATE_UNITS[m.group(2).lower()]
-    if value <= 0:
-        raise ValueError(f"{text!r} must be above zero")
-    return value
 
 
 def from_dict(data: Any, source: str = "<dict>", lines: dict[str, int] | None = None) -> Topology:

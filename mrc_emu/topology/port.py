@@ -27,26 +27,18 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
+from .units import parse_duration_ns, parse_size
+
 DEFAULT_BASE_RTT_NS = 1_000_000  # the emulator's endpoints answer in hundreds of us; see docs/fabric.md
 MIN_TRIM_BYTES = 28  # BTH 12 + RETH 16: PSN, address, R_Key and DMA length survive the trim
 MAX_TRIM_BYTES = 256  # the program's scratch buffer (port.bpf.c MAX_TRIM_BYTES)
 BDP_FLOOR_MTUS = 2  # a plane BDP below two packets would trim and mark every packet of a burst
 HIST_BUCKETS = 64  # port.bpf.c HIST_BUCKETS
-_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ns|us|ms|s)\s*$")
-_DURATION_UNITS = {"ns": 1, "us": 1_000, "ms": 1_000_000, "s": 1_000_000_000}
 _BDP_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*bdp\s*$", re.IGNORECASE)
 _PORT_KEYS = {"buffer", "ecn", "trim", "hosts", "links", "model", "red"}
 QUEUE_MODELS = ("bpf", "red")  # who marks: the port program's virtual queue, or the kernel's RED qdisc (fabric/red.py)
 RED_AVPKT = 4250  # bytes: a data packet of 4 KiB payload with its headers (Ethernet, IPv6, SRH, IPv6, UDP, BTH, RETH)
 _OVERRIDE_KEYS = {"link", "from", "buffer", "ecn", "trim"}
-
-
-def parse_duration_ns(text: Any) -> int:
-    """'1ms', '500us', '2.5ms', '1s' -> nanoseconds; ValueError on anything else."""
-    m = _DURATION_RE.match(str(text))
-    if not m or float(m.group(1)) <= 0:
-        raise ValueError(f"{text!r} is not a duration above zero like '1ms', '500us' or '20000ns'")
-    return int(float(m.group(1)) * _DURATION_UNITS[m.group(2)])
 
 
 def format_duration(ns: int) -> str:
@@ -214,8 +206,6 @@ def _amount(value: Any, fld: str) -> Amount:
         if float(m.group(1)) <= 0:
             raise PortError(fld, f"{value!r} must be above zero")
         return Amount(float(m.group(1)), True)
-    from .model import parse_size
-
     try:
         return Amount(parse_size(value))
     except ValueError as exc:

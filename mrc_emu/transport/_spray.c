@@ -42,7 +42,7 @@
  *   grows, and `seen` (EV -> [packets, latest send time, that packet's transmissions, bytes])
  *   takes it, exactly as the Python loop adds one packet after another (ties of send time keep
  *   the earlier packet's); acked: the bytes; in_flight: those of them that were in flight, which
- *   the caller takes off bytes_in_flight. Per ACK that loop was about a third of the Python time.
+ *   the caller takes off bytes_in_flight (what the Python loop cost per ACK: docs/transport.md).
  *
  * front(table, ev) -> Pkt or None
  *   SentPackets.front for a table of Pkt records: the oldest packet still in flight on `ev`,

@@ -204,7 +204,7 @@ class Recovery:
 
         The echoed EV has its exact sample (`rtt`): the ACK's arrival less the responder's service
         time of the echoed packet (`heard`) less its send time, so an endpoint slow to read or
-        answer (on this machine: the emulator's own lag) is not taken for a queue in the fabric.
+        answer (in the emulator: its own lag) is not taken for a queue in the fabric.
         One echo per ACK alone left EVs without any sample (the ACK every 32nd packet echoes the
         same one or two EVs of an 8-EV schedule), so every other EV that delivered gets a sample
         from its newest packet in this ACK (Karn: not from a retransmission), `heard` less its
