@@ -39,6 +39,8 @@ class Port:
         self.mux = mux
         self.ports_by_ifindex = dict(ports_by_ifindex or {})
         self.fd = recv_sock.fileno()
+        # the kernel's arrival stamps (the C receive path); without them an arrival time is when
+        # the worker read the datagram, its own lag included (experiments/emulation.py says so)
         self.stamped = False
         if _sockio is not None:
             try:
@@ -54,6 +56,7 @@ class Port:
         # backlog) past the moment the socket was taken as read; the horizon had run ahead of them
         self.late = 0
         self.late_gap_ns = 0  # the largest lateness since the loop last took it (EventLoop._late)
+        self.unstamped = 0  # datagrams timed when read, not by the kernel: all of them without `stamped`
 
     @property
     def frames_sent(self) -> int:
@@ -85,6 +88,7 @@ class Port:
                 for payload, src, sport, real_ns, tclass, ifindex in batch:
                     if not real_ns:
                         at = seen
+                        self.unstamped += 1
                     else:
                         at = real_ns + real_to_clock if real_to_clock is not None else clock.from_realtime(real_ns)
                         if at > seen:
@@ -115,6 +119,7 @@ class Port:
         if n < budget:
             self.read_through = started  # emptied: everything that came before the first look is read
         self.datagrams += n
+        self.unstamped += n
         return n
 
 
