@@ -411,7 +411,10 @@ static Py_ssize_t sender_send_many(PyObject *obj, const struct iovec *frames, Py
 }
 
 static PyObject *sender_get_send_many(Sender *self, void *closure) {
-    return PyCapsule_New((void *)sender_send_many, SEND_MANY_CAPSULE, NULL);
+    PyObject *capsule = PyCapsule_New((void *)sender_send_many, SEND_MANY_CAPSULE, NULL);
+    if (capsule != NULL && PyCapsule_SetContext(capsule, self) < 0)  /* the sender it is for (send_many.h) */
+        Py_CLEAR(capsule);
+    return capsule;
 }
 
 static PyGetSetDef sender_getset[] = {
