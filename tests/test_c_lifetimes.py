@@ -18,9 +18,11 @@ import pytest
 
 from mrc_emu.io import sockets as sockets_module
 from mrc_emu.transport import requester as requester_module
+from mrc_emu.transport import responder as responder_module
 
 REPO = Path(__file__).resolve().parents[1]
 needs_spray = pytest.mark.skipif(requester_module._spray is None, reason="mrc_emu.transport._spray is not built")
+needs_place = pytest.mark.skipif(responder_module._place is None, reason="mrc_emu.transport._place is not built")
 needs_sockio = pytest.mark.skipif(sockets_module._sockio is None, reason="mrc_emu.io._sockio is not built")
 
 
@@ -137,3 +139,55 @@ def test_the_send_loop_refuses_a_batch_sender_of_another_object():
         print("TypeError", e)
     """)
     assert lines == ["TypeError send.send_many is another object's batch sender"]
+
+
+# a responder with the C placement, and one valid data packet for its QP
+_PLACE = """
+    import random, socket, struct
+    from mrc_emu.topology import builtin
+    from mrc_emu.transport.config import QpConfig
+    from mrc_emu.transport.paths import qp_paths
+    from mrc_emu.transport.responder import Responder
+    from mrc_emu.wire import format as fmt
+    from mrc_emu.wire import headers
+    from mrc_emu.wire.decoder import open_frame
+
+    PATHS = qp_paths(builtin(), "h0", "h2")
+    SRC, DST = (socket.inet_pton(socket.AF_INET6, a) for a in (PATHS.src_address, PATHS.dst_address))
+    responder = Responder(DST, QpConfig(mtu=256), random_bits=random.Random(1).getrandbits)
+    mr = responder.register(bytearray(4096))
+    responder.accept(0x22, 0x11, 0, PATHS.back)
+    qp = responder.qps[0x22]
+    opened = open_frame(PATHS.forward[0].template.data(fmt.DataPacket(0x22, 0, mr.va, mr.rkey, b"x" * 256)))
+    payload, sport = bytes(opened.payload), opened.sport
+"""
+
+
+@needs_place
+@pytest.mark.parametrize("name", ["peer", "pending_imm", "ce_counts"])
+def test_a_qp_attribute_the_c_placement_reads_cannot_be_deleted(name):
+    """A deletion left NULL where the placement looks at every packet: the next one crashed it."""
+    lines = _child(_PLACE + f"""
+    try:
+        del qp.{name}
+    except TypeError as e:
+        print("refused:", e)
+    print(responder._place(payload, SRC, sport, 0, fmt.TCLASS_DATA | fmt.ECN_CE))
+    """)
+    assert lines == [f"refused: a QP's {name} cannot be deleted (the C placement reads it at every packet)", "True"]
+
+
+@needs_place
+def test_a_placer_made_without_init_raises_instead_of_reading_its_missing_tables():
+    """Placer.__new__ alone leaves its tables NULL; a packet that gets as far as its QP table (its
+    ICRC right for the Placer's zero address and port) dereferenced them."""
+    lines = _child(_PLACE + """
+    from mrc_emu.transport._place import Placer
+    roce = payload[:-4]
+    forged = roce + struct.pack("<I", headers.icrc(SRC, bytes(16), sport, 0, roce))
+    try:
+        Placer.__new__(Placer).place(forged, SRC, sport, 0)
+    except TypeError as e:
+        print("TypeError", e)
+    """)
+    assert len(lines) == 1 and lines[0].startswith("TypeError a Placer made without its tables")
