@@ -9,9 +9,13 @@ crashed the interpreter run in a child interpreter, so that a crash fails one te
 from __future__ import annotations
 
 import os
+import select
+import socket
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -191,3 +195,66 @@ def test_a_placer_made_without_init_raises_instead_of_reading_its_missing_tables
         print("TypeError", e)
     """)
     assert len(lines) == 1 and lines[0].startswith("TypeError a Placer made without its tables")
+
+
+@needs_sockio
+def test_send_loop_holds_its_frames_while_it_sends_without_the_gil():
+    """send_loop releases the GIL for its sendmmsg loop; another thread that empties the list of
+    frames meanwhile must not free them under it. Over TCP on loopback with small buffers, the
+    loop blocks until this thread reads: data arriving means it is inside that loop."""
+    frees = threading.Event()
+
+    class Frame(bytes):
+        def __del__(self) -> None:
+            frees.set()
+
+    listener = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    listener.bind(("::1", 0))
+    listener.listen(1)
+    client = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    client.connect(listener.getsockname())
+    server, _ = listener.accept()
+    frames, count = [Frame(b"f" * 1000)], 2000  # 2 MB: far more than the buffers hold
+    addrs = [socket.inet_pton(socket.AF_INET6, "::1")]
+    result = {}
+    sender = threading.Thread(target=lambda: result.update(
+        sent=sockets_module._sockio.send_loop(client.fileno(), frames, addrs, count, 16)))
+    sender.start()
+    try:
+        assert select.select([server], [], [], 30)[0], "send_loop sent nothing"
+        frames.clear()  # the list's reference is gone; the loop's own must remain
+        freed_while_sending = frees.is_set()
+        received = bytearray()
+        deadline = time.monotonic() + 60
+        while len(received) < count * 1000 and time.monotonic() < deadline:
+            received += server.recv(1 << 16)
+    finally:
+        sender.join(60)
+        for s in (server, client, listener):
+            s.close()
+    assert not freed_while_sending
+    assert result["sent"] == count and bytes(received) == b"f" * (count * 1000)
+    assert frees.is_set()  # and released once it returned
+
+
+@needs_sockio
+def test_recv_batch_drops_and_counts_a_datagram_longer_than_its_slots():
+    """A datagram beyond SLOT_BYTES (9216) comes back with MSG_TRUNC: it was handed on cut to
+    9216 bytes as if whole."""
+    rx = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+    rx.bind(("::1", 0))
+    tx = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+    sockets_module._sockio.enable_stamps(rx.fileno())
+    tx.sendto(b"j" * 10_000, rx.getsockname())
+    tx.sendto(b"whole", rx.getsockname())
+    drops: dict[str, int] = {}
+    got = []
+    deadline = time.monotonic() + 10
+    while not got and time.monotonic() < deadline:
+        select.select([rx], [], [], 1)
+        got += sockets_module._sockio.recv_batch(rx.fileno(), 8, drops)
+    rx.close()
+    tx.close()
+    assert [item[0] for item in got] == [b"whole"] and drops == {"truncated": 1}

@@ -57,6 +57,9 @@ class Port:
         self.late = 0
         self.late_gap_ns = 0  # the largest lateness since the loop last took it (EventLoop._late)
         self.unstamped = 0  # datagrams timed when read, not by the kernel: all of them without `stamped`
+        # datagrams the C receive dropped as truncated: longer than its slots, or their control data
+        # (stamp, traffic class, port) cut short ("truncated", "control_truncated": _sockio.recv_batch)
+        self.truncated: dict[str, int] = {}
 
     @property
     def frames_sent(self) -> int:
@@ -72,12 +75,12 @@ class Port:
         route = self.mux.route
         n = 0
         if self.stamped:
-            fd, record, dilation, port_of = self.fd, lag.record, clock.dilation, self.ports_by_ifindex.get
+            fd, record, dilation, port_of, truncated = self.fd, lag.record, clock.dilation, self.ports_by_ifindex.get, self.truncated
             # undilated, the clock is CLOCK_REALTIME less a constant: one addition per datagram
             real_to_clock = clock.from_realtime(0) if dilation == 1.0 else None
             while n < budget:
                 started = clock.now()
-                batch = _sockio.recv_batch(fd, min(RECV_BATCH, budget - n))
+                batch = _sockio.recv_batch(fd, min(RECV_BATCH, budget - n), truncated)
                 if not batch:
                     self.read_through = started  # empty when looked at: everything before is read
                     return n
