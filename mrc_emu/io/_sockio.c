@@ -56,6 +56,9 @@
 #include "../transport/send_many.h"
 
 #define MAX_BATCH 16 /* larger batches measured slower here: the slots fall out of cache */
+/* what a failed send means (the same errnos as sockets.py's PORT_DOWN_ERRNOS, QUEUE_FULL_ERRNOS) */
+#define PORT_DOWN(err) ((err) == ENETUNREACH || (err) == EHOSTUNREACH || (err) == ENETDOWN || (err) == EINVAL)
+#define QUEUE_FULL(err) ((err) == ENOBUFS || (err) == EAGAIN)
 #define SLOT_BYTES 9216 /* the largest frame a fabric MTU of 9000 can deliver */
 
 static unsigned char slots[MAX_BATCH][SLOT_BYTES];
@@ -234,7 +237,7 @@ static PyObject *send_loop(PyObject *self, PyObject *args) {
         }
         int r = sendmmsg(fd, msgs, (unsigned)k, 0);
         if (r < 0) {
-            if (errno == ENOBUFS || errno == EAGAIN) {
+            if (QUEUE_FULL(errno)) {
                 next += 1; /* dropped at the host, as a full NIC queue would */
                 continue;
             }
@@ -389,9 +392,9 @@ static PyObject *sender_call(Sender *self, PyObject *const *args, size_t nargsf,
         return NULL;
     if (sender_count(self, err) < 0)
         return NULL;
-    if (err == ENETUNREACH || err == EHOSTUNREACH || err == ENETDOWN || err == EINVAL)
+    if (PORT_DOWN(err))
         Py_RETURN_FALSE; /* the host's own port of that plane is down */
-    if (err == ENOBUFS || err == EAGAIN)
+    if (QUEUE_FULL(err))
         Py_RETURN_TRUE; /* dropped locally, like a full NIC queue: loss recovery handles it */
     errno = err;
     return PyErr_SetFromErrno(PyExc_OSError);
@@ -445,11 +448,11 @@ static Py_ssize_t sender_send_many(PyObject *obj, const struct iovec *frames, Py
             *status = -1;
             return done;
         }
-        if (err == ENETUNREACH || err == EHOSTUNREACH || err == ENETDOWN || err == EINVAL) {
+        if (PORT_DOWN(err)) {
             *status = 1; /* the host's own port of that plane is down */
             return done;
         }
-        if (err == ENOBUFS || err == EAGAIN) {
+        if (QUEUE_FULL(err)) {
             done += 1; /* dropped locally, like a full NIC queue */
             continue;
         }

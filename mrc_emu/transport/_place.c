@@ -33,7 +33,8 @@
 
 #include "../wire/crc32.h"
 
-#define MAX_WINDOW 8192 /* PSNs: the largest MPR (64 x 128) */
+/* numbers Python has too: tests/test_c_constants.py holds each equal to its Python constant */
+#define MAX_WINDOW 8192 /* PSNs: the largest MPR (config.py MAX_MPR x MPR_PSNS) */
 #define WORDS (MAX_WINDOW / 64)
 #define OP_WRITE_ONLY 0x0A
 #define HEAD_LEN 28 /* BTH + RETH */

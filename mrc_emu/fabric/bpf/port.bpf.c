@@ -27,6 +27,8 @@
 
 #include "fluid.h"
 
+/* numbers Python has too (wire/format.py, fabric/ports.py, topology/port.py): tests/test_c_constants.py
+ * holds each equal to its Python constant, and the map values' layouts to ports.py's */
 #define ETH_LEN 14
 #define IP6_LEN 40
 #define UDP_LEN 8
