@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Idempotent set-up of mrc-emu on a fresh Debian 12 / Ubuntu 24.04, as root:
 # the system packages the fabric needs, a virtual environment in .venv, the project in it.
-# Safe to run again: apt and pip skip what is already there.
+# Safe to run again: apt and pip skip what is already there, and the C code is built again only
+# when scripts/check_native.py finds it missing or older than its sources.
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -17,7 +18,7 @@ apt_packages=(
     ethtool tcpdump tshark nftables
     frr              # BGP (and BFD) in the switch namespaces: the baseline's route repair
     python3 python3-venv
-    gcc python3-dev zlib1g-dev   # the optional C fast path of the wire encoder (setup.py)
+    gcc python3-dev zlib1g-dev   # the C extensions (setup.py), optional for a user, required by scripts/test.sh
     clang libbpf-dev linux-libc-dev libbpf1   # the switch port program (mrc_emu/fabric/bpf), loaded with libbpf
 )
 # bpftool only inspects the port program's maps by hand (`bpftool map dump pinned /sys/fs/bpf/mrc-emu/...`);
@@ -34,15 +35,6 @@ if [ "${#missing[@]}" -gt 0 ]; then
     apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-# The switch port program: a tc egress BPF object compiled for this machine's headers (rebuilt when
-# its source is newer). Without it, `up` of a topology with a link_rate says to run this script.
-bpf_src="$repo/mrc_emu/fabric/bpf/port.bpf.c"
-bpf_obj="${bpf_src%.c}.o"
-if [ ! -f "$bpf_obj" ] || [ "$bpf_src" -nt "$bpf_obj" ]; then
-    echo "install.sh: compiling $bpf_obj"
-    clang -O2 -g -Wall -target bpf -I"/usr/include/$(uname -m)-linux-gnu" -c "$bpf_src" -o "$bpf_obj"
-fi
-
 python="${MRC_EMU_PYTHON:-python3}"
 if [ ! -x "$venv/bin/python" ]; then
     echo "install.sh: creating virtual environment $venv"
@@ -54,5 +46,30 @@ if [ ! -f "$stamp" ] || [ "$repo/pyproject.toml" -nt "$stamp" ]; then
     "$venv/bin/pip" install -q --upgrade pip
     "$venv/bin/pip" install -q -e "$repo[test,bench]"
     touch "$stamp"
+fi
+
+# The C code, built again whenever scripts/check_native.py finds it missing or older than a
+# source or header it is made from (a checkout that changed one, or a build that failed).
+check_native=("$venv/bin/python" "$repo/scripts/check_native.py")
+# The switch port program: a tc egress BPF object compiled for this machine's headers. Without it,
+# `up` of a topology with a link_rate says to run this script. A failed compile stops here.
+bpf_src="$repo/mrc_emu/fabric/bpf/port.bpf.c"
+bpf_obj="${bpf_src%.c}.o"
+if ! "${check_native[@]}" bpf 2>/dev/null; then
+    echo "install.sh: compiling $bpf_obj"
+    rm -f "$bpf_obj"  # never the old object beside a new source
+    clang -O2 -g -Wall -target bpf -I"/usr/include/$(uname -m)-linux-gnu" -c "$bpf_src" -o "$bpf_obj"
+fi
+# The C extensions of setup.py, in place (the editable install imports them from the tree). Each
+# is optional: one that does not compile leaves its Python path, a warning here, and
+# scripts/test.sh refusing to run. A fresh build directory each time: setuptools would otherwise
+# copy the last good build of an extension that now fails to compile.
+if ! "${check_native[@]}" extensions 2>/dev/null; then
+    echo "install.sh: building the C extensions in place"
+    build="$(mktemp -d)"
+    find "$repo/mrc_emu" -name '_*.so' -delete  # the extensions' old builds (ignored by git): none survives a failure
+    (cd "$repo" && "$venv/bin/python" setup.py -q build_ext --inplace --build-lib "$build/lib" --build-temp "$build/temp")
+    rm -rf "$build"
+    "${check_native[@]}" extensions || echo "install.sh: the pure-Python paths will stand in for what is missing" >&2
 fi
 echo "install.sh: ready ($venv/bin/mrc-emu)"

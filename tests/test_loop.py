@@ -8,6 +8,7 @@ import pytest
 
 from mrc_emu.io import clock as clock_module
 from mrc_emu.io import loop as lp
+from mrc_emu.io import port as port_module
 
 needs_sockio = pytest.mark.skipif(lp._sockio is None, reason="the C extension mrc_emu.io._sockio was not built")
 
@@ -324,3 +325,31 @@ def test_a_late_answer_holds_every_decision_back_until_every_worker_has_read_pas
     loop.close()
     rx.close()
     tx.close()
+
+
+def test_a_port_without_the_c_receive_says_its_datagrams_were_timed_when_read(monkeypatch):
+    """Without _sockio a port reads through SocketLink.receive: no kernel arrival stamps, so each
+    datagram's time includes the worker's lag. The loop's stats name the host (the run's
+    emulation block then refuses to call the run faithful)."""
+    monkeypatch.setattr(port_module, "_sockio", None)
+    echo = Echo()
+    loop, rx, tx = _loop(echo, lp.Clock())
+    assert not loop.ports[0].stamped
+    tx.sendto(b"read by Python", rx.getsockname())
+    loop.run(lambda: bool(echo.got))
+    loop.measure(False)
+    stats = loop.stats.to_dict()
+    assert stats["python_receive"] == ["h0"] and stats["unstamped_datagrams"] == 1
+    loop.close()
+
+
+@needs_sockio
+def test_a_port_with_the_c_receive_names_no_host_read_by_python():
+    echo = Echo()
+    loop, rx, tx = _loop(echo, lp.Clock())
+    assert loop.ports[0].stamped
+    tx.sendto(b"stamped by the kernel", rx.getsockname())
+    loop.run(lambda: bool(echo.got))
+    loop.measure(False)
+    assert loop.stats.python_receive == [] and loop.stats.unstamped_datagrams == 0
+    loop.close()

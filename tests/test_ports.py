@@ -3,7 +3,9 @@ the pieces of fabric/ports.py that need no kernel (value layouts, quantiles, del
 
 from __future__ import annotations
 
+import ctypes
 import json
+import random
 import shutil
 import subprocess
 
@@ -15,6 +17,8 @@ from mrc_emu.topology.port import HIST_BUCKETS, plane_bdp, tbf_shape
 from mrc_emu.topology.units import parse_duration_ns
 
 BASE = {**builtin().to_dict(), "link_rate": "400mbit"}
+FLUID = ports.OBJECT.parent / "fluid.h"  # the port program's queue arithmetic
+U64 = 2**64 - 1
 
 
 def _topo(**extra):
@@ -172,3 +176,45 @@ def test_the_ordering_htb_requests_read_back_as_pyroute2_decodes_them():
         parms = msg.get_attr("TCA_OPTIONS").get_attr("TCA_HTB_PARMS")
         # 16x the port's 100 MB/s; pyroute2 names the link layer byte 'reserved' (1: Ethernet)
         assert parms["prio"] == prio and parms["rate"] == parms["ceil"] == 16 * 100_000_000 and parms["rate___reserved"] == 1
+
+
+@pytest.fixture(scope="module")
+def fluid(tmp_path_factory):
+    """fluid.h compiled for this host, as it is: its two functions, called through ctypes."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler to build the port program's fluid.h for the host")
+    where = tmp_path_factory.mktemp("fluid")
+    (where / "shim.c").write_text('#include "fluid.h"\n'
+                                  "__u64 supply(__u64 dt, __u64 rate) { return fluid_supply(dt, rate); }\n"
+                                  "__u64 refill(__u64 t, __u64 r, __u64 b) { return fluid_refill(t, r, b); }\n")
+    subprocess.run([cc, "-O2", "-Wall", "-Werror", "-shared", "-fPIC", "-I", str(FLUID.parent), str(where / "shim.c"),
+                    "-o", str(where / "libfluid.so")], check=True)
+    lib = ctypes.CDLL(str(where / "libfluid.so"))
+    lib.supply.restype = lib.refill.restype = ctypes.c_uint64
+    lib.supply.argtypes, lib.refill.argtypes = [ctypes.c_uint64] * 2, [ctypes.c_uint64] * 3
+    return lib
+
+
+def test_the_virtual_queue_drains_rate_x_time_exactly_at_800_gbit_and_beyond(fluid):
+    """rate x dt overflowed 64 bits at 800 Gbit/s once a port idled 0.18 s (fluid.h): the split
+    product is the exact floor(rate x dt / 1e9) for every 64-bit rate and dt up to the 1 s reset."""
+    second = 10**9
+    rate_800g = 800 * 10**9 // 8
+    assert rate_800g * second > U64  # the product the program once formed
+    rates = [0, 1, 999_999_999, second, second + 1, rate_800g, 1600 * 10**9 // 8, 10**12 + 12345, U64 // second, U64]
+    dts = [0, 1, 184_467_441, 999_999_999, second]
+    pick = random.Random(0)
+    pairs = [(dt, rate) for dt in dts for rate in rates]
+    pairs += [(pick.randrange(second + 1), pick.randrange(U64 + 1)) for _ in range(2000)]
+    for dt, rate in pairs:
+        assert fluid.supply(dt, rate) == dt * rate // second, (dt, rate)
+    assert fluid.supply(5 * second, rate_800g) == rate_800g  # longer than the reset: clamped to it
+
+
+def test_the_bucket_refills_to_its_burst_without_wrapping(fluid):
+    burst = 50_000
+    assert fluid.refill(10, 20, burst) == 30
+    assert fluid.refill(10, burst - 10, burst) == burst
+    assert fluid.refill(10, U64, burst) == burst  # 10 + U64 wraps to 9
+    assert fluid.refill(80_000, 5, burst) == burst  # a burst lowered below what the bucket held

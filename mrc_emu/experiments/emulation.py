@@ -8,11 +8,14 @@ that dealt with it), how long datagrams waited in its sockets, the CPU it got an
 waited for one; the kernel counts what it dropped for the emulator (a full receive socket,
 Udp6RcvbufErrors; a full backlog, softnet_stat). From these a run gets a verdict:
 
-- `faithful`: nothing was dropped by the kernel, no worker was saturated, the loop lag stayed
-  below LAG_LIMIT_US (in the transport's time), no datagram reached a worker more than that
-  after the horizon had passed its arrival (late datagrams: counted always, a reason only
-  beyond the limit, as the horizon's slack covers them and no timer is that fine), and no
-  worker waited long for a CPU;
+- `faithful`: nothing was dropped by the kernel (nor, cut short, by a worker), no worker was
+  saturated, the loop lag stayed below LAG_LIMIT_US (in the transport's time), no datagram
+  reached a worker more than that after the horizon had passed its arrival (late datagrams:
+  counted always, a reason only beyond the limit, as the horizon's slack covers them and no
+  timer is that fine), no worker waited long for a CPU, and every datagram's arrival time was
+  the kernel's stamp (a host read by the Python receive path, where mrc_emu.io._sockio is not
+  built, is timed when its worker read it: the worker's lag is in every RTT sample, so that run
+  is never faithful);
 - `emulator-bound`, with every reason that applies. The figures of such a run are the
   emulator's (its packet rate, its scheduling), not the fabric's; the CLI and the report flag
   them. Time dilation (`--time-dilation K`) is the cure where the machine is too slow.
@@ -65,6 +68,8 @@ class Report:
     timers_deferred: int
     verdict: str
     reasons: list[str] = field(default_factory=list)
+    python_receive: list[str] = field(default_factory=list)  # hosts read without kernel arrival stamps
+    unstamped_datagrams: int = 0  # datagrams timed when read rather than on arrival
 
     @property
     def faithful(self) -> bool:
@@ -94,12 +99,16 @@ def assess(finals: list, results: list, kernel_before: dict[str, int], kernel_af
     busy, waited = [], []
     packets = 0
     wall = 0
-    late = late_max = slack_max = 0
+    late = late_max = slack_max = unstamped = truncated = 0
+    python_receive: list[str] = []
     for final in finals:
         loop = final.loop
         late += loop["late_datagrams"]
         late_max = max(late_max, loop["late_max_ns"])
         slack_max = max(slack_max, loop["slack_max_ns"])
+        unstamped += loop["unstamped_datagrams"]
+        truncated += loop["truncated_datagrams"]
+        python_receive += loop["python_receive"]
         timer.merge(LagMeter.from_dict(loop["timer_lag"]))
         sock.merge(LagMeter.from_dict(loop["socket_lag"]))
         span = max(1, loop["wall_ns"])
@@ -115,6 +124,7 @@ def assess(finals: list, results: list, kernel_before: dict[str, int], kernel_af
     drops["softnet_dropped"] = kernel_after["dropped"] - kernel_before["dropped"]
     drops["softnet_time_squeeze"] = kernel_after["time_squeeze"] - kernel_before["time_squeeze"]
     drops["late_datagrams"] = late
+    drops["truncated_datagrams"] = truncated
     deferred = sum(r.requester["stats"].get("timers_deferred", 0) for r in results)
     lag, wait = _quantiles(timer, dilation), _quantiles(sock, dilation)
     reasons = []
@@ -126,6 +136,17 @@ def assess(finals: list, results: list, kernel_before: dict[str, int], kernel_af
                        "the horizon had passed their arrival (held in a per-CPU backlog; the horizon was then held "
                        f"back by up to {slack_max / 1e6 / dilation:.1f} ms): timer decisions around them may have "
                        "been the emulator's")
+    if python_receive:
+        reasons.append(f"{len(python_receive)} host{'s' if len(python_receive) != 1 else ''} "
+                       f"({', '.join(sorted(python_receive))}) received through the Python path, without the kernel's "
+                       "arrival stamps (mrc_emu.io._sockio not built, or SO_TIMESTAMPNS refused): their arrival times, "
+                       "RTT samples and timers include the worker's own lag")
+    elif unstamped:
+        reasons.append(f"{unstamped:,} datagrams came without the kernel's arrival stamp: they were timed when the "
+                       "worker read them, its own lag included")
+    if truncated:
+        reasons.append(f"the workers dropped {truncated:,} datagrams that arrived cut short (longer than the receive "
+                       "slots, or their arrival stamp and traffic class did not fit): those losses are the emulator's")
     if drops["softnet_dropped"]:
         reasons.append(f"the kernel's backlog dropped {drops['softnet_dropped']:,} packets (softnet_stat): "
                        "forwarding could not keep up on this machine")
@@ -140,4 +161,4 @@ def assess(finals: list, results: list, kernel_before: dict[str, int], kernel_af
         if w >= RUNQUEUE_LIMIT:
             reasons.append(f"worker {i} waited for a CPU {w:.0%} of the run: other processes share this machine")
     return Report(len(finals), dilation, lag, wait, busy, waited, round(packets / (wall / 1e9)), drops, deferred,
-                  "faithful" if not reasons else "emulator-bound", reasons)
+                  "faithful" if not reasons else "emulator-bound", reasons, sorted(python_receive), unstamped)

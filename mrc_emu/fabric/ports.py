@@ -40,6 +40,7 @@ DSCP_TRIMMED_LASTHOP = 11
 OBJECT = Path(__file__).resolve().parent / "bpf" / "port.bpf.o"
 PIN_ROOT = bpfobj.PIN_ROOT
 PROGRAM = "port_egress"
+CFG_MAP, STATE_MAP = "ports_cfg", "ports_state"  # the program's maps of struct port_cfg and struct port_state
 FILTER_NAME = "mrc-port"
 
 PORT_ENABLED, PORT_ECN, PORT_TRIM, PORT_LASTHOP = 1, 2, 4, 8
@@ -177,7 +178,7 @@ def attach(fabric: Fabric) -> int:
     indexes = _indexes(topo)
     entries = max(indexes.values()) + 1
     try:
-        prog_fd = bpfobj.load_and_pin(OBJECT, PROGRAM, {"ports_cfg": entries, "ports_state": entries}, directory)
+        prog_fd = bpfobj.load_and_pin(OBJECT, PROGRAM, {CFG_MAP: entries, STATE_MAP: entries}, directory)
     except bpfobj.BpfError as exc:
         raise PortsError(str(exc)) from None
     try:
@@ -202,12 +203,12 @@ def attach(fabric: Fabric) -> int:
 class _Maps:
     def __init__(self, name: str) -> None:
         directory = pin_dir(name)
-        if not (directory / "ports_state").exists():
+        if not (directory / STATE_MAP).exists():
             raise PortsError(f"fabric {name!r} has no port programs ({directory} does not exist): its topology has no "
                              f"link_rate, so there is no queue to model (give the topology a link_rate)")
         try:
-            self.cfg = bpfobj.MapHandle(bpfobj.obj_get(directory / "ports_cfg"), _CFG.size)
-            self.state = bpfobj.MapHandle(bpfobj.obj_get(directory / "ports_state"), _STATE.size, locked=True)
+            self.cfg = bpfobj.MapHandle(bpfobj.obj_get(directory / CFG_MAP), _CFG.size)
+            self.state = bpfobj.MapHandle(bpfobj.obj_get(directory / STATE_MAP), _STATE.size, locked=True)
         except bpfobj.BpfError as exc:
             raise PortsError(f"{exc} (needs root)") from None
 
@@ -229,7 +230,7 @@ def _maps_of(fabric: Fabric) -> _Maps:
 
 
 def attached(fabric: Fabric) -> bool:
-    return (pin_dir(fabric.name) / "ports_state").exists()
+    return (pin_dir(fabric.name) / STATE_MAP).exists()
 
 
 def set_rate(fabric: Fabric, node: str, rate_bps: float) -> None:

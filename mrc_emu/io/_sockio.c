@@ -10,14 +10,17 @@
  * (2) Receiving one datagram per Python call costs several microseconds of interpreter time;
  * one call per batch leaves that time to the transport.
  *
- * recv_batch(fd, max_count) -> list of (payload: bytes, src: bytes (16, packed IPv6),
- *                                       sport: int, arrival_realtime_ns: int, tclass: int,
- *                                       ifindex: int)
+ * recv_batch(fd, max_count[, drops]) -> list of (payload: bytes, src: bytes (16, packed IPv6),
+ *                                                sport: int, arrival_realtime_ns: int, tclass: int,
+ *                                                ifindex: int)
  *   Non-blocking; [] when nothing waits. arrival is CLOCK_REALTIME (0 when the socket has no
  *   SO_TIMESTAMPNS); the caller maps it to its own clock. tclass is the IPv6 traffic class
  *   the datagram arrived with (its low two bits are ECN), 0 when not known. ifindex is the
  *   interface it arrived on (IPV6_PKTINFO; after the kernel's SRv6 decapsulation still the
- *   NIC's: the arrival port), 0 when not known. Raises OSError on other errors.
+ *   NIC's: the arrival port), 0 when not known. A datagram longer than a slot (MSG_TRUNC), or
+ *   whose control data did not fit (MSG_CTRUNC: its stamp, traffic class or port may be
+ *   missing), is dropped, never passed on as if whole, and counted in `drops` (a dict:
+ *   "truncated", "control_truncated"). Raises OSError on other errors.
  *
  * enable_stamps(fd): SO_TIMESTAMPNS, IPV6_RECVTCLASS and IPV6_RECVPKTINFO on a socket.
  *
@@ -36,7 +39,8 @@
  * send_loop(fd, frames, addrs, count, batch) -> sent
  *   Sends frames[i % len(frames)] to addrs[i % len(frames)] (packed IPv6, 16 bytes) until
  *   `count` frames left, `batch` per sendmmsg: what the kernel's forwarding allows with no
- *   per-packet user-space work at all. Frames that hit ENOBUFS are counted as not sent.
+ *   per-packet user-space work at all. Frames that hit ENOBUFS are counted as not sent. The GIL
+ *   is released meanwhile; the frames are held (a copy of the list), whatever other threads do.
  */
 #define _GNU_SOURCE
 #define PY_SSIZE_T_CLEAN
@@ -52,15 +56,38 @@
 #include "../transport/send_many.h"
 
 #define MAX_BATCH 16 /* larger batches measured slower here: the slots fall out of cache */
+/* what a failed send means (the same errnos as sockets.py's PORT_DOWN_ERRNOS, QUEUE_FULL_ERRNOS) */
+#define PORT_DOWN(err) ((err) == ENETUNREACH || (err) == EHOSTUNREACH || (err) == ENETDOWN || (err) == EINVAL)
+#define QUEUE_FULL(err) ((err) == ENOBUFS || (err) == EAGAIN)
 #define SLOT_BYTES 9216 /* the largest frame a fabric MTU of 9000 can deliver */
 
 static unsigned char slots[MAX_BATCH][SLOT_BYTES];
 static char controls[MAX_BATCH][CMSG_SPACE(sizeof(struct timespec)) + CMSG_SPACE(sizeof(int))
                                 + CMSG_SPACE(sizeof(struct in6_pktinfo))];
 
+/* drops[key] += 1 */
+static int count_drop(PyObject *drops, const char *key) {
+    if (drops == NULL)
+        return 0;
+    PyObject *old = PyDict_GetItemString(drops, key); /* borrowed; a dict of str keys raises nothing */
+    long n = old == NULL ? 0 : PyLong_AsLong(old);
+    if (n == -1 && PyErr_Occurred())
+        return -1;
+    PyObject *updated = PyLong_FromLong(n + 1);
+    int r = updated == NULL ? -1 : PyDict_SetItemString(drops, key, updated);
+    Py_XDECREF(updated);
+    return r;
+}
+
+/* the cmsg's data, if it holds at least `size` bytes (the kernel's length says), else NULL */
+static const void *cmsg_data(const struct cmsghdr *c, size_t size) {
+    return c->cmsg_len >= CMSG_LEN(size) ? CMSG_DATA(c) : NULL;
+}
+
 static PyObject *recv_batch(PyObject *self, PyObject *args) {
     int fd, max_count;
-    if (!PyArg_ParseTuple(args, "ii", &fd, &max_count))
+    PyObject *drops = NULL;
+    if (!PyArg_ParseTuple(args, "ii|O!", &fd, &max_count, &PyDict_Type, &drops))
         return NULL;
     if (max_count < 1)
         return PyList_New(0);
@@ -80,43 +107,64 @@ static PyObject *recv_batch(PyObject *self, PyObject *args) {
         msgs[i].msg_hdr.msg_control = controls[i];
         msgs[i].msg_hdr.msg_controllen = sizeof(controls[i]);
     }
-    int got = recvmmsg(fd, msgs, (unsigned)max_count, MSG_DONTWAIT, NULL);
-    if (got < 0) {
-        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)
-            return PyList_New(0);
-        return PyErr_SetFromErrno(PyExc_OSError);
-    }
-    PyObject *out = PyList_New(got);
+    PyObject *out = PyList_New(0);
     if (out == NULL)
         return NULL;
-    for (int i = 0; i < got; i++) {
-        long long arrival = 0;
-        int tclass = 0;
-        unsigned ifindex = 0;
-        for (struct cmsghdr *c = CMSG_FIRSTHDR(&msgs[i].msg_hdr); c != NULL; c = CMSG_NXTHDR(&msgs[i].msg_hdr, c)) {
-            if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_TIMESTAMPNS) {
-                struct timespec ts;
-                memcpy(&ts, CMSG_DATA(c), sizeof(ts));
-                arrival = (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-            } else if (c->cmsg_level == IPPROTO_IPV6 && c->cmsg_type == IPV6_TCLASS) {
-                memcpy(&tclass, CMSG_DATA(c), sizeof(int));
-            } else if (c->cmsg_level == IPPROTO_IPV6 && c->cmsg_type == IPV6_PKTINFO) {
-                struct in6_pktinfo info;
-                memcpy(&info, CMSG_DATA(c), sizeof(info));
-                ifindex = info.ipi6_ifindex;
+    /* again while a batch held only dropped datagrams: [] must mean the socket was found empty */
+    while (PyList_GET_SIZE(out) == 0) {
+        for (int i = 0; i < max_count; i++) {  /* what recvmmsg set in the previous round */
+            msgs[i].msg_hdr.msg_namelen = sizeof(names[i]);
+            msgs[i].msg_hdr.msg_controllen = sizeof(controls[i]);
+            msgs[i].msg_hdr.msg_flags = 0;
+        }
+        int got = recvmmsg(fd, msgs, (unsigned)max_count, MSG_DONTWAIT, NULL);
+        if (got < 0) {
+            if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)
+                return out;
+            Py_DECREF(out);
+            return PyErr_SetFromErrno(PyExc_OSError);
+        }
+        if (got == 0)
+            return out;
+        for (int i = 0; i < got; i++) {
+            int flags = msgs[i].msg_hdr.msg_flags;
+            if (flags & (MSG_TRUNC | MSG_CTRUNC)) {
+                if (count_drop(drops, (flags & MSG_TRUNC) ? "truncated" : "control_truncated") < 0) {
+                    Py_DECREF(out);
+                    return NULL;
+                }
+                continue;
+            }
+            long long arrival = 0;
+            int tclass = 0;
+            unsigned ifindex = 0;
+            for (struct cmsghdr *c = CMSG_FIRSTHDR(&msgs[i].msg_hdr); c != NULL; c = CMSG_NXTHDR(&msgs[i].msg_hdr, c)) {
+                const void *data;
+                if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_TIMESTAMPNS &&
+                    (data = cmsg_data(c, sizeof(struct timespec))) != NULL) {
+                    struct timespec ts;
+                    memcpy(&ts, data, sizeof(ts));
+                    arrival = (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+                } else if (c->cmsg_level == IPPROTO_IPV6 && c->cmsg_type == IPV6_TCLASS &&
+                           (data = cmsg_data(c, sizeof(int))) != NULL) {
+                    memcpy(&tclass, data, sizeof(int));
+                } else if (c->cmsg_level == IPPROTO_IPV6 && c->cmsg_type == IPV6_PKTINFO &&
+                           (data = cmsg_data(c, sizeof(struct in6_pktinfo))) != NULL) {
+                    struct in6_pktinfo info;
+                    memcpy(&info, data, sizeof(info));
+                    ifindex = info.ipi6_ifindex;
+                }
+            }
+            PyObject *item = Py_BuildValue("(y#y#iLiI)", (const char *)slots[i], (Py_ssize_t)msgs[i].msg_len,
+                                           (const char *)&names[i].sin6_addr, (Py_ssize_t)16,
+                                           (int)ntohs(names[i].sin6_port), arrival, tclass, ifindex);
+            int r = item == NULL ? -1 : PyList_Append(out, item);
+            Py_XDECREF(item);
+            if (r < 0) {
+                Py_DECREF(out);
+                return NULL;
             }
         }
-        unsigned len = msgs[i].msg_len;
-        if (len > SLOT_BYTES)
-            len = SLOT_BYTES; /* truncated: the decoder sees a short datagram and drops it */
-        PyObject *item = Py_BuildValue("(y#y#iLiI)", (const char *)slots[i], (Py_ssize_t)len,
-                                       (const char *)&names[i].sin6_addr, (Py_ssize_t)16,
-                                       (int)ntohs(names[i].sin6_port), arrival, tclass, ifindex);
-        if (item == NULL) {
-            Py_DECREF(out);
-            return NULL;
-        }
-        PyList_SET_ITEM(out, i, item);
     }
     return out;
 }
@@ -148,16 +196,21 @@ static PyObject *send_loop(PyObject *self, PyObject *args) {
     }
     if (batch < 1 || batch > MAX_BATCH)
         batch = MAX_BATCH;
+    /* the frames as they are now, held: without the GIL, another thread may empty the caller's list
+       while the kernel reads them */
+    PyObject *held = PyList_GetSlice(frames, 0, n);
     struct sockaddr_in6 *dests = PyMem_Calloc((size_t)n, sizeof(struct sockaddr_in6));
     struct iovec *iovs = PyMem_Calloc((size_t)n, sizeof(struct iovec));
-    if (dests == NULL || iovs == NULL) {
+    if (held == NULL || dests == NULL || iovs == NULL) {
+        Py_XDECREF(held);
         PyMem_Free(dests);
         PyMem_Free(iovs);
-        return PyErr_NoMemory();
+        return held == NULL ? NULL : PyErr_NoMemory();
     }
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *f = PyList_GET_ITEM(frames, i), *a = PyList_GET_ITEM(addrs, i);
+        PyObject *f = PyList_GET_ITEM(held, i), *a = PyList_GET_ITEM(addrs, i);
         if (!PyBytes_Check(f) || !PyBytes_Check(a) || PyBytes_GET_SIZE(a) != 16) {
+            Py_DECREF(held);
             PyMem_Free(dests);
             PyMem_Free(iovs);
             PyErr_SetString(PyExc_TypeError, "frames: bytes; addrs: 16-byte packed IPv6 addresses");
@@ -184,7 +237,7 @@ static PyObject *send_loop(PyObject *self, PyObject *args) {
         }
         int r = sendmmsg(fd, msgs, (unsigned)k, 0);
         if (r < 0) {
-            if (errno == ENOBUFS || errno == EAGAIN) {
+            if (QUEUE_FULL(errno)) {
                 next += 1; /* dropped at the host, as a full NIC queue would */
                 continue;
             }
@@ -195,6 +248,7 @@ static PyObject *send_loop(PyObject *self, PyObject *args) {
         next += r > 0 ? r : 1;
     }
     Py_END_ALLOW_THREADS
+    Py_DECREF(held);
     PyMem_Free(dests);
     PyMem_Free(iovs);
     if (failed) {
@@ -338,9 +392,9 @@ static PyObject *sender_call(Sender *self, PyObject *const *args, size_t nargsf,
         return NULL;
     if (sender_count(self, err) < 0)
         return NULL;
-    if (err == ENETUNREACH || err == EHOSTUNREACH || err == ENETDOWN || err == EINVAL)
+    if (PORT_DOWN(err))
         Py_RETURN_FALSE; /* the host's own port of that plane is down */
-    if (err == ENOBUFS || err == EAGAIN)
+    if (QUEUE_FULL(err))
         Py_RETURN_TRUE; /* dropped locally, like a full NIC queue: loss recovery handles it */
     errno = err;
     return PyErr_SetFromErrno(PyExc_OSError);
@@ -394,11 +448,11 @@ static Py_ssize_t sender_send_many(PyObject *obj, const struct iovec *frames, Py
             *status = -1;
             return done;
         }
-        if (err == ENETUNREACH || err == EHOSTUNREACH || err == ENETDOWN || err == EINVAL) {
+        if (PORT_DOWN(err)) {
             *status = 1; /* the host's own port of that plane is down */
             return done;
         }
-        if (err == ENOBUFS || err == EAGAIN) {
+        if (QUEUE_FULL(err)) {
             done += 1; /* dropped locally, like a full NIC queue */
             continue;
         }
@@ -411,7 +465,10 @@ static Py_ssize_t sender_send_many(PyObject *obj, const struct iovec *frames, Py
 }
 
 static PyObject *sender_get_send_many(Sender *self, void *closure) {
-    return PyCapsule_New((void *)sender_send_many, SEND_MANY_CAPSULE, NULL);
+    PyObject *capsule = PyCapsule_New((void *)sender_send_many, SEND_MANY_CAPSULE, NULL);
+    if (capsule != NULL && PyCapsule_SetContext(capsule, self) < 0)  /* the sender it is for (send_many.h) */
+        Py_CLEAR(capsule);
+    return capsule;
 }
 
 static PyGetSetDef sender_getset[] = {

@@ -8,7 +8,7 @@ that receiving is never starved. And the loop knows when it is itself the bottle
 
 - every datagram is taken with the kernel's arrival stamp (SO_TIMESTAMPNS) and handed to the
   transport at that time, so an ACK that waited in a socket for the worker does not lengthen
-  an RTT sample;
+  an RTT sample (without _sockio it is timed when read, and the run's emulation block says so);
 - it measures its lag (how late it serves a due wakeup, how long a datagram waited in a
   socket), the CPU it got and the time it waited for one (/proc/thread-self/schedstat);
 - it publishes a *horizon*: the time up to which it has read every datagram that arrived at
@@ -33,7 +33,7 @@ import select
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .clock import FOREVER, Clock, Horizon, LagMeter, schedstat
@@ -83,13 +83,20 @@ class LoopStats:
     late_max_ns: int = 0
     slack_max_ns: int = 0  # the most the horizon was held back for them
     answer_lag_max_ns: int = 0  # the latest an answer left, by which every worker's decisions were held back
+    # hosts whose port read without the kernel's arrival stamps (Port.stamped: the Python receive
+    # path), and datagrams timed when read rather than on arrival (all of theirs, and any the C path
+    # got without a stamp): those arrival times include the worker's own lag
+    python_receive: list[str] = field(default_factory=list)
+    unstamped_datagrams: int = 0
+    truncated_datagrams: int = 0  # dropped on receipt, cut short (Port.truncated): the emulator's losses
     timer_lag: LagMeter | None = None  # how late what was due (a datagram's arrival, a timer) was answered
     socket_lag: LagMeter | None = None  # how long datagrams waited in a socket
 
     def to_dict(self) -> dict:
         return {"wall_ns": self.wall_ns, "cpu_ns": self.cpu_ns, "runqueue_wait_ns": self.runqueue_wait_ns,
                 "late_datagrams": self.late_datagrams, "late_max_ns": self.late_max_ns, "slack_max_ns": self.slack_max_ns,
-                "answer_lag_max_ns": self.answer_lag_max_ns,
+                "answer_lag_max_ns": self.answer_lag_max_ns, "python_receive": list(self.python_receive),
+                "unstamped_datagrams": self.unstamped_datagrams, "truncated_datagrams": self.truncated_datagrams,
                 "turns": self.turns, "datagrams": self.datagrams, "frames_sent": self.frames_sent,
                 "timer_lag": self.timer_lag.to_dict() if self.timer_lag else None,
                 "socket_lag": self.socket_lag.to_dict() if self.socket_lag else None}
@@ -121,7 +128,7 @@ class EventLoop:
         self.timer_lag = LagMeter()
         self.socket_lag = LagMeter()
         self.stats = LoopStats(timer_lag=self.timer_lag, socket_lag=self.socket_lag)
-        self._measured_from: tuple[int, ...] | None = None  # wall, cpu, wait, datagrams, frames, late
+        self._measured_from: tuple[int, ...] | None = None  # wall, cpu, wait, datagrams, frames, late, unstamped, truncated
         self.measuring = False
         self.slack_ns = 0  # how far behind what it has read the horizon is published (_horizon)
         self._slack_since = 0
@@ -136,25 +143,32 @@ class EventLoop:
             self.measuring = True
             run, wait = schedstat()
             self._measured_from = (time.monotonic_ns(), run, wait, self._datagrams(), self._frames(),
-                                   sum(p.late for p in self.ports))
+                                   sum(p.late for p in self.ports), sum(p.unstamped for p in self.ports),
+                                   self._truncated())
             self.stats.late_max_ns = 0
             self.stats.answer_lag_max_ns = 0
             self.timer_lag.reset()
             self.socket_lag.reset()
         elif not on and self.measuring:
             self.measuring = False
-            wall0, run0, wait0, d0, f0, late0 = self._measured_from
+            wall0, run0, wait0, d0, f0, late0, unstamped0, truncated0 = self._measured_from
             run, wait = schedstat()
             self.stats.wall_ns = time.monotonic_ns() - wall0
             self.stats.cpu_ns, self.stats.runqueue_wait_ns = run - run0, wait - wait0
             self.stats.datagrams, self.stats.frames_sent = self._datagrams() - d0, self._frames() - f0
             self.stats.late_datagrams = sum(p.late for p in self.ports) - late0
+            self.stats.unstamped_datagrams = sum(p.unstamped for p in self.ports) - unstamped0
+            self.stats.truncated_datagrams = self._truncated() - truncated0
+            self.stats.python_receive = sorted(p.host for p in self.ports if not p.stamped)
 
     def _datagrams(self) -> int:
         return sum(p.datagrams for p in self.ports)
 
     def _frames(self) -> int:
         return sum(p.frames_sent for p in self.ports)
+
+    def _truncated(self) -> int:
+        return sum(n for p in self.ports for n in p.truncated.values())
 
     def add_port(self, port: Port) -> None:
         self.ports.append(port)

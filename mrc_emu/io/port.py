@@ -39,6 +39,8 @@ class Port:
         self.mux = mux
         self.ports_by_ifindex = dict(ports_by_ifindex or {})
         self.fd = recv_sock.fileno()
+        # the kernel's arrival stamps (the C receive path); without them an arrival time is when
+        # the worker read the datagram, its own lag included (experiments/emulation.py says so)
         self.stamped = False
         if _sockio is not None:
             try:
@@ -54,6 +56,10 @@ class Port:
         # backlog) past the moment the socket was taken as read; the horizon had run ahead of them
         self.late = 0
         self.late_gap_ns = 0  # the largest lateness since the loop last took it (EventLoop._late)
+        self.unstamped = 0  # datagrams timed when read, not by the kernel: all of them without `stamped`
+        # datagrams the C receive dropped as truncated: longer than its slots, or their control data
+        # (stamp, traffic class, port) cut short ("truncated", "control_truncated": _sockio.recv_batch)
+        self.truncated: dict[str, int] = {}
 
     @property
     def frames_sent(self) -> int:
@@ -69,12 +75,12 @@ class Port:
         route = self.mux.route
         n = 0
         if self.stamped:
-            fd, record, dilation, port_of = self.fd, lag.record, clock.dilation, self.ports_by_ifindex.get
+            fd, record, dilation, port_of, truncated = self.fd, lag.record, clock.dilation, self.ports_by_ifindex.get, self.truncated
             # undilated, the clock is CLOCK_REALTIME less a constant: one addition per datagram
             real_to_clock = clock.from_realtime(0) if dilation == 1.0 else None
             while n < budget:
                 started = clock.now()
-                batch = _sockio.recv_batch(fd, min(RECV_BATCH, budget - n))
+                batch = _sockio.recv_batch(fd, min(RECV_BATCH, budget - n), truncated)
                 if not batch:
                     self.read_through = started  # empty when looked at: everything before is read
                     return n
@@ -85,6 +91,7 @@ class Port:
                 for payload, src, sport, real_ns, tclass, ifindex in batch:
                     if not real_ns:
                         at = seen
+                        self.unstamped += 1
                     else:
                         at = real_ns + real_to_clock if real_to_clock is not None else clock.from_realtime(real_ns)
                         if at > seen:
@@ -115,6 +122,7 @@ class Port:
         if n < budget:
             self.read_through = started  # emptied: everything that came before the first look is read
         self.datagrams += n
+        self.unstamped += n
         return n
 
 

@@ -26,6 +26,9 @@ except ImportError:  # pragma: no cover - the extension was not built
     _sockio = None
 
 RECV_BUFFER = 16 * 1024 * 1024
+# what a failed send means; the C Sender (_sockio.c PORT_DOWN, QUEUE_FULL) reads the same errnos
+PORT_DOWN_ERRNOS = (errno.ENETUNREACH, errno.EHOSTUNREACH, errno.ENETDOWN, errno.EINVAL)  # the host's own port is down
+QUEUE_FULL_ERRNOS = (errno.ENOBUFS, errno.EAGAIN)  # lost at the host, as in a full NIC queue
 _CMSG_SPACE = socket.CMSG_SPACE(4) + socket.CMSG_SPACE(20)  # IPV6_TCLASS (an int), IPV6_PKTINFO (in6_pktinfo)
 
 
@@ -83,9 +86,9 @@ class SocketLink:
             self._send_errors += 1
             name = errno.errorcode.get(e.errno, str(e.errno))
             self.errors[name] = self.errors.get(name, 0) + 1
-            if e.errno in (errno.ENETUNREACH, errno.EHOSTUNREACH, errno.ENETDOWN, errno.EINVAL):
+            if e.errno in PORT_DOWN_ERRNOS:
                 return False  # the host's own port of that plane is down
-            if e.errno in (errno.ENOBUFS, errno.EAGAIN):
+            if e.errno in QUEUE_FULL_ERRNOS:
                 return True  # dropped locally, like a full NIC queue: loss recovery handles it
             raise
 

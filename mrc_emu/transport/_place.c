@@ -33,7 +33,8 @@
 
 #include "../wire/crc32.h"
 
-#define MAX_WINDOW 8192 /* PSNs: the largest MPR (64 x 128) */
+/* numbers Python has too: tests/test_c_constants.py holds each equal to its Python constant */
+#define MAX_WINDOW 8192 /* PSNs: the largest MPR (config.py MAX_MPR x MPR_PSNS) */
 #define WORDS (MAX_WINDOW / 64)
 #define OP_WRITE_ONLY 0x0A
 #define HEAD_LEN 28 /* BTH + RETH */
@@ -170,7 +171,42 @@ static int qp_set_reorder(QpState *self, PyObject *value, void *closure) {
     return 0;
 }
 
+/* peer, pending_imm and ce_counts: objects the placement reads at every packet, so never deleted
+   (a deletion would leave NULL where it looks; set None for any peer, or empty the dict, instead) */
+typedef struct {
+    size_t offset;
+    const char *name;
+} QpObject;
+
+static const QpObject qp_peer = {offsetof(QpState, peer), "peer"},
+                      qp_pending_imm = {offsetof(QpState, pending_imm), "pending_imm"},
+                      qp_ce_counts = {offsetof(QpState, ce_counts), "ce_counts"};
+
+static PyObject *qp_get_object(QpState *self, void *closure) {
+    const QpObject *field = closure;
+    PyObject *value = *(PyObject **)((char *)self + field->offset);
+    if (value == NULL)
+        PyErr_Format(PyExc_AttributeError, "%s: cleared by the garbage collector", field->name);
+    return Py_XNewRef(value);
+}
+
+static int qp_set_object(QpState *self, PyObject *value, void *closure) {
+    const QpObject *field = closure;
+    if (value == NULL) {
+        PyErr_Format(PyExc_TypeError, "a QP's %s cannot be deleted (the C placement reads it at every packet)",
+                     field->name);
+        return -1;
+    }
+    Py_XSETREF(*(PyObject **)((char *)self + field->offset), Py_NewRef(value));
+    return 0;
+}
+
+#define QP_OBJECT(name, doc) {#name, (getter)qp_get_object, (setter)qp_set_object, doc, (void *)&qp_##name}
+
 static PyGetSetDef qp_getset[] = {
+    QP_OBJECT(peer, "the requester's packed address (None: any)"),
+    QP_OBJECT(pending_imm, "PSN -> immediate, placed but not complete"),
+    QP_OBJECT(ce_counts, "EV -> CE-marked packets not yet reported"),
     {"reorder", (getter)qp_get_reorder, (setter)qp_set_reorder,
      "placed packets by how many PSNs behind the highest placed they came (bucket 0: none; b: 2^(b-1)..2^b-1)", NULL},
     {"received", (getter)qp_get_received, (setter)qp_set_received, "bit (window-1-i): PSN epsn+i arrived", NULL},
@@ -180,8 +216,6 @@ static PyGetSetDef qp_getset[] = {
 };
 
 static PyMemberDef qp_members[] = {
-    {"peer", T_OBJECT, offsetof(QpState, peer), 0, "the requester's packed address (None: any)"},
-    {"pending_imm", T_OBJECT_EX, offsetof(QpState, pending_imm), 0, "PSN -> immediate, placed but not complete"},
     {"epsn", T_LONGLONG, offsetof(QpState, epsn), 0, "expected PSN (unbounded): everything below arrived"},
     {"pd", T_LONGLONG, offsetof(QpState, pd), 0, "protection domain"},
     {"since_ack", T_LONGLONG, offsetof(QpState, since_ack), 0, "packets placed since the last ACK"},
@@ -194,7 +228,6 @@ static PyMemberDef qp_members[] = {
     {"in_order_only", T_BOOL, offsetof(QpState, in_order_only), 0, "go-back-N: only the expected PSN"},
     {"ack_due", T_BOOL, offsetof(QpState, ack_due), 0, "an ACK is to be sent at the next pump"},
     {"ecn", T_BOOL, offsetof(QpState, ecn), 0, "the echoed packet was CE-marked"},
-    {"ce_counts", T_OBJECT_EX, offsetof(QpState, ce_counts), 0, "EV -> CE-marked packets not yet reported"},
     {"cnp", T_BOOL, offsetof(QpState, cnp), 0, "DCQCN: answer CE marks with CNPs"},
     {"cnp_due", T_BOOL, offsetof(QpState, cnp_due), 0, "a CNP is to be sent at the next pump"},
     {"cnp_last", T_LONGLONG, offsetof(QpState, cnp_last), 0, "when the last CNP was due"},
@@ -309,30 +342,38 @@ static int add_stat(PyObject *stats, PyObject *key, long long by) {
     return r;
 }
 
-/* the region's pd, va and writable bytes; 0 if it is not one this code can write */
-static int region_of(PyObject *mr, long long *pd, long long *va, Py_buffer **view) {
-    PyObject *pd_obj = PyObject_GetAttr(mr, s_pd), *va_obj = NULL, *view_obj = NULL;
+/* the region's pd, va and its memoryview (a new reference in *view_obj, to hold while writing
+   through it) if it is one this code can write; 0 (and *view_obj NULL) if not */
+static int region_of(PyObject *mr, long long *pd, long long *va, PyObject **view_obj) {
+    PyObject *pd_obj = PyObject_GetAttr(mr, s_pd), *va_obj = NULL;
     int ok = 0;
+    *view_obj = NULL;
     if (pd_obj == NULL || (va_obj = PyObject_GetAttr(mr, s_va)) == NULL ||
-        (view_obj = PyObject_GetAttr(mr, s_view)) == NULL)
+        (*view_obj = PyObject_GetAttr(mr, s_view)) == NULL)
         goto done;
     *pd = PyLong_AsLongLong(pd_obj);
     *va = PyLong_AsLongLong(va_obj);
-    if (PyErr_Occurred() || !PyMemoryView_Check(view_obj))
+    if (PyErr_Occurred() || !PyMemoryView_Check(*view_obj))
         goto done;
-    *view = PyMemoryView_GET_BUFFER(view_obj);  /* the region holds the view: it outlives this call */
-    ok = !(*view)->readonly && (*view)->itemsize == 1 && PyBuffer_IsContiguous(*view, 'C');
+    Py_buffer *view = PyMemoryView_GET_BUFFER(*view_obj);
+    ok = !view->readonly && view->itemsize == 1 && PyBuffer_IsContiguous(view, 'C');
 done:
     PyErr_Clear();  /* anything odd about the region: Python decides */
     Py_XDECREF(pd_obj);
     Py_XDECREF(va_obj);
-    Py_XDECREF(view_obj);
+    if (!ok)
+        Py_CLEAR(*view_obj);
     return ok;
 }
 
 static PyObject *placer_place(Placer *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 4 && nargs != 5) {
         PyErr_SetString(PyExc_TypeError, "place(payload, src, sport, now[, tclass])");
+        return NULL;
+    }
+    if (self->qps == NULL || self->regions == NULL || self->stats == NULL) {
+        PyErr_SetString(PyExc_TypeError, "a Placer made without its tables: Placer(qps, regions, stats, address, dport, "
+                                         "sport_base)");
         return NULL;
     }
     long sport = PyLong_AsLong(args[2]);
@@ -349,7 +390,9 @@ static PyObject *placer_place(Placer *self, PyObject *const *args, Py_ssize_t na
     Py_buffer payload;
     if (PyObject_GetBuffer(args[0], &payload, PyBUF_SIMPLE) < 0)
         return NULL;
-    PyObject *result = Py_False;
+    /* the QP, the region and its view are held until the end: reading the region's attributes may
+       run Python code, which may drop them from their tables */
+    PyObject *result = Py_False, *found = NULL, *mr = NULL, *view_obj = NULL;
     const unsigned char *p = payload.buf;
     size_t n = (size_t)payload.len;
     if (n < HEAD_LEN + 4 || p[0] != OP_WRITE_ONLY || (p[1] & 0x0F))
@@ -370,7 +413,7 @@ static PyObject *placer_place(Placer *self, PyObject *const *args, Py_ssize_t na
     PyObject *key = PyLong_FromUnsignedLong(qpn);
     if (key == NULL)
         goto fail;
-    PyObject *found = PyDict_GetItemWithError(self->qps, key); /* borrowed */
+    found = Py_XNewRef(PyDict_GetItemWithError(self->qps, key));
     Py_DECREF(key);
     if (found == NULL) {
         if (PyErr_Occurred())
@@ -380,11 +423,12 @@ static PyObject *placer_place(Placer *self, PyObject *const *args, Py_ssize_t na
     if (!PyObject_TypeCheck(found, &QpStateType))
         goto done;
     QpState *qp = (QpState *)found;
-    if (qp->peer != Py_None && (!PyBytes_Check(qp->peer) || PyBytes_GET_SIZE(qp->peer) != 16 ||
-                                memcmp(PyBytes_AS_STRING(qp->peer), src, 16) != 0))
+    if (qp->peer == NULL || (qp->peer != Py_None && (!PyBytes_Check(qp->peer) || PyBytes_GET_SIZE(qp->peer) != 16 ||
+                                memcmp(PyBytes_AS_STRING(qp->peer), src, 16) != 0)))
         goto done;
-    if (pkey != qp->pkey || qp->window <= 0 || !PyDict_Check(qp->pending_imm) || PyDict_GET_SIZE(qp->pending_imm))
-        goto done;
+    if (pkey != qp->pkey || qp->window <= 0 || qp->pending_imm == NULL || !PyDict_Check(qp->pending_imm) ||
+        PyDict_GET_SIZE(qp->pending_imm))
+        goto done;  /* (NULL: only after the garbage collector cleared the QP) */
     if (ce && (qp->ce_counts == NULL || !PyDict_CheckExact(qp->ce_counts)))
         goto done;
     long long diff = (psn - qp->epsn) & 0xFFFFFF;  /* config.psn_abs */
@@ -396,7 +440,7 @@ static PyObject *placer_place(Placer *self, PyObject *const *args, Py_ssize_t na
     key = PyLong_FromUnsignedLong(rkey);
     if (key == NULL)
         goto fail;
-    PyObject *mr = PyDict_GetItemWithError(self->regions, key); /* borrowed */
+    mr = Py_XNewRef(PyDict_GetItemWithError(self->regions, key));
     Py_DECREF(key);
     if (mr == NULL) {
         if (PyErr_Occurred())
@@ -404,9 +448,9 @@ static PyObject *placer_place(Placer *self, PyObject *const *args, Py_ssize_t na
         goto done;
     }
     long long mr_pd, mr_va;
-    Py_buffer *region;
-    if (!region_of(mr, &mr_pd, &mr_va, &region) || mr_pd != qp->pd || mr_va < 0 || va < (uint64_t)mr_va)
+    if (!region_of(mr, &mr_pd, &mr_va, &view_obj) || mr_pd != qp->pd || mr_va < 0 || va < (uint64_t)mr_va)
         goto done;
+    Py_buffer *region = PyMemoryView_GET_BUFFER(view_obj);
     uint64_t start = va - (uint64_t)mr_va;
     if (start > (uint64_t)region->len || (uint64_t)region->len - start < length)
         goto done;
@@ -461,12 +505,16 @@ static PyObject *placer_place(Placer *self, PyObject *const *args, Py_ssize_t na
         qp->ack_due = 1;
     result = Py_True;
 done:
-    PyBuffer_Release(&payload);
     Py_INCREF(result);
-    return result;
+    goto release;
 fail:
+    result = NULL;
+release:
     PyBuffer_Release(&payload);
-    return NULL;
+    Py_XDECREF(found);
+    Py_XDECREF(mr);
+    Py_XDECREF(view_obj);
+    return result;
 }
 
 static PyMethodDef placer_methods[] = {

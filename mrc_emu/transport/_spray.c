@@ -34,7 +34,9 @@
  *   It sends while budget, window (PSN and bytes) and schedule allow and the next packet is a
  *   full-MTU one with no immediate; it returns on the first frame that cannot leave the host
  *   (failed_ev, else None), leaving that packet in flight as the Python loop does; the frames
- *   of its batch after it are neither sent nor recorded. counts: {ev: packets}.
+ *   of its batch after it are neither sent nor recorded. counts: {ev: packets}. One call at a
+ *   time (its batch waits in static slots): a call from inside `send` or `clock`, or from another
+ *   thread meanwhile, raises RuntimeError.
  *
  * deliver(table, psns, seen) -> (acked, in_flight)
  *   SentPackets.deliver for a table of Pkt records: every PSN of `psns` (a range or a list)
@@ -168,14 +170,29 @@ static int count_one(PyObject *counts, PyObject *ev) {
 #define MAX_CACHED 64  /* EVs whose template and path one call keeps parsed */
 
 static uint8_t slots[BATCH][SLOT_BYTES];
+static int spraying; /* a call is using the slots: `send` (Python) cannot start another that would overwrite them */
 
-/* what a call knows of one EV: its template's head (parsed once), its path */
+/* what a call knows of one EV: its template's head (parsed once), its path. It holds its own
+   references, and an export of the template's bytes: the loop calls back into Python (send, the
+   clock, the table's append) between batches, and that code may drop the schedule's EV, the path
+   or the head from their containers, or resize the template, while this entry still serves */
 typedef struct {
-    PyObject *ev; /* borrowed from the schedule */
+    PyObject *ev;
     long long value;
     PatchHead head;
-    PyObject *path; /* borrowed from `paths` */
+    PyObject *head_obj; /* the head tuple, which holds head.frame */
+    Py_buffer frame;    /* head.frame's bytes, exported: it cannot be resized meanwhile */
+    PyObject *path;
 } EvEntry;
+
+static void ev_entry_release(EvEntry *e) {
+    if (e->ev == NULL)
+        return;
+    PyBuffer_Release(&e->frame);
+    Py_CLEAR(e->head_obj);
+    Py_CLEAR(e->path);
+    Py_CLEAR(e->ev);
+}
 
 /* one packet of a batch, encoded in its slot */
 typedef struct {
@@ -189,26 +206,38 @@ static EvEntry *ev_entry(EvEntry *cache, int *cached, EvEntry *scratch, PyObject
         if (cache[i].ev == ev)
             return &cache[i];
     EvEntry *e = *cached < MAX_CACHED ? &cache[*cached] : scratch;
-    PyObject *head = PyDict_GetItemWithError(heads, ev), *path = PyDict_GetItemWithError(paths, ev);
+    if (e == scratch)
+        ev_entry_release(scratch); /* its previous EV's */
+    /* owned at once: looking an EV up may run Python code (its hash), which may drop what was found */
+    Py_INCREF(ev);
+    PyObject *head = Py_XNewRef(PyDict_GetItemWithError(heads, ev)), *path = NULL;
+    if (head != NULL)
+        path = Py_XNewRef(PyDict_GetItemWithError(paths, ev));
     if (head == NULL || path == NULL) {
         if (!PyErr_Occurred())
             PyErr_SetString(PyExc_KeyError, "an EV of the schedule has no template head or path");
-        return NULL;
+        goto fail;
     }
     if (patch_head_parse(head, &e->head) < 0)
-        return NULL;
+        goto fail;
     if (e->head.icrc_at + 4 > SLOT_BYTES) {
         PyErr_SetString(PyExc_ValueError, "a frame larger than the send loop's slots");
-        return NULL;
+        goto fail;
     }
     e->value = PyLong_AsLongLong(ev);
-    if (e->value == -1 && PyErr_Occurred())
-        return NULL;
+    if ((e->value == -1 && PyErr_Occurred()) || PyObject_GetBuffer(e->head.frame, &e->frame, PyBUF_SIMPLE) < 0)
+        goto fail;
     e->ev = ev;
+    e->head_obj = head;
     e->path = path;
     if (e != scratch)
         *cached += 1;
     return e;
+fail:
+    Py_DECREF(ev);
+    Py_XDECREF(head);
+    Py_XDECREF(path);
+    return NULL;
 }
 
 /* the packet's record in the table, as SentPackets.record leaves it; 0, or -1 with an exception */
@@ -365,9 +394,15 @@ static PyObject *spray_on(PyObject *pkts, PyObject *flight, PyObject *by_ev, PyO
         PyErr_Clear();
     } else {
         send_many = (SendMany)PyCapsule_GetPointer(capsule, SEND_MANY_CAPSULE);
+        /* the function takes `send` as its own kind of object: only the object that made the capsule */
+        void *maker = send_many == NULL ? NULL : PyCapsule_GetContext(capsule);
         Py_DECREF(capsule); /* the pointer is to a function of a module that stays loaded */
         if (send_many == NULL)
             return NULL;
+        if (maker != send) {
+            PyErr_SetString(PyExc_TypeError, "send.send_many is another object's batch sender");
+            return NULL;
+        }
     }
     PyObject *local = PyObject_GetAttr(wr, s_local), *rkey_obj = PyObject_GetAttr(wr, s_rkey),
              *imm = PyObject_GetAttr(wr, s_imm), *counts = PyDict_New(), *failed = Py_None, *out = NULL;
@@ -377,6 +412,7 @@ static PyObject *spray_on(PyObject *pkts, PyObject *flight, PyObject *by_ev, PyO
     Py_INCREF(failed);
     EvEntry cache[MAX_CACHED], scratch;
     int cached = 0;
+    scratch.ev = NULL;
     Planned plan[BATCH];
     struct iovec iov[BATCH];
     PyObject *batch_paths[BATCH];
@@ -392,13 +428,13 @@ static PyObject *spray_on(PyObject *pkts, PyObject *flight, PyObject *by_ev, PyO
         PyErr_SetString(PyExc_ValueError, "the WRITE's length and its buffer disagree");
         goto done;
     }
-    Py_ssize_t schedule_len = PyList_GET_SIZE(schedule);
     for (;;) {
         /* the batch: the packets the loop would send one by one, each encoded in its slot */
         Py_ssize_t k = 0;
         long long p_psn = next_psn, p_offset = next_offset, p_bif = bif, p_sent = sent;
         Py_ssize_t p_cursor = cursor;
-        while (k < BATCH && p_sent < budget && (double)p_bif < cwnd && p_psn < window_end && p_cursor < schedule_len) {
+        while (k < BATCH && p_sent < budget && (double)p_bif < cwnd && p_psn < window_end &&
+               p_cursor < PyList_GET_SIZE(schedule)) {  /* read again: the callbacks may have shortened it */
             if (p_offset < 0 || wr_length - p_offset < mtu)
                 break;  /* a short packet: the Python loop sends it */
             int last = p_offset + mtu >= wr_length;
@@ -416,7 +452,7 @@ static PyObject *spray_on(PyObject *pkts, PyObject *flight, PyObject *by_ev, PyO
             int ack_req = last || (double)(p_bif + 4 * mtu) > cwnd;  /* a full window waits for no delayed ACK */
             uint8_t *f = slots[k];
             const PatchHead *h = &e->head;
-            memcpy(f, PyByteArray_AS_STRING(h->frame), (size_t)h->payload_at);
+            memcpy(f, e->frame.buf, (size_t)h->payload_at);
             memset(f + h->payload_end, 0, (size_t)(h->icrc_at - h->payload_end));
             patch_frame(f, h, (uint32_t)(((unsigned long long)(ack_req != 0) << 31) | (p_psn & 0xFFFFFF)),
                         (uint64_t)(remote_va + p_offset), (uint32_t)rkey, -1, (const uint8_t *)buffer.buf + p_offset);
@@ -510,6 +546,9 @@ done:
             PyErr_Restore(type, value, traceback);
         }
     }
+    for (int i = 0; i < cached; i++)
+        ev_entry_release(&cache[i]);
+    ev_entry_release(&scratch);
     if (have_buffer)
         PyBuffer_Release(&buffer);
     Py_XDECREF(local);
@@ -800,8 +839,15 @@ static PyObject *spray(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
         Py_XDECREF(flight);
         return NULL;
     }
-    PyObject *out = spray_on(pkts, flight, by_ev, heads, paths, mtu, wr, send, now_obj, args[7], args[8], args[9],
-                             args[10], args[11], schedule, args[13], clock);
+    PyObject *out = NULL;
+    if (spraying) {
+        PyErr_SetString(PyExc_RuntimeError, "spray: another call is using the send slots (from its send or clock, or another thread)");
+    } else {
+        spraying = 1;
+        out = spray_on(pkts, flight, by_ev, heads, paths, mtu, wr, send, now_obj, args[7], args[8], args[9], args[10],
+                       args[11], schedule, args[13], clock);
+        spraying = 0;
+    }
     Py_DECREF(pkts);
     Py_DECREF(flight);
     Py_DECREF(by_ev);

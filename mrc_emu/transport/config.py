@@ -18,6 +18,8 @@ PSN_MOD = 1 << 24
 HALF = 1 << 23
 ACK_TIMEOUT_UNIT_NS = 1024  # the ACK timeout is 1.024 us x 2^t
 INFINITE_RETRIES = 25
+MPR_PSNS = 128  # the MPR (the SACK window) is in units of this many PSNs
+MAX_MPR = 64  # _place.c keeps the window as bits of MAX_WINDOW = MAX_MPR x MPR_PSNS
 
 RandomBits = Callable[[int], int]  # n -> n random bits (secrets.randbits; random.Random(seed).getrandbits in tests)
 
@@ -60,8 +62,8 @@ class QpConfig:
             raise ValueError(f"ACK timeout exponent {self.ack_timeout_exp}: must be 0..24")
         if not 0 <= self.retry_linear <= 7 or not 0 <= self.retry_exp <= INFINITE_RETRIES:
             raise ValueError("retries: linear 0..7, exponential 0..25 (25 = infinite)")
-        if not 1 <= self.mpr <= 64:
-            raise ValueError(f"MPR {self.mpr}: must be 1..64 (x128 PSNs)")
+        if not 1 <= self.mpr <= MAX_MPR:
+            raise ValueError(f"MPR {self.mpr}: must be 1..{MAX_MPR} (x{MPR_PSNS} PSNs)")
         if self.cnp_interval_ns < 0:
             raise ValueError(f"CNP interval {self.cnp_interval_ns} ns: must be >= 0")
         if self.link_rate_bps is not None and self.link_rate_bps <= 0:
@@ -89,7 +91,7 @@ class QpConfig:
 
     @property
     def window(self) -> int:
-        return self.mpr * 128
+        return self.mpr * MPR_PSNS
 
     def ack_timeout_for(self, tries: int) -> int:
         """The ACK timeout of a packet's `tries`-th transmission: `retry_linear` retries at the

@@ -4,7 +4,9 @@
  *
  * Why it exists: handing the kernel one frame per system call costs a system call and a
  * Python call per frame. A send function (paths.Send) that can do better carries an attribute
- * `send_many`: a PyCapsule named SEND_MANY_CAPSULE whose pointer is a SendMany. The transport
+ * `send_many`: a PyCapsule named SEND_MANY_CAPSULE whose pointer is a SendMany and whose context
+ * is the send function itself (a capsule taken from another object is refused: SendMany takes
+ * its sender as the C type that made it). The transport
  * stays sans-IO: it knows this function, not the socket behind it (io/_sockio.c's Sender,
  * above it in the layers, implements it with sendmmsg). Needs Python.h.
  *

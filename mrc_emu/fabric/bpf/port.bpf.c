@@ -25,6 +25,10 @@
 #include <bpf/bpf_endian.h>
 #include <bpf/bpf_helpers.h>
 
+#include "fluid.h"
+
+/* numbers Python has too (wire/format.py, fabric/ports.py, topology/port.py): tests/test_c_constants.py
+ * holds each equal to its Python constant, and the map values' layouts to ports.py's */
 #define ETH_LEN 14
 #define IP6_LEN 40
 #define UDP_LEN 8
@@ -270,18 +274,17 @@ int port_egress(struct __sk_buff *skb)
 			st->hist[i] = 0;
 	}
 	/* TBF as a fluid: the rate's supply since the last packet drains the queue first, then
-	 * refills the bucket (up to burst); an arrival at an empty queue spends tokens first */
+	 * refills the bucket (up to burst); an arrival at an empty queue spends tokens first
+	 * (fluid.h: rate x dt without overflow, at any rate) */
 	__u64 dt = now - st->last_ns;
-	if (st->last_ns == 0 || dt > 1000000000ULL) {
+	if (st->last_ns == 0 || dt > FLUID_RESET_NS) {
 		st->queue = 0;
 		st->tokens = burst;
 	} else {
-		__u64 supply = dt * rate / 1000000000ULL;
+		__u64 supply = fluid_supply(dt, rate);
 		__u64 drained = st->queue < supply ? st->queue : supply;
 		st->queue -= drained;
-		st->tokens += supply - drained;
-		if (st->tokens > burst)
-			st->tokens = burst;
+		st->tokens = fluid_refill(st->tokens, supply - drained, burst);
 	}
 	st->last_ns = now;
 	__u64 queue = st->queue;   /* what the arriving packet finds */
@@ -305,6 +308,7 @@ int port_egress(struct __sk_buff *skb)
 		if (verdict == TRIM) {
 			st->trimmed += 1;
 		} else if (markable && queue > kmin) {
+			/* pmax < 2^32 and queue < 2^32 (it grows only up to buffer, a __u32): the product fits */
 			if (queue > kmax || kmax <= kmin || random < pmax * (queue - kmin) / (kmax - kmin))
 				verdict = MARK;
 		}
