@@ -30,9 +30,9 @@ import os
 import sys
 import time
 
-from mrc_emu.experiments import congestion
-from mrc_emu.experiments.transfer import Run, run_transfers
-from mrc_emu.experiments.transports import Transport
+from mrc_emu.experiments.analysis import congestion
+from mrc_emu.experiments.runtime.transfer import Run, run_transfers
+from mrc_emu.experiments.scenarios.transports import Transport
 from mrc_emu.fabric import build, static_routes
 from mrc_emu.fabric.running import Fabric
 from mrc_emu.topology import Topology, builtin, from_dict

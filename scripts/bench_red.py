@@ -35,9 +35,10 @@ import socket
 import sys
 import time
 
-from mrc_emu.experiments import congestion, scenario
-from mrc_emu.experiments.transfer import run_transfers
-from mrc_emu.experiments.transports import Transport
+from mrc_emu.experiments.analysis import congestion
+from mrc_emu.experiments.runtime.transfer import run_transfers
+from mrc_emu.experiments.scenarios import scenario
+from mrc_emu.experiments.scenarios.transports import Transport
 from mrc_emu.fabric import build, netlink, netns, ports, red, static_routes
 from mrc_emu.fabric.running import Fabric
 from mrc_emu.topology import Topology, from_dict

@@ -2,7 +2,7 @@
 
 import pytest
 
-from mrc_emu.experiments import report
+from mrc_emu.experiments.scenarios import report
 from mrc_emu.fabric.ops import CaptureResult
 
 # what tcpdump --immediate-mode printed for the 4 MiB WRITE of issue 14

@@ -14,7 +14,7 @@ import uuid
 import pcap_reader
 import pytest
 
-from mrc_emu.experiments.transfer import send
+from mrc_emu.experiments.runtime.transfer import send
 from mrc_emu.fabric import netns, ops
 
 pytestmark = pytest.mark.system

@@ -1,10 +1,10 @@
-"""The congestion figures (experiments/congestion.py) on hand-made inputs: no fabric, no root."""
+"""The congestion figures (experiments/analysis/congestion.py) on hand-made inputs: no fabric, no root."""
 
 from types import SimpleNamespace
 
 import pytest
 
-from mrc_emu.experiments import congestion as cg
+from mrc_emu.experiments.analysis import congestion as cg
 
 
 def test_jain_is_one_for_equal_shares_and_one_over_n_for_one_taker():

@@ -10,8 +10,8 @@ import pytest
 from conftest import wait_for
 from test_transport_system import MiB, _run_in_thread
 
-from mrc_emu.experiments import report, runner, scenario
-from mrc_emu.experiments.controller import ControlRecord
+from mrc_emu.experiments.runtime.controller import ControlRecord
+from mrc_emu.experiments.scenarios import report, runner, scenario
 
 pytestmark = pytest.mark.system
 CLI = [sys.executable, "-m", "mrc_emu.cli"]

@@ -16,8 +16,9 @@ from click.testing import CliRunner
 from conftest import at_a_dilation_that_keeps_up, fabric_limited, summary, wait_for
 
 from mrc_emu import cli
-from mrc_emu.experiments import fault_agent, runner, scenario
-from mrc_emu.experiments.transfer import send
+from mrc_emu.experiments.runtime import fault_agent
+from mrc_emu.experiments.runtime.transfer import send
+from mrc_emu.experiments.scenarios import runner, scenario
 from mrc_emu.fabric import build, fault_ops, impair, netns, ports
 from mrc_emu.fabric.fault_record import FaultRecord
 from mrc_emu.fabric.running import Fabric
@@ -159,7 +160,7 @@ def _least_rtt_ms(fabric: Fabric, ev: int, probes: int = 5) -> float:
     """The least RTT of `probes` EV probes from h0 towards h2 along EV `ev`: a late wake-up of the
     prober (a loaded host, a VM under TCG) only ever adds to one probe's time, while a netem delay
     is in every one of them."""
-    from mrc_emu.experiments.probes import probe_evs
+    from mrc_emu.experiments.runtime.probes import probe_evs
 
     rtts = []
     for _ in range(probes):

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from mrc_emu.experiments import fault_agent
+from mrc_emu.experiments.runtime import fault_agent
 from mrc_emu.fabric import fault_ops, impair, netns
 from mrc_emu.fabric.fault_record import FaultRecord
 from mrc_emu.fabric.running import Fabric

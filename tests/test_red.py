@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from mrc_emu.experiments import scenario
-from mrc_emu.experiments.scenario import ScenarioError
+from mrc_emu.experiments.scenarios import scenario
+from mrc_emu.experiments.scenarios.scenario import ScenarioError
 from mrc_emu.fabric import fault_ops, impair, red, registry
 from mrc_emu.fabric.nodes import FabricSetupError
 from mrc_emu.fabric.running import Fabric

@@ -14,8 +14,8 @@ import sys
 import pytest
 from conftest import at_a_dilation_that_keeps_up, fabric_limited, goodput_bps, summary
 
-from mrc_emu.experiments.transfer import run_transfers
-from mrc_emu.experiments.transports import Transport
+from mrc_emu.experiments.runtime.transfer import run_transfers
+from mrc_emu.experiments.scenarios.transports import Transport
 from mrc_emu.fabric import build, ecn_decap, netns, ports, red, registry
 from mrc_emu.fabric.running import Fabric
 from mrc_emu.topology import builtin, from_dict

@@ -5,8 +5,8 @@ import json
 import jsonschema
 import pytest
 
-from mrc_emu.experiments import report, scenario
-from mrc_emu.experiments.scenario import ScenarioError
+from mrc_emu.experiments.scenarios import report, scenario
+from mrc_emu.experiments.scenarios.scenario import ScenarioError
 
 
 def test_every_shipped_scenario_loads():

@@ -11,8 +11,8 @@ import jsonschema
 import pcap_reader
 import pytest
 
-from mrc_emu.experiments import report, runner, scenario
-from mrc_emu.experiments.faults import FAULT_KINDS
+from mrc_emu.experiments.scenarios import report, runner, scenario
+from mrc_emu.experiments.scenarios.faults import FAULT_KINDS
 from mrc_emu.fabric import impair, netns, registry, routing
 
 pytestmark = pytest.mark.system

@@ -13,7 +13,7 @@ import pytest
 from scapy.compat import raw
 from scapy.utils import PcapWriter
 
-from mrc_emu.experiments.stev import ideal_coverage
+from mrc_emu.experiments.runtime.stev import ideal_coverage
 from mrc_emu.fabric import config
 from mrc_emu.io.memory import MemoryNetwork
 from mrc_emu.topology import TopologyError, builtin

@@ -502,7 +502,7 @@ def test_every_ev_format_and_topology_transfers(topo_name, ev_format):
 
 
 def test_recovery_metric_on_synthetic_timelines():
-    from mrc_emu.experiments import metrics
+    from mrc_emu.experiments.analysis import metrics
 
     ms = 1_000_000
     rate = 1000  # bytes per ms

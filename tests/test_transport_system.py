@@ -11,7 +11,7 @@ import time
 import pytest
 from conftest import at_a_dilation_that_keeps_up, kept_up, summary, wait_for
 
-from mrc_emu.experiments.transfer import Control, TransferSpec, run_transfers, send
+from mrc_emu.experiments.runtime.transfer import Control, TransferSpec, run_transfers, send
 from mrc_emu.fabric import faults, links
 from mrc_emu.topology import evs_between
 from mrc_emu.topology.evs import EvFormat

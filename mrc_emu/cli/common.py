@@ -21,7 +21,7 @@ JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="Machine-read
 
 
 def _known_errors() -> tuple[type[BaseException], ...]:
-    from ..experiments.transfer import TransferError
+    from ..experiments.runtime.errors import TransferError
     from ..fabric.netlink import NetlinkError
     from ..fabric.nodes import FabricSetupError
     from ..fabric.procs import ChildError

@@ -176,7 +176,7 @@ def paths(src: str, dst: str, name: str, as_json: bool) -> None:
 @friendly
 def probe(src: str, dst: str, ev_index: int | None, all_evs: bool, timeout: float, name: str, as_json: bool) -> None:
     """EV probes: send along exactly each EV and back; report reachable and rtt_ns."""
-    from ..experiments.probes import probe_evs
+    from ..experiments.runtime.probes import probe_evs
 
     if ev_index is not None and all_evs:
         raise click.UsageError("give --ev K or --all, not both")
@@ -312,7 +312,7 @@ def stats(node: str | None, reset: bool, name: str, as_json: bool) -> None:
 @friendly
 def check(topology: str | None, max_pairs: int | None, name: str, as_json: bool) -> None:
     """Bring a fabric up, probe every EV between every pair of hosts, take it down."""
-    from ..experiments.fabric_check import check as run_check
+    from ..experiments.runtime.fabric_check import check as run_check
 
     topo = resolve(topology)
     result = run_check(topo, name, None if as_json else progress, max_pairs)
@@ -347,7 +347,7 @@ def stev_coverage(src: str, dst: str, count: int, frames: int, name: str, as_jso
     Needs plain IPv6 routes (mrc-emu up --routing static). Exit 1 unless every value's frames arrived
     through exactly one spine.
     """
-    from ..experiments.stev import coverage
+    from ..experiments.runtime.stev import coverage
 
     with _open(name) as fabric:
         result = coverage(fabric, src, dst, count, frames=frames)

@@ -23,7 +23,7 @@ def _open(name: str):
 
 
 def _direction(a: str, b: str, text: str | None, one_way: bool) -> tuple[str, str] | None:
-    from ..experiments.faults import parse_direction
+    from ..experiments.scenarios.faults import parse_direction
 
     if one_way:
         if text is not None:

@@ -27,18 +27,18 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..api.qp import WrOpcode
-from ..fabric import netns
-from ..fabric.procs import Parent, Stop
-from ..io.loop import Clock, EventLoop, Horizon, Port
-from ..io.sockets import udp_receiver
-from ..transport.cc import make_cc
-from ..transport.config import QpConfig
-from ..transport.endpoint import HostEndpoint
-from ..transport.mux import HostMux
-from ..transport.paths import Path
-from ..transport.requester import Requester
-from ..transport.responder import Responder
+from ...api.qp import WrOpcode
+from ...fabric import netns
+from ...fabric.procs import Parent, Stop
+from ...io.loop import Clock, EventLoop, Horizon, Port
+from ...io.sockets import udp_receiver
+from ...transport.cc import make_cc
+from ...transport.config import QpConfig
+from ...transport.endpoint import HostEndpoint
+from ...transport.mux import HostMux
+from ...transport.paths import Path
+from ...transport.requester import Requester
+from ...transport.responder import Responder
 from .endpoint_ops import SetPortStatus, WorkerOps
 from .hostctl import HostControl
 
@@ -117,7 +117,7 @@ class Start:
 
 @dataclass(frozen=True)
 class SetEvStates:
-    """The controller's word on transfer `key`'s EVs (experiments/controller.py): deny these, allow
+    """The controller's word on transfer `key`'s EVs (experiments/runtime/controller.py): deny these, allow
     those (an allowed EV is probed before it carries data again)."""
 
     key: int
@@ -242,7 +242,7 @@ class _Worker:
         self.stopped = False
         self.next_report = 0
         self.ctl = {name: HostControl(name, max(1, len(spec.ports))) for name, spec in hosts.items()}  # OCP controllers
-        self.ops = WorkerOps(parent, loop, ports)  # EV_PROBE batches, port status (experiments/endpoint_ops.py)
+        self.ops = WorkerOps(parent, loop, ports)  # EV_PROBE batches, port status (experiments/runtime/endpoint_ops.py)
         self.handlers = {Accept: self.accept, Prepare: self.prepare, Start: self.start, Hash: self.hash,
                          SetEvStates: self.set_ev_states, Stop: self.stop, **self.ops.handlers}
         self.handlers[SetPortStatus] = self.set_port_status

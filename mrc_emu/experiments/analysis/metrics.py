@@ -4,7 +4,7 @@ Why it exists: each figure must mean one thing everywhere (benchmarks, scenarios
 The headline figures are exact, read from the requester's own records (transport/ledger.py)
 against the fault's time and the EVs through it: detection, stall and repair
 (`fault_figures`); with completion against a fault-free run of the same scenario (inflation,
-experiments/runner.py) they say what a fault cost. The windowed recovery is kept as a secondary
+experiments/scenarios/runner.py) they say what a fault cost. The windowed recovery is kept as a secondary
 figure, with the band the same window swings in on the fault-free run (`noise_band`): on this
 machine a fault-free stretch swings by +-30 %, so a windowed dip inside the band is noise.
 

@@ -19,9 +19,9 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..topology import Topology
-from ..transport.endpoint import EpRequest
-from ..transport.paths import Path, qp_paths
+from ...topology import Topology
+from ...transport.endpoint import EpRequest
+from ...transport.paths import Path, qp_paths
 
 # ---- messages: parent -> worker, worker -> parent --------------------------------------------
 

@@ -22,27 +22,25 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..api.files import ProfileFile
-from ..api.files import load as load_profile
-from ..fabric import build, fault_ops
-from ..fabric.procs import Child, Stop
-from ..fabric.running import Fabric
-from ..fabric.waiting import WaitTimeout, until
-from ..io.clock import Clock, Horizon
-from ..topology import Topology
-from ..topology.evs import EvFormat
-from ..transport.config import QpConfig
-from ..transport.nscc import max_wnd_for
-from ..transport.paths import QpPaths, qp_paths
-from . import emulation
+from ...api.files import ProfileFile
+from ...api.files import load as load_profile
+from ...fabric import build, fault_ops
+from ...fabric.procs import Child, Stop
+from ...fabric.running import Fabric
+from ...fabric.waiting import WaitTimeout, until
+from ...io.clock import Clock, Horizon
+from ...topology import Topology
+from ...topology.evs import EvFormat
+from ...transport.config import QpConfig
+from ...transport.evpaths import ProfileQpPaths, profile_paths
+from ...transport.nscc import max_wnd_for
+from ...transport.paths import QpPaths, qp_paths
+from ..analysis import emulation
 from .controller import ControlRecord, LiveControl, post_run_events, qp_evs
 from .endpoint_ops import EndpointOps
-from .evpaths import ProfileQpPaths, profile_paths
+from .errors import TransferError
+from .stev import check_fabric
 from .worker import Accept, Accepted, Final, Hash, Hashed, HostSpec, JobProgress, Prepare, Prepared, Progress, Start, Started, serve_hosts
-
-
-class TransferError(RuntimeError):
-    """A transfer could not be set up or run (bad arguments, no progress in time)."""
 
 
 @dataclass
@@ -203,8 +201,6 @@ def run_transfers(fabric: Fabric, specs: list[TransferSpec], control: Control | 
     specs = [replace(s, config=replace(s.config, path_avoidance=False)) if s.ev_format is EvFormat.UDP else s
              for s in specs]
     if any(s.ev_format is EvFormat.STEV for s in specs):
-        from .stev import check_fabric  # stev imports this module
-
         check_fabric(fabric)
     specs = [_with_profile(s) for s in specs]
     plans = [_plan(fabric.topology, spec) for spec in specs]

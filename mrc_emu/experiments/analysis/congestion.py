@@ -13,7 +13,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from ..transport.requester import trim_repair
+from ...transport.requester import trim_repair
 
 
 def jain(values: Iterable[float]) -> float | None:
@@ -52,7 +52,7 @@ def aggregate_goodput_gbps(results: Sequence[Any]) -> float:
 
 
 def flows(results: Sequence[Any]) -> dict[str, Any]:
-    """Per-flow figures of one run's transfers (experiments.transfer.TransferResult): goodput,
+    """Per-flow figures of one run's transfers (experiments.runtime.transfer.TransferResult): goodput,
     completion, fairness, and what the requesters counted (timeouts, retransmits, trims)."""
     done = [r for r in results if r.completion_ms is not None]
     goodput = [r.goodput_gbps or 0.0 for r in results]

@@ -22,15 +22,15 @@ from typing import Any
 
 from pyroute2 import IPRoute
 
-from ..fabric import build, netns, ops, ports, routing, static_routes
-from ..fabric.running import Fabric
-from ..topology import Role, evs_between
-from . import congestion, metrics
-from .controller import ControlRecord
-from .fault_agent import After, Done, LinkFaultAgent, RecordAs
+from ...fabric import build, netns, ops, ports, routing, static_routes
+from ...fabric.running import Fabric
+from ...topology import Role, evs_between
+from ..analysis import congestion, metrics
+from ..runtime.controller import ControlRecord
+from ..runtime.fault_agent import After, Done, LinkFaultAgent, RecordAs
+from ..runtime.transfer import Control, Run, run_transfers
 from .faults import Fault
 from .scenario import Scenario
-from .transfer import Control, Run, run_transfers
 from .transports import Transport
 
 Progress = Callable[[str], None]

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .emulation import Report
+from ..analysis.emulation import Report
 from .faults import FAULT_KINDS
 from .plots import plots
 from .transports import Transport

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from enum import Enum
 
-from ..topology import Topology
-from ..topology.evs import EvFormat
-from ..transport.config import QpConfig
-from .transfer import TransferSpec, cc_options_for
+from ...topology import Topology
+from ...topology.evs import EvFormat
+from ...transport.config import QpConfig
+from ..runtime.transfer import TransferSpec, cc_options_for
 
 
 class Transport(str, Enum):

@@ -7,7 +7,7 @@ before the transfers they affect, and a transfer started later must obey them to
 controller operation is written here, append-only JSON lines in
 /run/mrc-emu/<fabric>-ctl/record (one write per line, as the fault record does), and
 whoever runs QPs reads it: at the start of a run, and again whenever the file grows (one
-`stat` per watch step), pushing the changes to the QPs live (experiments/transfer.py).
+`stat` per watch step), pushing the changes to the QPs live (experiments/runtime/transfer.py).
 
 A selector names EVs the way an operator thinks of them: a node (a spine or leaf: every EV
 through it), a link (every EV over it), a plane, or one EV of a host pair. `deny` makes every
@@ -23,11 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..fabric import registry
-from ..fabric.fault_record import append_line
-from ..fabric.running import Fabric
-from ..topology import Role, Topology, TopologyError, evs_between
-from ..topology.evs import Ev
+from ...fabric import registry
+from ...fabric.fault_record import append_line
+from ...fabric.running import Fabric
+from ...topology import Role, Topology, TopologyError, evs_between
+from ...topology.evs import Ev
 from .worker import SetEvStates
 
 RECORD = "record"

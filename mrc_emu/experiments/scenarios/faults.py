@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, ClassVar
 
-from ..fabric import impair
-from ..topology import Topology, evs_between
-from ..topology.model import Link
-from .fault_agent import Action, Delay, DelayOff, Drop, DropOff, Flap, LinkDown, LinkUp, NetemLoss, NetemLossOff, Reshape
+from ...fabric import impair
+from ...topology import Topology, evs_between
+from ...topology.model import Link
+from ..runtime.fault_agent import Action, Delay, DelayOff, Drop, DropOff, Flap, LinkDown, LinkUp, NetemLoss, NetemLossOff, Reshape
 
 LOSS_MECHANISMS = ("xdp", "netem")  # a loss fault's `mechanism:` (xdp the default: any kernel has it)
 
@@ -41,7 +41,7 @@ class Fault:
     qdiscs: ClassVar[bool] = False  # its agent changes the links' egress qdiscs (TBF, netem)
     directed: ClassVar[bool] = False  # it may act in one direction only (`direction: A->B`)
     needs_percent: ClassVar[bool] = False
-    controller: ClassVar[bool] = False  # a step of MRC's controller (experiments/controller.py), not of the fabric
+    controller: ClassVar[bool] = False  # a step of MRC's controller (experiments/runtime/controller.py), not of the fabric
 
     at: float
     link: tuple[str, str] | str | None = None  # a pair, or "baseline-path"
@@ -305,7 +305,7 @@ class ControllerStep(Fault):
         return None
 
     def selector(self):
-        from .controller import Selector
+        from ..runtime.controller import Selector
 
         return Selector(node=self.node) if self.node else Selector(link=self.link)
 

@@ -20,7 +20,7 @@ from typing import Any
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from . import metrics
+from ..analysis import metrics
 from .faults import FAULT_KINDS, Fault
 
 COLORS = {"mrc": "tab:green", "baseline": "tab:blue"}

@@ -17,14 +17,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..fabric import config, netlink, netns, routing, static_routes
-from ..fabric.running import Fabric
-from ..io.sockets import udp_receiver
-from ..topology import Role
-from ..topology.evs import default_stev
-from ..transport.paths import stev_paths
-from ..wire.format import DataPacket
-from .transfer import TransferError
+from ...fabric import config, netlink, netns, routing, static_routes
+from ...fabric.running import Fabric
+from ...io.sockets import udp_receiver
+from ...topology import Role
+from ...topology.evs import default_stev
+from ...transport.paths import stev_paths
+from ...wire.format import DataPacket
+from .errors import TransferError
 
 PAYLOAD = bytes(64)
 PROBE_QP = 0xFFFFFF  # no responder listens for it: the frames are counted, not placed

@@ -49,8 +49,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..topology import Role, Topology, TopologyError, resolve
-from ..topology.model import key_lines, parse_size, read_yaml
+from ...topology import Role, Topology, TopologyError, resolve
+from ...topology.model import key_lines, parse_size, read_yaml
 from .faults import FAULT_KINDS, LOSS_MECHANISMS, Fault, Target, parse_direction
 from .transports import Transport
 
@@ -328,7 +328,7 @@ def _link_impairment(c: _Checker, fld: str, f: dict, item: Fault, topo: Topology
         item.ms = float(ms)
 
 
-SCENARIO_DIR = Path(__file__).resolve().parent.parent / "topologies" / "scenarios"
+SCENARIO_DIR = Path(__file__).resolve().parents[2] / "topologies" / "scenarios"
 
 
 def load(spec: str | Path) -> Scenario:

@@ -21,14 +21,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..fabric import build, fault_ops, impair, netns, xdp
-from ..fabric import fault_record as rec
-from ..fabric import links as link_state
-from ..fabric.nodes import FabricSetupError
-from ..fabric.procs import Child, Parent, Stop
-from ..fabric.running import Fabric
-from ..fabric.waiting import pause_until
-from ..topology.model import Link
+from ...fabric import build, fault_ops, impair, netns, xdp
+from ...fabric import fault_record as rec
+from ...fabric import links as link_state
+from ...fabric.nodes import FabricSetupError
+from ...fabric.procs import Child, Parent, Stop
+from ...fabric.running import Fabric
+from ...fabric.waiting import pause_until
+from ...topology.model import Link
 
 
 @dataclass(frozen=True)

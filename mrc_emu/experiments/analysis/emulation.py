@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..io.clock import LagMeter
+from ...io.clock import LagMeter
 
 LAG_LIMIT_US = 1000  # loop lag p99 (transport time) above which timings are the emulator's
 CPU_BUSY_LIMIT = 0.9  # a worker on a CPU this fraction of the run was saturated

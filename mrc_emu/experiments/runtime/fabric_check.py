@@ -12,9 +12,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..fabric import build
-from ..fabric.running import Fabric
-from ..topology import Topology
+from ...fabric import build
+from ...fabric.running import Fabric
+from ...topology import Topology
 from .probes import probe_evs
 
 

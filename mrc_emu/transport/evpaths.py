@@ -30,10 +30,10 @@ from ..api.profiles import EvProfileMode
 from ..topology import Topology, evs_between
 from ..topology import addressing as ad
 from ..topology.evs import Ev, udp_sport
-from ..transport.paths import Path, QpPaths
 from ..wire import format as fmt
 from ..wire.encoder import Encap, FrameTemplate
 from ..wire.format import Endpoints
+from .paths import Path, QpPaths
 
 MAX_NODE_ID = ad.ENDX_FUNCTION_BASE - 1  # 16-bit groups above it are local functions, never nodes
 

@@ -8,13 +8,13 @@ EV probes are answered by the destination's endpoint instead (transport/probing.
 
 from __future__ import annotations
 
-from ..fabric import ops
-from ..fabric.running import Fabric
-from ..io.prober import ProbeRequest, ProbeResult, probe
-from ..topology import addressing as ad
-from ..topology import evs_between, probe_segments
-from ..wire.encoder import Encap, FrameTemplate
-from ..wire.format import Endpoints
+from ...fabric import ops
+from ...fabric.running import Fabric
+from ...io.prober import ProbeRequest, ProbeResult, probe
+from ...topology import addressing as ad
+from ...topology import evs_between, probe_segments
+from ...wire.encoder import Encap, FrameTemplate
+from ...wire.format import Endpoints
 
 
 def probe_evs(fabric: Fabric, src: str, dst: str, ev_indexes: list[int] | None = None,
