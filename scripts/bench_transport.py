@@ -40,7 +40,7 @@ from mrc_emu.fabric.running import Fabric
 from mrc_emu.io import _sockio
 from mrc_emu.io.sockets import udp_receiver
 from mrc_emu.topology import builtin, evs_between, from_dict
-from mrc_emu.transport.paths import qp_paths
+from mrc_emu.transport.multipath.paths import qp_paths
 from mrc_emu.wire.format import DataPacket
 
 MiB = 1024 * 1024

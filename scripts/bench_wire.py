@@ -22,7 +22,7 @@ from scapy.compat import raw
 from mrc_emu.fabric import build, ops
 from mrc_emu.fabric.running import Fabric
 from mrc_emu.topology import builtin
-from mrc_emu.transport.paths import qp_paths
+from mrc_emu.transport.multipath.paths import qp_paths
 from mrc_emu.wire import decoder as wire_decoder
 from mrc_emu.wire import layers
 from mrc_emu.wire.format import DataPacket

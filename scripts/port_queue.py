@@ -38,7 +38,7 @@ from mrc_emu.fabric.running import Fabric
 from mrc_emu.topology import from_dict
 from mrc_emu.topology.model import parse_rate
 from mrc_emu.topology.port import tbf_limit
-from mrc_emu.transport.paths import qp_paths
+from mrc_emu.transport.multipath.paths import qp_paths
 from mrc_emu.wire.format import DataPacket
 
 PAIR_S = 0.002  # a sample whose three reads took longer (the scheduler) is too spread to compare (x K at rate / K)

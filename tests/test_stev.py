@@ -20,7 +20,7 @@ from mrc_emu.topology import TopologyError, builtin
 from mrc_emu.topology import addressing as ad
 from mrc_emu.topology.evs import EvFormat, default_stev, stev_flow_label, stev_sport, udp_sport
 from mrc_emu.transport.config import QpConfig
-from mrc_emu.transport.paths import port_gateway, qp_paths
+from mrc_emu.transport.multipath.paths import port_gateway, qp_paths
 from mrc_emu.transport.requester import Requester
 from mrc_emu.transport.responder import Responder
 from mrc_emu.wire import encoder, headers, layers

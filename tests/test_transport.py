@@ -21,8 +21,8 @@ from mrc_emu.transport import requester as requester_module
 from mrc_emu.transport import responder as responder_module
 from mrc_emu.transport import sent as sent_module
 from mrc_emu.transport.config import QpConfig, psn_abs
-from mrc_emu.transport.ev import EvState
-from mrc_emu.transport.paths import qp_paths
+from mrc_emu.transport.multipath.ev import EvState
+from mrc_emu.transport.multipath.paths import qp_paths
 from mrc_emu.transport.requester import Requester
 from mrc_emu.transport.responder import Responder
 from mrc_emu.wire import format as fmt

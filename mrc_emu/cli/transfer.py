@@ -12,7 +12,7 @@ import click
 
 from ..experiments.analysis.emulation import Report
 from ..topology import evs_between
-from ..transport.cc import profile_names
+from ..transport.cc.registry import profile_names
 from .common import JSON_OPTION, NAME_OPTION, Size, emit, friendly
 
 

@@ -2,7 +2,7 @@
 
 Why it exists: this is MRC's sender. It segments each WRITE at the path MTU into packets
 that each carry their own address (RETH), sprays them over the GOOD EVs of its EV profile
-(ev.py) within the congestion window (cc.py), reads ACKs and probes, and completes WRITEs
+(multipath/ev.py) within the congestion window (cc/), reads ACKs and probes, and completes WRITEs
 in posting order. What happened to each packet, and what to resend, is recovery.py's (a TRIM
 NACK too: the trimmed packet is resent at once, on another EV); EV probes are probing.py's;
 a CNP goes to the congestion control (DCQCN's reaction point). A sans-IO state machine: datagrams in (`on_datagram`), frames out
@@ -23,10 +23,11 @@ from ..wire import format as fmt
 from ..wire.decoder import decode_udp
 from ..wire.encoder import payload_sums
 from ..wire.format import AckPacket, CnpPacket, DropReason, ProbeResponsePacket, Syndrome, TrimNackPacket
-from .cc import CongestionControl, make_cc
+from .cc.base import CongestionControl
+from .cc.registry import make_cc
 from .config import QpConfig, RandomBits
-from .ev import EvProfile
-from .paths import Path, Send
+from .multipath.ev import EvProfile
+from .multipath.paths import Path, Send
 from .probing import EvProber, ProbeBudget
 from .recovery import Recovery
 

@@ -33,8 +33,8 @@ from ..wire.decoder import decode_trimmed, decode_udp
 from ..wire.format import ROCE_UDP_PORT, AckPacket, CnpPacket, DataPacket, DropReason, ProbePacket, Syndrome, TrimNackPacket
 from .config import PSN_MOD, QpConfig, RandomBits, RecoveryMode, psn_abs
 from .endpoint import ProbeAnswers, packed_peer
-from .paths import Path, Send
-from .portstatus import PortStatus
+from .multipath.paths import Path, Send
+from .multipath.portstatus import PortStatus
 from .regions import ImmCompletion, MemoryRegion
 
 try:  # the C placement of the common data packet (optional; see _place.c)

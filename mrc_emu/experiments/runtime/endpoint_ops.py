@@ -21,7 +21,7 @@ from typing import Any
 
 from ...topology import Topology
 from ...transport.endpoint import EpRequest
-from ...transport.paths import Path, qp_paths
+from ...transport.multipath.paths import Path, qp_paths
 
 # ---- messages: parent -> worker, worker -> parent --------------------------------------------
 

@@ -25,7 +25,7 @@ from ...api import cc as api_cc
 from ...api.controller import Controller, port_mask
 from ...api.qp import QPCONFIG_KEYS, QpState
 from ...transport.config import QpConfig
-from ...transport.paths import Path
+from ...transport.multipath.paths import Path
 
 ALGORITHM = {"nscc": api_cc.NSCC, "dcqcn": api_cc.DCQCN, "fixed": api_cc.CC_DISABLED}  # the transport's CC names
 # the format's fields: SRV6 an outer destination and an SRH segment, STEV 32 bits, UDP a source port

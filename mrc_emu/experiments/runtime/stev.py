@@ -22,7 +22,7 @@ from ...fabric.running import Fabric
 from ...io.sockets import udp_receiver
 from ...topology import Role
 from ...topology.evs import default_stev
-from ...transport.paths import stev_paths
+from ...transport.multipath.paths import stev_paths
 from ...wire.format import DataPacket
 from .errors import TransferError
 

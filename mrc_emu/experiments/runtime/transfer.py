@@ -31,10 +31,10 @@ from ...fabric.waiting import WaitTimeout, until
 from ...io.clock import Clock, Horizon
 from ...topology import Topology
 from ...topology.evs import EvFormat
+from ...transport.cc.nscc import max_wnd_for
 from ...transport.config import QpConfig
-from ...transport.evpaths import ProfileQpPaths, profile_paths
-from ...transport.nscc import max_wnd_for
-from ...transport.paths import QpPaths, qp_paths
+from ...transport.multipath.evpaths import ProfileQpPaths, profile_paths
+from ...transport.multipath.paths import QpPaths, qp_paths
 from ..analysis import emulation
 from .controller import ControlRecord, LiveControl, post_run_events, qp_evs
 from .endpoint_ops import EndpointOps

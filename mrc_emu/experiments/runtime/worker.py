@@ -32,11 +32,11 @@ from ...fabric import netns
 from ...fabric.procs import Parent, Stop
 from ...io.loop import Clock, EventLoop, Horizon, Port
 from ...io.sockets import udp_receiver
-from ...transport.cc import make_cc
+from ...transport.cc.registry import make_cc
 from ...transport.config import QpConfig
 from ...transport.endpoint import HostEndpoint
+from ...transport.multipath.paths import Path
 from ...transport.mux import HostMux
-from ...transport.paths import Path
 from ...transport.requester import Requester
 from ...transport.responder import Responder
 from .endpoint_ops import SetPortStatus, WorkerOps

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..api import profiles as api_profiles
-from ..api.events import EvEventQueue, EvState
+from ...api import profiles as api_profiles
+from ...api.events import EvEventQueue, EvState
 from .evshare import SharedStates, private_profile
 from .rtt import RttEstimator
 
@@ -125,7 +125,7 @@ class EvProfile:
         self._barred = 0  # EVs that may carry nothing now: DENIED (or UNKNOWN: no longer in the profile)
         self._dirty = True
         # EVs no packet may use, whatever their state: a port they cross is disabled, here or at the
-        # peer (PORT_STATUS_UPDATE; transport/portstatus.py). Per QP: a peer's ports are the peer's.
+        # peer (PORT_STATUS_UPDATE; transport/multipath/portstatus.py). Per QP: a peer's ports are the peer's.
         self.excluded: frozenset[int] = frozenset()
         self._now = 0  # the latest time the QP told its profile (what a change found without one is stamped)
         # the api profile's state_version last read, with the states it starts with (no events)

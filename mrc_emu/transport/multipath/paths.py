@@ -17,12 +17,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from ..topology import Topology, evs_between
-from ..topology import addressing as ad
-from ..topology.evs import Ev, EvFormat, default_stev, stev_evs, stev_flow_label
-from ..wire import format as fmt
-from ..wire.encoder import Encap, FrameTemplate
-from ..wire.format import Endpoints
+from ...topology import Topology, evs_between
+from ...topology import addressing as ad
+from ...topology.evs import Ev, EvFormat, default_stev, stev_evs, stev_flow_label
+from ...wire import format as fmt
+from ...wire.encoder import Encap, FrameTemplate
+from ...wire.format import Endpoints
 
 
 @dataclass

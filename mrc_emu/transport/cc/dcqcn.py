@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .cc import CongestionControl, register
+from .base import CongestionControl
 
 DEFAULT_LINE_RATE_BPS = 10e9  # no link rate known: above anything one QP pushes through this emulator
 DEFAULT_WINDOW = 2 * 1024 * 1024  # bytes, when the fabric's BDP is unknown: large, so that the rate limits the QP
@@ -60,7 +60,6 @@ def bdp_window(line_rate_bps: float | None, base_rtt_ns: int | None, mtu: int) -
     return max(MIN_WINDOW_PACKETS * mtu, int(line_rate_bps * base_rtt_ns / 8e9))
 
 
-@register
 class Dcqcn(CongestionControl):
     """Rate RC towards target RT (bit/s), α, the timer count T and byte count BC:
 

@@ -19,12 +19,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ..api.errors import MrcApiError
-from ..api.events import EvEventQueue, EvState
-from ..api.evops import EvOp, EvOpEntry, EvOpFlag, device_set_state, ev_op, ev_slots, ev_states
-from ..api.formats import EvFormatMode, EvFormatProfile, ProfileState
-from ..api.profiles import EvEventMask, EvField, EvProfile, EvProfileMode
-from ..topology.evs import udp_sport
+from ...api.errors import MrcApiError
+from ...api.events import EvEventQueue, EvState
+from ...api.evops import EvOp, EvOpEntry, EvOpFlag, device_set_state, ev_op, ev_slots, ev_states
+from ...api.formats import EvFormatMode, EvFormatProfile, ProfileState
+from ...api.profiles import EvEventMask, EvField, EvProfile, EvProfileMode
+from ...topology.evs import udp_sport
 
 # what an EV event of a QP says of a change it did not make itself, by who made it (api state_setters)
 REASONS = {"controller": "set by the controller", "device": "learned by another QP"}

@@ -22,15 +22,13 @@ down; a profile takes one event as one UEC OnACK of that many bytes):
   on_cnp      a DCQCN congestion notification packet arrived for this QP (default: nothing)
 A profile answers `cwnd` (bytes), `pacing_rate_bps` (None: the window alone limits) and
 `next_timer()` (when its own timers next change what it allows; None: never by themselves).
-Profiles register by name (`register`); `CC_PROFILES` maps the names to them, `make_cc` builds
-one for an MTU, a link rate and a base RTT. `nscc` (nscc.py: UEC 1.0 NSCC) is MRC's default,
-`dcqcn` (dcqcn.py) the RoCEv2 baseline's, `fixed` keeps the window constant (tests, comparisons).
+Profiles are found by name in registry.py; this module is what every profile implements, and it
+must never import a profile or the registry (they import it).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
 from typing import ClassVar
 
 
@@ -73,58 +71,3 @@ class CongestionControl(ABC):
     def on_cnp(self, now: int) -> None:
         """A CNP arrived for this QP (only a DCQCN-like profile reacts)."""
         return None  # a window profile hears congestion from ECN echoes, trims and losses instead
-
-
-CC_PROFILES: dict[str, Callable[..., CongestionControl]] = {}  # name -> factory(mtu=, link_rate_bps=, base_rtt_ns=, **options)
-
-
-def register(cls: type[CongestionControl]) -> type[CongestionControl]:
-    """Class decorator: make a profile available by its `name` (CLI `--cc`, TransferSpec.cc)."""
-    if cls.name in CC_PROFILES:
-        raise ValueError(f"CC profile {cls.name!r} registered twice")
-    CC_PROFILES[cls.name] = cls
-    return cls
-
-
-def profile_names() -> list[str]:
-    return list(CC_PROFILES)
-
-
-def make_cc(name: str, mtu: int, link_rate_bps: float | None = None, base_rtt_ns: int | None = None,
-            **options) -> CongestionControl:
-    """The profile registered as `name` for packets of `mtu` payload bytes, on a QP whose slower
-    end's link runs at `link_rate_bps` over a fabric whose unloaded RTT is `base_rtt_ns` (both
-    emulated; None: unknown, e.g. an unshaped fabric); options: the profile's own."""
-    factory = CC_PROFILES.get(name)
-    if factory is None:
-        raise ValueError(f"unknown CC profile {name!r} (known: {', '.join(CC_PROFILES)})")
-    return factory(mtu=mtu, link_rate_bps=link_rate_bps, base_rtt_ns=base_rtt_ns, **options)
-
-
-@register
-class FixedWindow(CongestionControl):
-    """A constant window (no congestion control): for baselines and tests."""
-
-    name = "fixed"
-
-    def __init__(self, window: int = 512 * 1024, mtu: int = 4096, link_rate_bps: float | None = None,
-                 base_rtt_ns: int | None = None) -> None:
-        self.cwnd = float(window)  # the same on any link
-
-    def on_sent(self, now: int, ev: int, nbytes: int) -> None:
-        pass
-
-    def on_acked(self, now: int, ev: int, nbytes: int, rtt_ns: int | None, srtt_ns: float, ecn: bool) -> None:
-        pass
-
-    def on_lost(self, now: int, ev: int, nbytes: int, srtt_ns: float, congestion: bool) -> None:
-        pass
-
-    def on_trimmed(self, now: int, ev: int, nbytes: int, srtt_ns: float, last_hop: bool = False) -> None:
-        pass
-
-    def on_timeout(self, now: int, ev: int, nbytes: int, srtt_ns: float, congestion: bool) -> None:
-        pass
-
-
-from . import dcqcn, nscc  # noqa: E402, F401  (the profiles register themselves on import)

@@ -23,16 +23,16 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass, field, replace
 
-from ..api.expansion import ExpandedEv
-from ..api.files import ProfileFile
-from ..api.formats import EvFormatMode
-from ..api.profiles import EvProfileMode
-from ..topology import Topology, evs_between
-from ..topology import addressing as ad
-from ..topology.evs import Ev, udp_sport
-from ..wire import format as fmt
-from ..wire.encoder import Encap, FrameTemplate
-from ..wire.format import Endpoints
+from ...api.expansion import ExpandedEv
+from ...api.files import ProfileFile
+from ...api.formats import EvFormatMode
+from ...api.profiles import EvProfileMode
+from ...topology import Topology, evs_between
+from ...topology import addressing as ad
+from ...topology.evs import Ev, udp_sport
+from ...wire import format as fmt
+from ...wire.encoder import Encap, FrameTemplate
+from ...wire.format import Endpoints
 from .paths import Path, QpPaths
 
 MAX_NODE_ID = ad.ENDX_FUNCTION_BASE - 1  # 16-bit groups above it are local functions, never nodes
@@ -162,7 +162,7 @@ def _back_carrier(topo: Topology, rev: Ev, short: bool) -> str:
 
 
 def profile_paths(topo: Topology, profile: ProfileFile, src: str, dst: str, trimmable: bool = True) -> ProfileQpPaths:
-    """The paths of a QP from `src` to `dst` on the profile's EVs: what transport/paths.qp_paths
+    """The paths of a QP from `src` to `dst` on the profile's EVs: what paths.qp_paths
     gives for the fabric's EV list, with EV index = profile slot."""
     tclass = fmt.TCLASS_DATA if trimmable else fmt.TCLASS_DATA_NO_TRIM
     slots = slot_evs(topo, profile, src, dst)

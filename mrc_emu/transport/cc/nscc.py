@@ -9,14 +9,14 @@ a trim. docs/transport.md has the equations; ../shared/ref/NSCC.md the facts beh
 
 What it must never do: keep its own clock or RTT estimator (time and samples come with each
 event; the requester has already taken the responder's service time out of the sample and
-applied Karn's rule), or look at packets: it sees bytes per EV, as cc.py's events give them.
+applied Karn's rule), or look at packets: it sees bytes per EV, as base.py's events give them.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 
-from .cc import CongestionControl, register
+from .base import CongestionControl
 
 DEFAULT_MAX_CWND = 2 * 1024 * 1024  # no link rate known (unshaped fabric): the window the emulator never fills
 DEFAULT_BASE_RTT_NS = 500_000  # no base RTT known: about one QP's srtt under load on this emulator (0.45 ms)
@@ -72,7 +72,6 @@ def max_wnd_for(link_rate_bps: float, base_rtt_ns: int) -> int:
     return int(1.5 * link_rate_bps / 8 * base_rtt_ns / 1e9)
 
 
-@register
 class Nscc(CongestionControl):
     """NSCC's per-CCC state (UEC Table 3-77) and its events. Per ACK of n bytes with ECN echo M
     and queueing delay d = rtt - base_rtt (OnACK):
