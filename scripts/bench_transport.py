@@ -34,7 +34,8 @@ from dataclasses import dataclass
 from mrc_emu.experiments.analysis import metrics
 from mrc_emu.experiments.runtime.fault_agent import LinkDown, LinkFaultAgent
 from mrc_emu.experiments.runtime.transfer import Control, send
-from mrc_emu.fabric import build, links, netns, ops
+from mrc_emu.fabric import build, links, ops
+from mrc_emu.fabric.kernel import netns
 from mrc_emu.fabric.procs import Child, Parent, Stop
 from mrc_emu.fabric.running import Fabric
 from mrc_emu.io import _sockio

@@ -33,7 +33,9 @@ import struct
 import time
 import traceback
 
-from mrc_emu.fabric import build, netlink, netns, ops, ports
+from mrc_emu.fabric import build, ops
+from mrc_emu.fabric.datapath import ports
+from mrc_emu.fabric.kernel import netlink, netns
 from mrc_emu.fabric.running import Fabric
 from mrc_emu.topology import from_dict
 from mrc_emu.topology.model import parse_rate

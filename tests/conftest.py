@@ -5,7 +5,7 @@ import uuid
 
 import pytest
 
-from mrc_emu.fabric.waiting import until
+from mrc_emu.fabric.kernel.waiting import until
 
 
 def system_skip_reason() -> str | None:

@@ -15,7 +15,8 @@ import pcap_reader
 import pytest
 
 from mrc_emu.experiments.runtime.transfer import send
-from mrc_emu.fabric import netns, ops
+from mrc_emu.fabric import ops
+from mrc_emu.fabric.kernel import netns
 
 pytestmark = pytest.mark.system
 CLI = [sys.executable, "-m", "mrc_emu.cli"]

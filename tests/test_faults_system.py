@@ -19,8 +19,11 @@ from mrc_emu import cli
 from mrc_emu.experiments.runtime import fault_agent
 from mrc_emu.experiments.runtime.transfer import send
 from mrc_emu.experiments.scenarios import runner, scenario
-from mrc_emu.fabric import build, fault_ops, impair, netns, ports
-from mrc_emu.fabric.fault_record import FaultRecord
+from mrc_emu.fabric import build
+from mrc_emu.fabric.datapath import impair, ports
+from mrc_emu.fabric.faults import fault_ops
+from mrc_emu.fabric.faults.fault_record import FaultRecord
+from mrc_emu.fabric.kernel import netns
 from mrc_emu.fabric.running import Fabric
 from mrc_emu.topology import addressing, builtin, evs_between, from_dict
 

@@ -13,7 +13,9 @@ from mrc_emu.experiments.runtime import fault_agent
 from mrc_emu.experiments.scenarios import runner, scenario
 from mrc_emu.experiments.scenarios.faults import LossFault
 from mrc_emu.experiments.scenarios.scenario import ScenarioError
-from mrc_emu.fabric import fault_ops, fault_record, impair, registry
+from mrc_emu.fabric import registry
+from mrc_emu.fabric.datapath import impair
+from mrc_emu.fabric.faults import fault_ops, fault_record
 from mrc_emu.fabric.running import Fabric
 from mrc_emu.topology import builtin
 

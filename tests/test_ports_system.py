@@ -18,7 +18,9 @@ import time
 
 import pytest
 
-from mrc_emu.fabric import build, netns, ops, ports
+from mrc_emu.fabric import build, ops
+from mrc_emu.fabric.datapath import ports
+from mrc_emu.fabric.kernel import netns
 from mrc_emu.fabric.running import Fabric
 from mrc_emu.topology import EvFormat, from_dict
 from mrc_emu.transport.multipath.paths import qp_paths

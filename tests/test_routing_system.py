@@ -11,7 +11,8 @@ import pytest
 from pyroute2 import IPRoute
 
 from mrc_emu.experiments.runtime.transfer import send
-from mrc_emu.fabric import build, links, netns, registry, routing, static_routes
+from mrc_emu.fabric import build, links, registry, routing, static_routes
+from mrc_emu.fabric.kernel import netns
 from mrc_emu.fabric.running import Fabric
 from mrc_emu.topology import Role, Topology, builtin
 from mrc_emu.topology import addressing as ad

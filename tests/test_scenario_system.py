@@ -13,7 +13,9 @@ import pytest
 
 from mrc_emu.experiments.scenarios import report, runner, scenario
 from mrc_emu.experiments.scenarios.faults import FAULT_KINDS
-from mrc_emu.fabric import impair, netns, registry, routing
+from mrc_emu.fabric import registry, routing
+from mrc_emu.fabric.datapath import impair
+from mrc_emu.fabric.kernel import netns
 
 pytestmark = pytest.mark.system
 CLI = [sys.executable, "-m", "mrc_emu.cli"]

@@ -203,7 +203,7 @@ def _link_command(up_: bool):
     @JSON_OPTION
     @friendly
     def command(a: str, b: str, plane: int | None, name: str, as_json: bool) -> None:
-        from ..fabric import fault_ops
+        from ..fabric.faults import fault_ops
 
         with _open(name) as fabric:  # through the fault record: `fault list` shows a link down
             ids = (fault_ops.link_up if up_ else fault_ops.link_down)(fabric, a, b, plane)
@@ -229,7 +229,7 @@ link.command(name="up")(_link_command(True))
 @friendly
 def flap(a: str, b: str, period: float, count: int, plane: int | None, name: str, as_json: bool) -> None:
     """Take the link down and up COUNT times, half a PERIOD each."""
-    from ..fabric import fault_ops
+    from ..fabric.faults import fault_ops
 
     if period <= 0 or count < 1:
         raise click.UsageError("--period must be above 0 and --count at least 1")
@@ -283,7 +283,7 @@ def stats(node: str | None, reset: bool, name: str, as_json: bool) -> None:
     """Per-port counters of the switch egress ports (of NODE only, if given): packets and bytes
     passed, CE marked, trimmed, dropped, the largest queue and the queue arrivals found (p50/p99),
     since `up` or the last --reset. Needs a topology with a link_rate (no rate: no queue to model)."""
-    from ..fabric import ports
+    from ..fabric.datapath import ports
 
     with _open(name) as fabric:
         data = ports.counters(fabric, node)

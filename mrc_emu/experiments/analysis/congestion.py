@@ -4,7 +4,7 @@ Why it exists: issue 12's incasts are judged by a handful of numbers that must m
 the scenario report, `scripts/bench_congestion.py` and the tests: the bottleneck's utilisation,
 Jain's fairness of the flows' goodput, the flows' completion times, the bottleneck queue's
 percentiles and how fast trimmed packets were repaired. Pure arithmetic on what a run returns
-(transfer results, the port counters of fabric/ports.py); no fabric, no clock.
+(transfer results, the port counters of fabric/datapath/ports.py); no fabric, no clock.
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def flows(results: Sequence[Any]) -> dict[str, Any]:
 
 
 def port_figures(counters: Mapping[str, Any], span_ns: int, rate_bps: float) -> dict[str, Any]:
-    """One egress port's counters over a run (an entry of fabric.ports.delta) as figures: its
+    """One egress port's counters over a run (an entry of fabric.datapath.ports.delta) as figures: its
     utilisation, marks, trims, drops, and the queue its arrivals found (p50/p99 from the port
     program's histogram: upper bucket edges; max: the highest bucket reached)."""
     return {

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ...fabric import registry
-from ...fabric.fault_record import append_line
+from ...fabric.faults.fault_record import append_line
 from ...fabric.running import Fabric
 from ...topology import Role, Topology, TopologyError, evs_between
 from ...topology.evs import Ev

@@ -8,7 +8,7 @@ netlink sockets, opened in the nodes' namespaces with their requests encoded in 
 (fabric/links.py), and acts when told; it reports when each action started and returned
 (CLOCK_MONOTONIC, shared by all processes). Its actions are the dataclasses below.
 
-Every fault it applies is written to the fabric's fault record (fabric/fault_record.py) just
+Every fault it applies is written to the fabric's fault record (fabric/faults/fault_record.py) just
 before it acts and cleared once it is undone, so `mrc-emu fault list` shows a scenario's
 faults while they are in force, and `fault clear` can undo them if the run was killed.
 """
@@ -21,13 +21,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...fabric import build, fault_ops, impair, netns, xdp
-from ...fabric import fault_record as rec
+from ...fabric import build
 from ...fabric import links as link_state
+from ...fabric.datapath import impair, xdp
+from ...fabric.faults import fault_ops
+from ...fabric.faults import fault_record as rec
+from ...fabric.kernel import netns
+from ...fabric.kernel.waiting import pause_until
 from ...fabric.nodes import FabricSetupError
 from ...fabric.procs import Child, Parent, Stop
 from ...fabric.running import Fabric
-from ...fabric.waiting import pause_until
 from ...topology.model import Link
 
 

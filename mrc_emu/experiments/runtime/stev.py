@@ -17,7 +17,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...fabric import config, netlink, netns, routing, static_routes
+from ...fabric import config, routing, static_routes
+from ...fabric.kernel import netlink, netns
 from ...fabric.running import Fabric
 from ...io.sockets import udp_receiver
 from ...topology import Role

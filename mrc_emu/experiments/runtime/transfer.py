@@ -24,10 +24,11 @@ from typing import Any
 
 from ...api.files import ProfileFile
 from ...api.files import load as load_profile
-from ...fabric import build, fault_ops
+from ...fabric import build
+from ...fabric.faults import fault_ops
+from ...fabric.kernel.waiting import WaitTimeout, until
 from ...fabric.procs import Child, Stop
 from ...fabric.running import Fabric
-from ...fabric.waiting import WaitTimeout, until
 from ...io.clock import Clock, Horizon
 from ...topology import Topology
 from ...topology.evs import EvFormat

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...api.qp import WrOpcode
-from ...fabric import netns
+from ...fabric.kernel import netns
 from ...fabric.procs import Parent, Stop
 from ...io.loop import Clock, EventLoop, Horizon, Port
 from ...io.sockets import udp_receiver

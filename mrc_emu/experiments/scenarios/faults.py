@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, ClassVar
 
-from ...fabric import impair
+from ...fabric.datapath import impair
 from ...topology import Topology, evs_between
 from ...topology.model import Link
 from ..runtime.fault_agent import Action, Delay, DelayOff, Drop, DropOff, Flap, LinkDown, LinkUp, NetemLoss, NetemLossOff, Reshape

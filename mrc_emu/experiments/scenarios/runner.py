@@ -22,7 +22,9 @@ from typing import Any
 
 from pyroute2 import IPRoute
 
-from ...fabric import build, netns, ops, ports, routing, static_routes
+from ...fabric import build, ops, routing, static_routes
+from ...fabric.datapath import ports
+from ...fabric.kernel import netns
 from ...fabric.running import Fabric
 from ...topology import Role, evs_between
 from ..analysis import congestion, metrics
@@ -176,7 +178,7 @@ def run_transport(scn: Scenario, fabric: Fabric, transport: Transport, baseline_
     summary = _summarise(transport, results, runs, captured.path if captured else None, topo, reference)
     if captured is not None:
         summary["capture"] = captured.to_dict()  # tcpdump's counts: kept, dropped, lost
-    summary["ports"] = port_delta  # the switch ports' counters over the run (fabric/ports.py), those that passed packets
+    summary["ports"] = port_delta  # the switch ports' counters over the run (fabric/datapath/ports.py), those that passed packets
     return summary
 
 

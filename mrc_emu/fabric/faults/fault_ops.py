@@ -20,11 +20,14 @@ from collections.abc import Sequence
 
 from pyroute2 import IPRoute
 
-from ..topology.model import Link
-from . import build, faults, impair, links, netns, xdp
+from ...topology.model import Link
+from .. import build, links
+from ..datapath import impair, xdp
+from ..kernel import netns
+from ..nodes import FabricSetupError
+from ..running import Fabric
+from . import nft
 from .fault_record import LINK, NETEM, NFT, TBF, XDP, Entry, FaultRecord
-from .nodes import FabricSetupError
-from .running import Fabric
 
 Direction = tuple[str, str] | None
 
@@ -62,7 +65,7 @@ def _check_free(record: FaultRecord, mechanism: str, at: list[tuple[str, str]], 
 
 def _check_not_red(fabric: Fabric, at: list[tuple[str, str]], what: str) -> None:
     """netem goes where a port's data class keeps its queue, which under `port: {model: red}` is
-    RED (fabric/red.py): refused there, rather than a RED gone for good once the netem comes off."""
+    RED (fabric/datapath/red.py): refused there, rather than a RED gone for good once the netem comes off."""
     topo = fabric.topology
     if topo.ports.model != "red":
         return
@@ -151,7 +154,7 @@ def drop(fabric: Fabric, a: str, b: str, percent: float = 100.0, direction: Dire
             impair.set_delay(fabric, at, 0.0, percent / 100)
             return
         for node, intf in at:
-            faults.loss(fabric, node, percent, [intf])
+            nft.loss(fabric, node, percent, [intf])
 
     return _apply(fabric, entry, act)
 
@@ -207,7 +210,7 @@ def undo(fabric: Fabric, entry: Entry) -> None:
             switch.up()
     elif entry.mechanism == NFT:
         for node, intf in entry.ends:
-            faults.clear(fabric, node, [intf])
+            nft.clear(fabric, node, [intf])
     elif entry.mechanism == XDP:
         for node, intf in entry.ends:
             with netns.entered(fabric.node_path(node)), IPRoute() as ipr:

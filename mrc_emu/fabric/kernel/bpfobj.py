@@ -4,7 +4,7 @@ Why it exists: the port program (bpf/port.bpf.c) is compiled C with BTF maps and
 which only a real loader relocates; libbpf (Debian's libbpf1, which iproute2 already needs) does
 it, called through ctypes, so a fabric loads it once, sized to its topology, without spawning
 bpftool. Map access afterwards is plain bpf(2) on pinned objects, from any process (`mrc-emu
-stats`). It knows nothing of ports or thresholds (fabric/ports.py does), and it removes only the
+stats`). It knows nothing of ports or thresholds (fabric/datapath/ports.py does), and it removes only the
 pins a caller names.
 """
 

@@ -42,12 +42,13 @@ import struct
 import subprocess
 from dataclasses import dataclass
 
-from ..topology.port import PortConfig
-from . import ecn_decap, netns, ports
+from ...topology.port import PortConfig
+from ..kernel import netns
+from ..kernel.netlink import NLM_F_CREATE, NLM_F_REPLACE, Batch, _nla
+from ..nodes import FabricSetupError
+from ..running import Fabric
+from . import ecn_decap, ports
 from .impair import TC_H_ROOT, kernel_refuses
-from .netlink import NLM_F_CREATE, NLM_F_REPLACE, Batch, _nla
-from .nodes import FabricSetupError
-from .running import Fabric
 
 RTM_NEWQDISC = 36
 TCA_KIND, TCA_OPTIONS = 1, 2
@@ -178,7 +179,7 @@ class RedBatch(ports.TcBatch):
 def red_missing() -> str | None:
     """Why `model: red` cannot be built here (one line naming the module), or None: asks the kernel
     to add a RED with ECN to the loopback of a fresh, unnamed namespace."""
-    from ..topology.port import PortConfig
+    from ...topology.port import PortConfig
 
     probe = PortConfig("probe", "lo", "probe", False, 1e9, 50_000, 200_000, True, 10_000, 40_000, 0.2, False, 0, 28)
 

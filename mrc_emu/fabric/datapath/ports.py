@@ -24,12 +24,13 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-from ..topology import Topology
-from ..topology.port import HIST_BUCKETS, PortConfig, tbf_limit, tbf_shape
-from . import bpfobj, cabling, netlink, netns
-from .netlink import NLM_F_CREATE, NLM_F_EXCL, Batch, _nla
-from .nodes import FabricSetupError
-from .running import Fabric
+from ...topology import Topology
+from ...topology.port import HIST_BUCKETS, PortConfig, tbf_limit, tbf_shape
+from .. import cabling
+from ..kernel import bpfobj, netlink, netns
+from ..kernel.netlink import NLM_F_CREATE, NLM_F_EXCL, Batch, _nla
+from ..nodes import FabricSetupError
+from ..running import Fabric
 
 TBF_HANDLE = 0x10000  # the TBF at the root of a shaped port (build.py shape_node)
 ORDER_HANDLE = 0x20000  # the HTB under a shaped port's TBF that orders its two classes (ports.TcBatch.order_classes)
@@ -37,7 +38,7 @@ CLASS_AHEAD = 0x20001  # skb->priority: the HTB class under TBF served first (co
 CLASS_DATA = 0x20002  # ... and the one after it (data); port.bpf.c and build.py shape_node use both
 DSCP_TRIMMED = 10  # = mrc_emu.wire.format DSCP_TRIMMED (port.bpf.c has the same numbers)
 DSCP_TRIMMED_LASTHOP = 11
-OBJECT = Path(__file__).resolve().parent / "bpf" / "port.bpf.o"
+OBJECT = Path(__file__).resolve().parents[1] / "bpf" / "port.bpf.o"  # fabric/bpf/, where scripts/install.sh compiles it
 PIN_ROOT = bpfobj.PIN_ROOT
 PROGRAM = "port_egress"
 FILTER_NAME = "mrc-port"
@@ -144,7 +145,7 @@ def _indexes(topo: Topology) -> dict[tuple[str, str], int]:
 
 def _cfg_bytes(port: PortConfig, rate_bps: float, mtu: int, epoch: int = 0) -> bytes:
     """The program's numbers for one port. Under `model: red` the kernel's RED qdisc marks and
-    drops (fabric/red.py): the program only classifies (skb->priority), counts and keeps its
+    drops (fabric/datapath/red.py): the program only classifies (skb->priority), counts and keeps its
     virtual queue, with ECN and trimming off and its buffer at what TBF holds, so it drops nothing
     RED would let in; its histogram keeps the port's bucket width, comparable with a `bpf` run."""
     rate, burst = tbf_shape(rate_bps, mtu)

@@ -7,7 +7,7 @@ be held against each other). netem is a kernel module a kernel may lack (this ma
 Debian or Ubuntu kernel has it). So before any fault touches a fabric, `netem_missing()` asks
 the kernel itself: it adds a netem qdisc to the loopback of a throwaway network namespace (an
 unnamed one, gone as soon as this thread leaves it) and reports the refusal as one line naming
-the module. The messages are encoded here (as fabric/netlink.py encodes routes) so a unit test
+the module. The messages are encoded here (as fabric/kernel/netlink.py encodes routes) so a unit test
 sees exactly what would be sent.
 
 Where netem goes: on an unshaped port it is the root qdisc (undo: delete it, the kernel puts the
@@ -30,11 +30,11 @@ import struct
 
 from pyroute2 import IPRoute
 
-from . import netns
-from .netlink import NLM_F_CREATE, NLM_F_REPLACE, Batch, NetlinkError, _nla
-from .nodes import FabricSetupError
+from ..kernel import netns
+from ..kernel.netlink import NLM_F_CREATE, NLM_F_REPLACE, Batch, NetlinkError, _nla
+from ..nodes import FabricSetupError
+from ..running import Fabric
 from .ports import CLASS_AHEAD, CLASS_DATA, ORDER_HANDLE, leaf_limit
-from .running import Fabric
 
 RTM_NEWQDISC, RTM_DELQDISC = 36, 37
 TCA_KIND, TCA_OPTIONS = 1, 2

@@ -22,17 +22,18 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import netns, registry
-from .running import Fabric
+from .. import registry
+from ..kernel import netns
+from ..running import Fabric
 
 RECORD = "record"
 
 # How a fault acts on the fabric (and so how it is undone): the fault's mechanism.
 LINK = "link"  # links taken down (undo: up, with their configuration)
-NFT = "nft"  # an nft drop rule on the ingress of `ends` (fabric/faults.py)
-XDP = "xdp"  # a fault agent's dropping program on the ingress of `ends` (fabric/xdp.py)
+NFT = "nft"  # an nft drop rule on the ingress of `ends` (fabric/faults/nft.py)
+XDP = "xdp"  # a fault agent's dropping program on the ingress of `ends` (fabric/datapath/xdp.py)
 TBF = "tbf"  # the egress TBF of `ends` reshaped (undo: back to undo["rate_bps"])
-NETEM = "netem"  # a netem qdisc on the egress of `ends` (fabric/impair.py)
+NETEM = "netem"  # a netem qdisc on the egress of `ends` (fabric/datapath/impair.py)
 MECHANISMS = (LINK, NFT, XDP, TBF, NETEM)
 
 

@@ -18,7 +18,7 @@ import ctypes
 import os
 import struct
 
-from .bpfobj import BpfError, bpf_syscall, load_instructions
+from ..kernel.bpfobj import BpfError, bpf_syscall, load_instructions
 
 BPF_PROG_TYPE_XDP = 6
 XDP_DROP, XDP_PASS = 1, 2

@@ -22,7 +22,7 @@ import ctypes
 import os
 import struct
 
-from .bpfobj import BpfError, bpf_syscall, load_instructions
+from ..kernel.bpfobj import BpfError, bpf_syscall, load_instructions
 from .xdp import _insn
 
 BPF_PROG_TEST_RUN = 10

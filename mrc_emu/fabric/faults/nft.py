@@ -12,10 +12,10 @@ from __future__ import annotations
 import shutil
 import subprocess
 
-from ..topology import Role, Topology
-from . import netns
-from .nodes import FabricSetupError
-from .running import Fabric
+from ...topology import Role, Topology
+from ..kernel import netns
+from ..nodes import FabricSetupError
+from ..running import Fabric
 
 TABLE = "mrc_emu_faults"
 
