@@ -43,6 +43,7 @@ from mrc_emu.fabric import build, static_routes
 from mrc_emu.fabric.datapath import ports, red
 from mrc_emu.fabric.kernel import netlink, netns
 from mrc_emu.fabric.running import Fabric
+from mrc_emu.stats import percentile
 from mrc_emu.topology import Topology, from_dict
 from mrc_emu.topology.port import with_model
 
@@ -71,7 +72,7 @@ def summary(values: list[int]) -> dict:
     fraction of samples that found it busy."""
     busy = sorted(x for x in values if x)
     return {"samples": len(values), "busy": round(len(busy) / len(values), 3) if values else None,
-            "p50": congestion.percentile(busy, 50), "p99": congestion.percentile(busy, 99),
+            "p50": percentile(busy, 50), "p99": percentile(busy, 99),
             "max": busy[-1] if busy else 0}
 
 

@@ -27,7 +27,6 @@ import argparse
 import json
 import select
 import socket
-import statistics
 import time
 from dataclasses import dataclass
 
@@ -40,6 +39,7 @@ from mrc_emu.fabric.procs import Child, Parent, Stop
 from mrc_emu.fabric.running import Fabric
 from mrc_emu.io import _sockio
 from mrc_emu.io.sockets import udp_receiver
+from mrc_emu.stats import percentile
 from mrc_emu.topology import builtin, evs_between, from_dict
 from mrc_emu.transport.multipath.paths import qp_paths
 from mrc_emu.wire.format import DataPacket
@@ -149,13 +149,13 @@ def goodput(fabric: Fabric) -> dict:
                        "retransmits": r.requester["stats"]["retransmits"],
                        "emulation": {k: r.emulation[k] for k in ("verdict", "reasons", "loop_lag_us", "cpu_busy",
                                                                   "runqueue_wait")}})
-    like = statistics.median(x["ratio"] for x in rounds)
-    strict = statistics.median(x["ratio_to_strict"] for x in rounds)
+    like = percentile([x["ratio"] for x in rounds], 50)
+    strict = percentile([x["ratio_to_strict"] for x in rounds], 50)
     return {"frame_payload_bytes": MTU, "rounds": rounds,
             "ratio_goodput_to_ceiling": like, "ratio_goodput_to_strict_ceiling": strict,
-            "ratio_goodput_to_physical": statistics.median(x["ratio_to_physical"] for x in rounds),
-            "ratio_like_for_like_to_physical": statistics.median(
-                round(x["ceiling_sprayed_read_pps"] / x["physical_sendmmsg_pps"], 3) for x in rounds),
+            "ratio_goodput_to_physical": percentile([x["ratio_to_physical"] for x in rounds], 50),
+            "ratio_like_for_like_to_physical": percentile(
+                [round(x["ceiling_sprayed_read_pps"] / x["physical_sendmmsg_pps"], 3) for x in rounds], 50),
             "targets": {"like_for_like": {"value": like, "target": TARGET_LIKE_FOR_LIKE, "met": like >= TARGET_LIKE_FOR_LIKE},
                         "strict": {"value": strict, "target": TARGET_STRICT, "met": strict >= TARGET_STRICT}},
             "ceiling": "the same frames sprayed over the same 8 EVs to a receiver that reads them",
@@ -205,7 +205,7 @@ def planes() -> dict:
     finally:
         build.down(name)
     return {"planes": topo.planes, "rate_per_plane_mbit": PLANE_RATE / 1e6, "runs": runs,
-            "ratio_to_planes_x_rate": statistics.median(x["ratio"] for x in runs), "target": 0.9}
+            "ratio_to_planes_x_rate": percentile([x["ratio"] for x in runs], 50), "target": 0.9}
 
 
 PARTS = ("goodput", "recovery", "planes")

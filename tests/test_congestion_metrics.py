@@ -14,15 +14,6 @@ def test_jain_is_one_for_equal_shares_and_one_over_n_for_one_taker():
     assert cg.jain([]) is None
 
 
-def test_percentiles_are_values_that_occurred():
-    xs = list(range(1, 101))
-    assert cg.percentile(xs, 50) == 50 and cg.percentile(xs, 99) == 99 and cg.percentile(xs, 100) == 100
-    assert cg.percentile([7.5], 99) == 7.5
-    assert cg.percentile([], 50) is None
-    with pytest.raises(ValueError):
-        cg.percentile(xs, 101)
-
-
 def test_utilisation_of_a_link_full_for_a_second():
     assert cg.utilisation(50_000_000, 1_000_000_000, 400e6) == pytest.approx(1.0)
     assert cg.utilisation(1, 0, 400e6) is None

@@ -9,10 +9,10 @@ percentiles and how fast trimmed packets were repaired. Pure arithmetic on what 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from ...stats import percentile
 from ...transport.requester import trim_repair
 
 
@@ -23,17 +23,6 @@ def jain(values: Iterable[float]) -> float | None:
         return None
     square_sum = sum(x * x for x in xs)
     return 1.0 if square_sum == 0 else sum(xs) ** 2 / (len(xs) * square_sum)
-
-
-def percentile(values: Iterable[float], p: float) -> float | None:
-    """The p-th percentile by nearest rank (p in [0, 100]): a value that occurred, never one between."""
-    xs = sorted(values)
-    if not xs:
-        return None
-    if not 0 <= p <= 100:
-        raise ValueError(f"a percentile is between 0 and 100, not {p}")
-    rank = max(1, math.ceil(p / 100 * len(xs)))
-    return xs[rank - 1]
 
 
 def utilisation(wire_bytes: int, span_ns: int, capacity_bps: float) -> float | None:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 
-from .congestion import percentile
+from ...stats import nearest_rank, percentile
 
 
 def _time(sample: tuple[int, int]) -> int:
@@ -165,6 +165,6 @@ def across_runs(values: list[float | None]) -> dict:
     there; `never` counts them, and min/max give the spread of the runs that did."""
     known = sorted(v for v in values if v is not None)
     ordered = known + [None] * (len(values) - len(known))
-    median = ordered[(len(ordered) - 1) // 2] if ordered else None  # the lower middle: nearest rank
+    median = ordered[nearest_rank(len(ordered), 50) - 1] if ordered else None  # the lower middle
     return {"runs": list(values), "median": median, "never": len(values) - len(known),
             "min": known[0] if known else None, "max": known[-1] if known else None}

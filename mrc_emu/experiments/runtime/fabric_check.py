@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from ...fabric import build
 from ...fabric.running import Fabric
+from ...stats import percentile
 from ...topology import Topology
 from .probes import probe_evs
 
@@ -62,5 +63,5 @@ def check(topo: Topology, name: str, progress: Callable[[str], None] | None = No
         build.down(name)
         result.down_seconds = time.monotonic() - start
     if rtts:
-        result.rtt_ns_median = sorted(rtts)[len(rtts) // 2]
+        result.rtt_ns_median = percentile(rtts, 50)
     return result

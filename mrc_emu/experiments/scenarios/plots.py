@@ -1,13 +1,12 @@
 """The scenario report's figures: goodput over time, MRC's spray, the fault figures, the flows.
 
 Why it exists: a figure is read at a glance or not at all, so each one here is built to say what it
-draws (titles with units, legends outside the data, every bar labelled with its value, "never"
-drawn as never) and to hold only what the run measured: results.json is the only input, and
-nothing is drawn that it does not hold (goodput is binned from the transfer's timeline, the rest
-is its figures as they are). report.py writes results.json and report.md and calls `plots`; the
-drawing lives apart so that neither module grows past what a reader holds at once, and so that
-tests can inspect a figure's artists (`figures`) before it is saved. It never reads a clock, a
-socket or a fabric.
+draws (titles with units, legends outside the data, every bar labelled with its value, "never" drawn
+as never) and to hold only what the run measured: results.json is the only input, and nothing is
+drawn that it does not hold (goodput is binned from the transfer's timeline, the rest is its figures
+as they are). report.py writes results.json and report.md and calls `plots`; the drawing lives apart
+so that neither module grows past what a reader holds at once, and so that tests can inspect a
+figure's artists (`figures`) before it is saved. It never reads a clock, a socket or a fabric.
 """
 
 from __future__ import annotations
@@ -20,6 +19,7 @@ from typing import Any
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
+from ...stats import percentile
 from ..analysis import metrics
 from .faults import FAULT_KINDS, Fault
 
@@ -408,7 +408,7 @@ def flows_figure(runs: dict[str, Any]) -> Figure | None:
         fct = sorted(x["completion_ms"] for x in flows if x["completion_ms"] is not None)
         unfinished = len(flows) - len(fct)
         if fct:
-            p50, p99 = fct[(len(fct) - 1) // 2], fct[min(len(fct) - 1, math.ceil(0.99 * len(fct)) - 1)]
+            p50, p99 = percentile(fct, 50), percentile(fct, 99)
             text = f"{transport}: p50 {_ms(p50)}, p99 {_ms(p99)}, max {_ms(fct[-1])}"
             if unfinished:
                 text += f"\n({unfinished} of {len(flows)} never finished)"

@@ -26,6 +26,7 @@ from ...fabric import build, ops, routing, static_routes
 from ...fabric.datapath import ports
 from ...fabric.kernel import netns
 from ...fabric.running import Fabric
+from ...stats import percentile
 from ...topology import Role, evs_between
 from ..analysis import congestion, metrics
 from ..runtime.controller import ControlRecord
@@ -325,7 +326,7 @@ def _summarise(transport: Transport, results: Run, runs: list[FaultRun], pcap: s
                                                      "verified": reference["verified"],
                                                      "emulation": reference["emulation"]["verdict"]},
         "inflation": round(span / ref_span - 1, 4) if span and ref_span else None,  # completion against fault-free
-        "slowdown": {"p50": congestion.percentile(slowdowns, 50), "p99": congestion.percentile(slowdowns, 99),
+        "slowdown": {"p50": percentile(slowdowns, 50), "p99": percentile(slowdowns, 99),
                      "max": max(slowdowns)} if slowdowns else None,
         "transfers": transfers,
         "pcap": pcap,

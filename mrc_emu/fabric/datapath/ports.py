@@ -24,6 +24,7 @@ import weakref
 from pathlib import Path
 from typing import Any
 
+from ...stats import histogram_percentile
 from ...topology import Topology
 from ...topology.port import HIST_BUCKETS, PortConfig, tbf_limit, tbf_shape
 from .. import cabling
@@ -344,16 +345,8 @@ def tbf_counters_of(fabric: Fabric, node: str, ifname: str) -> tuple[int, int]:
 def quantile(hist: list[int], width: int, q: float) -> int | None:
     """The queue (bytes, the upper edge of its bucket: 0 for bucket 0, i x width for bucket i) that
     a fraction q of arrivals found at most."""
-    total = sum(hist)
-    if total == 0:
-        return None
-    need = q * total
-    seen = 0
-    for i, count in enumerate(hist):
-        seen += count
-        if seen >= need:
-            return i * width
-    return (len(hist) - 1) * width
+    bucket = histogram_percentile(hist, q * 100)
+    return None if bucket is None else bucket * width
 
 
 def delta(before: dict, after: dict) -> dict:
