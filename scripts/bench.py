@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from mrc_emu.experiments import metrics
+from mrc_emu.experiments.analysis import metrics
 
 HERE = Path(__file__).resolve().parent
 SCRIPTS = {

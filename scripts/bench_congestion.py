@@ -6,7 +6,7 @@ Usage: sudo .venv/bin/python scripts/bench_congestion.py [--degrees 2,4,8,16] [-
        [--trim] [--transports mrc,baseline] [--dilation K]
 
 Brings up the `incast` topology (every link shaped to 400 Mbit/s by TBF, ECN marking and trimming
-on every switch port by the fabric's egress BPF programs, fabric/ports.py) with static routes for
+on every switch port by the fabric's egress BPF programs, fabric/datapath/ports.py) with static routes for
 the baseline, then for each degree N: N hosts on the other leaves each WRITE `size` to h0 at once,
 first over MRC (sprayed over every EV, selective repeat, NSCC), then over the baseline (one
 ECMP-hashed path per QP, go-back-N, DCQCN with CNPs from the responder). `--trim` turns ECN off
@@ -30,9 +30,9 @@ import os
 import sys
 import time
 
-from mrc_emu.experiments import congestion
-from mrc_emu.experiments.transfer import Run, run_transfers
-from mrc_emu.experiments.transports import Transport
+from mrc_emu.experiments.analysis import congestion
+from mrc_emu.experiments.runtime.transfer import Run, run_transfers
+from mrc_emu.experiments.scenarios.transports import Transport
 from mrc_emu.fabric import build, static_routes
 from mrc_emu.fabric.running import Fabric
 from mrc_emu.topology import Topology, builtin, from_dict
@@ -113,7 +113,7 @@ def main() -> None:
         transports = [Transport(x) for x in args.transports.split(",")]
     except ValueError as exc:
         parser.error(str(exc))
-    from mrc_emu.fabric import ports as ports_module  # the fabric's egress port programs (issue 12)
+    from mrc_emu.fabric.datapath import ports as ports_module  # the fabric's egress port programs (issue 12)
 
     topo = builtin("incast")
     if args.trim:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """RED against the port model: the same incast run once with each of the two ways a shaped fabric's
 switch ports mark (the BPF port program's virtual queue, `port: {model: bpf}`; the kernel's RED
-qdisc with ECN under the same TBF, `model: red`, fabric/red.py), printed side by side. Needs root;
+qdisc with ECN under the same TBF, `model: red`, fabric/datapath/red.py), printed side by side. Needs root;
 the RED half needs sch_red (a stock kernel, the Vagrant VM) and is skipped, saying why, without it.
 
 Usage: sudo .venv/bin/python scripts/bench_red.py [--scenario incast8] [--transports mrc]
@@ -35,11 +35,15 @@ import socket
 import sys
 import time
 
-from mrc_emu.experiments import congestion, scenario
-from mrc_emu.experiments.transfer import run_transfers
-from mrc_emu.experiments.transports import Transport
-from mrc_emu.fabric import build, netlink, netns, ports, red, static_routes
+from mrc_emu.experiments.analysis import congestion
+from mrc_emu.experiments.runtime.transfer import run_transfers
+from mrc_emu.experiments.scenarios import scenario
+from mrc_emu.experiments.scenarios.transports import Transport
+from mrc_emu.fabric import build, static_routes
+from mrc_emu.fabric.datapath import ports, red
+from mrc_emu.fabric.kernel import netlink, netns
 from mrc_emu.fabric.running import Fabric
+from mrc_emu.stats import percentile
 from mrc_emu.topology import Topology, from_dict
 from mrc_emu.topology.port import with_model
 
@@ -68,7 +72,7 @@ def summary(values: list[int]) -> dict:
     fraction of samples that found it busy."""
     busy = sorted(x for x in values if x)
     return {"samples": len(values), "busy": round(len(busy) / len(values), 3) if values else None,
-            "p50": congestion.percentile(busy, 50), "p99": congestion.percentile(busy, 99),
+            "p50": percentile(busy, 50), "p99": percentile(busy, 99),
             "max": busy[-1] if busy else 0}
 
 

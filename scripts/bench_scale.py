@@ -8,7 +8,7 @@ Brings `large` up under a fabric name of its own, then runs, one point after the
 the default pool of endpoint workers (one per CPU), no fault, MTU 4096:
 
 - rings of 4, 16, 64 and 128 QPs: host i WRITEs to host i+1 (mod n) 2(n-1) chunks of
-  buffer/n, as a ring all-reduce does (experiments/scenario.py); all WRITEs start together.
+  buffer/n, as a ring all-reduce does (experiments/scenarios/scenario.py); all WRITEs start together.
   Hosts are taken leaf by leaf (h0, h8, ..., h120, h1, h9, ...), so every neighbour pair sits
   on different leaves and sprays over the 64 EVs through the spines, at every point alike;
 - 1 QP: the one WRITE of a 2-host ring (h0 -> h8, buffer bytes);
@@ -37,8 +37,8 @@ import sys
 import time
 from pathlib import Path
 
-from mrc_emu.experiments import congestion
-from mrc_emu.experiments.transfer import Run, TransferSpec, run_transfers
+from mrc_emu.experiments.analysis import congestion
+from mrc_emu.experiments.runtime.transfer import Run, TransferSpec, run_transfers
 from mrc_emu.fabric import build
 from mrc_emu.fabric.running import Fabric
 from mrc_emu.topology import builtin

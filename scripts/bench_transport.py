@@ -13,7 +13,7 @@ Needs root. Brings up the default fabric (name 'bencht'), then:
    like-for-like ceiling and >= 0.7 of the strict one; the physical ratio has none.
 2. recovery: the leaf-spine link p0l0-p0s1 goes down (netlink, from inside the requester's
    loop, timed to the microsecond) at 30 % of a 64 MiB WRITE; recovery time per
-   mrc_emu.experiments.metrics (goodput back at >= 90 % of its pre-fault level on the
+   mrc_emu.experiments.analysis.metrics (goodput back at >= 90 % of its pre-fault level on the
    remaining EVs). Target <= 5 ms. The link comes back up between runs.
 3. planes: the fabric again with every link shaped by TBF to R; aggregate goodput of one
    QP against planes x R. Target >= 0.9.
@@ -27,20 +27,21 @@ import argparse
 import json
 import select
 import socket
-import statistics
 import time
 from dataclasses import dataclass
 
-from mrc_emu.experiments import metrics
-from mrc_emu.experiments.fault_agent import LinkDown, LinkFaultAgent
-from mrc_emu.experiments.transfer import Control, send
-from mrc_emu.fabric import build, links, netns, ops
+from mrc_emu.experiments.analysis import metrics
+from mrc_emu.experiments.runtime.fault_agent import LinkDown, LinkFaultAgent
+from mrc_emu.experiments.runtime.transfer import Control, send
+from mrc_emu.fabric import build, links, ops
+from mrc_emu.fabric.kernel import netns
 from mrc_emu.fabric.procs import Child, Parent, Stop
 from mrc_emu.fabric.running import Fabric
 from mrc_emu.io import _sockio
 from mrc_emu.io.sockets import udp_receiver
+from mrc_emu.stats import percentile
 from mrc_emu.topology import builtin, evs_between, from_dict
-from mrc_emu.transport.paths import qp_paths
+from mrc_emu.transport.multipath.paths import qp_paths
 from mrc_emu.wire.format import DataPacket
 
 MiB = 1024 * 1024
@@ -224,8 +225,7 @@ def _failed(r) -> dict:
 
 
 def _median(values) -> float | None:
-    values = list(values)
-    return statistics.median(values) if values else None
+    return percentile(list(values), 50)
 
 
 def _target(value: float | None, target: float, failed: int) -> dict:

@@ -33,12 +33,15 @@ import struct
 import time
 import traceback
 
-from mrc_emu.fabric import build, netlink, netns, ops, ports
+from mrc_emu.fabric import build, ops
+from mrc_emu.fabric.datapath import ports
+from mrc_emu.fabric.kernel import netlink, netns
 from mrc_emu.fabric.running import Fabric
+from mrc_emu.stats import percentile
 from mrc_emu.topology import from_dict
 from mrc_emu.topology.port import tbf_limit
 from mrc_emu.topology.units import parse_rate
-from mrc_emu.transport.paths import qp_paths
+from mrc_emu.transport.multipath.paths import qp_paths
 from mrc_emu.wire.format import DataPacket
 
 PAIR_S = 0.002  # a sample whose three reads took longer (the scheduler) is too spread to compare (x K at rate / K)
@@ -87,15 +90,10 @@ def _drained_share(samples: list[tuple[float, int, int, int]], rate_bps: float) 
     return round((s1 - s0) * 8 / ((t1 - t0) * rate_bps), 3)
 
 
-def _nearest_rank(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered) + 0.5) - 1))]
-
-
 def _spread(values: list[float], digits: int) -> dict:
     if not values:
         return {"mean": None, "p99": None, "max": None}
-    return {"mean": round(statistics.mean(values), digits), "p99": round(_nearest_rank(values, 0.99), digits),
+    return {"mean": round(statistics.mean(values), digits), "p99": round(percentile(values, 99), digits),
             "max": round(max(values), digits)}
 
 
@@ -181,7 +179,7 @@ def measure(frames: int, payload: int, rate: str, name: str = "pq", dilation: in
         "busy_samples": len(busy), "discarded_pairs_ms": [round(t * 1e3, 1) for t in discarded],
         "first_busy_ms": busy[0][0] if busy else None, "handoff_ms": round(struct.unpack("q", took_ns)[0] / 1e6, 2),
         "peak_tbf_backlog": peak_tbf, "peak_virtual": max((b for _, _, b in samples), default=0),
-        "virtual_minus_tbf": {"median": statistics.median(diffs) if diffs else None, **_spread(abs_diffs, 0)},
+        "virtual_minus_tbf": {"median": percentile(diffs, 50), **_spread(abs_diffs, 0)},
         "abs_of_peak_tbf": _spread([d / peak_tbf for d in abs_diffs] if peak_tbf else [], 4),
         f"relative_where_tbf_over_{BUSY_FLOOR:g}_of_peak": _spread(relative, 4),
         "program": {k: counters[k] for k in ports.COUNTERS},

@@ -5,7 +5,7 @@ import uuid
 
 import pytest
 
-from mrc_emu.fabric.waiting import until
+from mrc_emu.fabric.kernel.waiting import until
 
 
 def system_skip_reason() -> str | None:
@@ -35,7 +35,7 @@ def kept_up(result) -> bool:
     """Whether the emulator outran the fabric in a run (run_transfers' Run, or one send's
     TransferResult): no worker was on a CPU for CPU_BUSY_LIMIT of it (emulation.py), so what limited
     the flows was the fabric's ports, not the emulator's packet rate."""
-    from mrc_emu.experiments.emulation import CPU_BUSY_LIMIT
+    from mrc_emu.experiments.analysis.emulation import CPU_BUSY_LIMIT
 
     report = result.emulation
     busy = report.cpu_busy if hasattr(report, "cpu_busy") else report["cpu_busy"]
@@ -50,7 +50,7 @@ def summary(result) -> str:
 def goodput_bps(result) -> float:
     """What a run (its flows together, first start to last end) or one send delivered, in
     emulated bits per second."""
-    from mrc_emu.experiments.congestion import aggregate_goodput_gbps
+    from mrc_emu.experiments.analysis.congestion import aggregate_goodput_gbps
 
     if hasattr(result, "goodput_gbps"):
         return (result.goodput_gbps or 0) * 1e9

@@ -8,7 +8,7 @@ import pytest
 
 from mrc_emu.api import MrcApiError, ProfileState
 from mrc_emu.api.cc import CC_DISABLED, NSCC, NSCC_CONFIG_FIELDS, CcProfile
-from mrc_emu.transport.nscc import NsccParams
+from mrc_emu.transport.cc.nscc import NsccParams
 
 OFFLINE, ONLINE, INIT = ProfileState.OFFLINE, ProfileState.ONLINE, ProfileState.INIT
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from mrc_emu.fabric import ports
+from mrc_emu.fabric.datapath import ports
 from mrc_emu.io import port as io_port
 from mrc_emu.io import sockets
 from mrc_emu.topology import model

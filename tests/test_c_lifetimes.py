@@ -44,7 +44,7 @@ _SPRAY = """
     from types import SimpleNamespace
     from mrc_emu.topology import builtin
     from mrc_emu.transport import _spray
-    from mrc_emu.transport.paths import qp_paths
+    from mrc_emu.transport.multipath.paths import qp_paths
     from mrc_emu.transport.sent import SentPackets
 
     MTU = 1024
@@ -150,7 +150,7 @@ _PLACE = """
     import random, socket, struct
     from mrc_emu.topology import builtin
     from mrc_emu.transport.config import QpConfig
-    from mrc_emu.transport.paths import qp_paths
+    from mrc_emu.transport.multipath.paths import qp_paths
     from mrc_emu.transport.responder import Responder
     from mrc_emu.wire import format as fmt
     from mrc_emu.wire import headers

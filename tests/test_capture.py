@@ -2,7 +2,8 @@
 
 import pytest
 
-from mrc_emu.experiments import report
+from mrc_emu.experiments.analysis import report
+from mrc_emu.experiments.scenarios.schema import RESULTS_SCHEMA
 from mrc_emu.fabric.ops import CaptureResult
 
 # what tcpdump --immediate-mode printed for the 4 MiB WRITE of issue 14
@@ -79,7 +80,7 @@ def test_results_with_a_lossy_pcap_validate_and_report_md_says_so(tmp_path):
                    attempts=[{"time_dilation": k, "ring_kib": 65536, "lost": 1371} for k in (3, 6, 12)])
     results["runs"]["mrc"].update(pcap=capture["path"], capture=capture)
     report.write(results, tmp_path)
-    jsonschema.validate(json.loads((tmp_path / "results.json").read_text()), report.RESULTS_SCHEMA)
+    jsonschema.validate(json.loads((tmp_path / "results.json").read_text()), RESULTS_SCHEMA)
     text = (tmp_path / "report.md").read_text()
     assert "**pcap (mrc) INCOMPLETE**" in text
     assert "at time dilation 12 with a 64 MiB ring (after 2 lossy capture(s): 1,371 lost at K = 3, 1,371 lost at K = 6)" in text
@@ -87,7 +88,7 @@ def test_results_with_a_lossy_pcap_validate_and_report_md_says_so(tmp_path):
     broken = dict(capture, run="same")  # a pcap of the measured run is not what results.json may say
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(dict(results, runs={"mrc": dict(results["runs"]["mrc"], capture=broken)}),
-                            report.RESULTS_SCHEMA)
+                            RESULTS_SCHEMA)
 
 
 def test_the_ring_holds_the_whole_run_within_a_share_of_memory():
@@ -119,8 +120,8 @@ class _FakeRuns:
     ([427, 300, 12], [3, 6, 12], False),  # still lossy at the cap: a warning in the notes, not a failure
 ])
 def test_a_lossy_capture_is_made_again_slower_up_to_a_cap(monkeypatch, tmp_path, losses, dilations, complete):
-    from mrc_emu.experiments import runner, scenario
-    from mrc_emu.experiments.transports import Transport
+    from mrc_emu.experiments.scenarios import runner, scenario
+    from mrc_emu.experiments.scenarios.transports import Transport
 
     fake = _FakeRuns(losses)
     monkeypatch.setattr(runner, "run_transport", fake)

@@ -14,8 +14,9 @@ import uuid
 import pcap_reader
 import pytest
 
-from mrc_emu.experiments.transfer import send
-from mrc_emu.fabric import netns, ops
+from mrc_emu.experiments.runtime.transfer import send
+from mrc_emu.fabric import ops
+from mrc_emu.fabric.kernel import netns
 
 pytestmark = pytest.mark.system
 CLI = [sys.executable, "-m", "mrc_emu.cli"]

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from mrc_emu.transport import cc as cc_module
-from mrc_emu.transport.cc import CC_PROFILES, CongestionControl, FixedWindow, make_cc, profile_names
-from mrc_emu.transport.nscc import DEFAULT_MAX_CWND, DELAY_GAIN, QA_THRESHOLD_OFF, Nscc, NsccParams
+from mrc_emu.transport.cc import registry as cc_module
+from mrc_emu.transport.cc.base import CongestionControl
+from mrc_emu.transport.cc.fixed import FixedWindow
+from mrc_emu.transport.cc.nscc import DEFAULT_MAX_CWND, DELAY_GAIN, QA_THRESHOLD_OFF, Nscc, NsccParams
+from mrc_emu.transport.cc.registry import CC_PROFILES, make_cc, profile_names
 
 US = 1000
 BASE = 12 * US  # NSCC.md §10: 100 Gb/s at both ends, config_base_rtt 12 us, trimming on, MTU 4096

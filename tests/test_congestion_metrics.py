@@ -1,10 +1,10 @@
-"""The congestion figures (experiments/congestion.py) on hand-made inputs: no fabric, no root."""
+"""The congestion figures (experiments/analysis/congestion.py) on hand-made inputs: no fabric, no root."""
 
 from types import SimpleNamespace
 
 import pytest
 
-from mrc_emu.experiments import congestion as cg
+from mrc_emu.experiments.analysis import congestion as cg
 
 
 def test_jain_is_one_for_equal_shares_and_one_over_n_for_one_taker():
@@ -12,15 +12,6 @@ def test_jain_is_one_for_equal_shares_and_one_over_n_for_one_taker():
     assert cg.jain([8.0, 0.0, 0.0, 0.0]) == pytest.approx(0.25)
     assert cg.jain([1.0, 3.0]) == pytest.approx(16 / 20)
     assert cg.jain([]) is None
-
-
-def test_percentiles_are_values_that_occurred():
-    xs = list(range(1, 101))
-    assert cg.percentile(xs, 50) == 50 and cg.percentile(xs, 99) == 99 and cg.percentile(xs, 100) == 100
-    assert cg.percentile([7.5], 99) == 7.5
-    assert cg.percentile([], 50) is None
-    with pytest.raises(ValueError):
-        cg.percentile(xs, 101)
 
 
 def test_utilisation_of_a_link_full_for_a_second():

@@ -1,4 +1,4 @@
-"""The controller record (experiments/controller.py): selectors, replay, live diffs, the event queue (no root)."""
+"""The controller record (experiments/runtime/controller.py): selectors, replay, live diffs, the event queue (no root)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from mrc_emu.experiments import controller
-from mrc_emu.experiments.controller import ControlRecord, LiveControl, Selector
+from mrc_emu.experiments.runtime import controller
+from mrc_emu.experiments.runtime.controller import ControlRecord, LiveControl, Selector
 from mrc_emu.fabric import registry
 from mrc_emu.topology import builtin, evs_between
 

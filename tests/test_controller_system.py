@@ -10,8 +10,9 @@ import pytest
 from conftest import wait_for
 from test_transport_system import MiB, _run_in_thread
 
-from mrc_emu.experiments import report, runner, scenario
-from mrc_emu.experiments.controller import ControlRecord
+from mrc_emu.experiments.analysis import report
+from mrc_emu.experiments.runtime.controller import ControlRecord
+from mrc_emu.experiments.scenarios import runner, scenario
 
 pytestmark = pytest.mark.system
 CLI = [sys.executable, "-m", "mrc_emu.cli"]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from mrc_emu.transport.cc import make_cc
-from mrc_emu.transport.dcqcn import DEFAULT_WINDOW, MIN_WINDOW_PACKETS, Dcqcn, DcqcnParams
+from mrc_emu.transport.cc.dcqcn import DEFAULT_WINDOW, MIN_WINDOW_PACKETS, Dcqcn, DcqcnParams
+from mrc_emu.transport.cc.registry import make_cc
 
 US = 1000
 LINE = 400e6

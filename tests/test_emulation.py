@@ -2,7 +2,7 @@
 
 from types import SimpleNamespace
 
-from mrc_emu.experiments import emulation
+from mrc_emu.experiments.analysis import emulation
 from mrc_emu.io.clock import LagMeter
 
 QUIET = {"dropped": 0, "time_squeeze": 0}

@@ -13,10 +13,10 @@ from mrc_emu.topology import addressing as ad
 from mrc_emu.topology import builtin
 from mrc_emu.transport.config import QpConfig
 from mrc_emu.transport.endpoint import EpRequest, HostEndpoint, ProbeAnswers
-from mrc_emu.transport.ev import EvState
+from mrc_emu.transport.multipath.ev import EvState
+from mrc_emu.transport.multipath.paths import qp_paths
+from mrc_emu.transport.multipath.portstatus import PortStatus, all_ports
 from mrc_emu.transport.mux import HostMux
-from mrc_emu.transport.paths import qp_paths
-from mrc_emu.transport.portstatus import PortStatus, all_ports
 from mrc_emu.transport.requester import Requester
 from mrc_emu.transport.responder import Responder
 from mrc_emu.wire import format as fmt

@@ -7,7 +7,7 @@ import threading
 import pytest
 from conftest import wait_for
 
-from mrc_emu.experiments.transfer import Control, send
+from mrc_emu.experiments.runtime.transfer import Control, send
 from mrc_emu.fabric import links
 from mrc_emu.topology import evs_between
 

@@ -9,8 +9,8 @@ import socket
 from mrc_emu.io.memory import MemoryNetwork
 from mrc_emu.topology import builtin
 from mrc_emu.transport.config import QpConfig
-from mrc_emu.transport.ev import EvProfile, EvState
-from mrc_emu.transport.paths import qp_paths
+from mrc_emu.transport.multipath.ev import EvProfile, EvState
+from mrc_emu.transport.multipath.paths import qp_paths
 from mrc_emu.transport.requester import Requester
 from mrc_emu.transport.responder import Responder
 

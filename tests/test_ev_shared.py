@@ -18,11 +18,11 @@ from mrc_emu.api.profiles import EvEventMask, EvField, EvProfileMode
 from mrc_emu.api.profiles import EvProfile as ApiEvProfile
 from mrc_emu.io.memory import MemoryNetwork
 from mrc_emu.topology import builtin
-from mrc_emu.transport import evshare
 from mrc_emu.transport.config import QpConfig
-from mrc_emu.transport.ev import EvProfile
+from mrc_emu.transport.multipath import evshare
+from mrc_emu.transport.multipath.ev import EvProfile
+from mrc_emu.transport.multipath.paths import qp_paths
 from mrc_emu.transport.mux import HostMux
-from mrc_emu.transport.paths import qp_paths
 from mrc_emu.transport.requester import Requester
 from mrc_emu.transport.responder import Responder
 from mrc_emu.wire.decoder import decode_frame

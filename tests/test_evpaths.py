@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from mrc_emu.api.files import from_dict, load
-from mrc_emu.experiments.evpaths import EvProfileError, carrier_usids, fabric_coverage, profile_paths, slot_evs
 from mrc_emu.topology import Role, builtin, evs_between
 from mrc_emu.topology import addressing as ad
 from mrc_emu.topology.evs import udp_sport
+from mrc_emu.transport.multipath.evpaths import EvProfileError, carrier_usids, fabric_coverage, profile_paths, slot_evs
 
 PROFILES = Path(__file__).parent.parent / "mrc_emu" / "topologies" / "ev-profiles"
 GEN = PROFILES / "default-h0-h2-gen.yaml"

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from mrc_emu.api.files import load
-from mrc_emu.experiments.transfer import send
+from mrc_emu.experiments.runtime.transfer import send
 from mrc_emu.topology import evs_between
 
 pytestmark = pytest.mark.system

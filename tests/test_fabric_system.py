@@ -15,8 +15,9 @@ from conftest import wait_for
 from scapy.layers.inet6 import IPv6ExtHdrSegmentRouting
 from scapy.utils import rdpcap
 
-from mrc_emu.experiments.probes import probe_evs
-from mrc_emu.fabric import build, limits, links, netns, ops, registry
+from mrc_emu.experiments.runtime.probes import probe_evs
+from mrc_emu.fabric import build, limits, links, ops, registry
+from mrc_emu.fabric.kernel import netns
 from mrc_emu.fabric.running import Fabric
 from mrc_emu.topology import addressing as ad
 from mrc_emu.topology import builtin, evs_between

@@ -1,10 +1,10 @@
-"""The exact fault figures (experiments/metrics.py fault_figures) from a requester's ledger (transport/ledger.py)."""
+"""The exact fault figures (experiments/analysis/metrics.py fault_figures) from a requester's ledger (transport/ledger.py)."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
-from mrc_emu.experiments import metrics
+from mrc_emu.experiments.analysis import metrics
 from mrc_emu.transport.ledger import GAP_NS, Ledger
 
 MS = 1_000_000

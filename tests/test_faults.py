@@ -10,10 +10,13 @@ from click.testing import CliRunner
 from pyroute2.netlink.rtnl.tcmsg import tcmsg
 
 from mrc_emu import cli
-from mrc_emu.experiments import fault_agent, runner, scenario
-from mrc_emu.experiments.faults import FAULT_KINDS, parse_direction
-from mrc_emu.experiments.scenario import ScenarioError
-from mrc_emu.fabric import fault_ops, fault_record, impair, registry
+from mrc_emu.experiments.runtime import fault_agent
+from mrc_emu.experiments.scenarios import runner, scenario
+from mrc_emu.experiments.scenarios.faults import FAULT_KINDS, parse_direction
+from mrc_emu.experiments.scenarios.scenario import ScenarioError
+from mrc_emu.fabric import registry
+from mrc_emu.fabric.datapath import impair
+from mrc_emu.fabric.faults import fault_ops, fault_record
 from mrc_emu.fabric.nodes import FabricSetupError
 from mrc_emu.fabric.running import Fabric
 from mrc_emu.topology import builtin
@@ -291,7 +294,7 @@ def test_where_a_delay_goes_in_a_ports_qdiscs_and_how_it_comes_off():
 def test_a_delay_on_a_port_that_sends_control_ahead_goes_under_both_of_its_classes():
     """A shaped port with port programs is TBF 1: with the ordering HTB under it (build.py): netem
     replaces each class's pfifo, so control still leaves ahead of data, and undo puts the pfifos back."""
-    from mrc_emu.fabric import ports
+    from mrc_emu.fabric.datapath import ports
 
     root, tbf, new = impair.TC_H_ROOT, 0x10000, impair.RTM_NEWQDISC
     classes = [ports.CLASS_AHEAD, ports.CLASS_DATA]
@@ -317,9 +320,9 @@ def test_a_delay_on_a_port_that_sends_control_ahead_goes_under_both_of_its_class
 def test_a_faults_durations_are_emulated_time():
     """Under time dilation K a blackhole's duration_ms and a flap's period are emulated: the agent
     is asked for K times as long in wall time (as a delay's ms already are)."""
-    from mrc_emu.experiments import runner
-    from mrc_emu.experiments.fault_agent import After, Flap
-    from mrc_emu.experiments.faults import FAULT_KINDS
+    from mrc_emu.experiments.runtime.fault_agent import After, Flap
+    from mrc_emu.experiments.scenarios import runner
+    from mrc_emu.experiments.scenarios.faults import FAULT_KINDS
 
     class Agent:
         def __init__(self):

@@ -16,10 +16,14 @@ from click.testing import CliRunner
 from conftest import fabric_limited, wait_for
 
 from mrc_emu import cli
-from mrc_emu.experiments import fault_agent, runner, scenario
-from mrc_emu.experiments.transfer import send
-from mrc_emu.fabric import build, fault_ops, impair, netns, ports
-from mrc_emu.fabric.fault_record import FaultRecord
+from mrc_emu.experiments.runtime import fault_agent
+from mrc_emu.experiments.runtime.transfer import send
+from mrc_emu.experiments.scenarios import runner, scenario
+from mrc_emu.fabric import build
+from mrc_emu.fabric.datapath import impair, ports
+from mrc_emu.fabric.faults import fault_ops
+from mrc_emu.fabric.faults.fault_record import FaultRecord
+from mrc_emu.fabric.kernel import netns
 from mrc_emu.fabric.running import Fabric
 from mrc_emu.topology import addressing, builtin, evs_between, from_dict
 
@@ -159,7 +163,7 @@ def _least_rtt_ms(fabric: Fabric, ev: int, probes: int = 5) -> float:
     """The least RTT of `probes` EV probes from h0 towards h2 along EV `ev`: a late wake-up of the
     prober (a loaded host, a VM under TCG) only ever adds to one probe's time, while a netem delay
     is in every one of them."""
-    from mrc_emu.experiments.probes import probe_evs
+    from mrc_emu.experiments.runtime.probes import probe_evs
 
     rtts = []
     for _ in range(probes):

@@ -9,10 +9,13 @@ from click.testing import CliRunner
 from pyroute2.netlink.rtnl.tcmsg import tcmsg
 
 from mrc_emu import cli
-from mrc_emu.experiments import fault_agent, runner, scenario
-from mrc_emu.experiments.faults import LossFault
-from mrc_emu.experiments.scenario import ScenarioError
-from mrc_emu.fabric import fault_ops, fault_record, impair, registry
+from mrc_emu.experiments.runtime import fault_agent
+from mrc_emu.experiments.scenarios import runner, scenario
+from mrc_emu.experiments.scenarios.faults import LossFault
+from mrc_emu.experiments.scenarios.scenario import ScenarioError
+from mrc_emu.fabric import registry
+from mrc_emu.fabric.datapath import impair
+from mrc_emu.fabric.faults import fault_ops, fault_record
 from mrc_emu.fabric.running import Fabric
 from mrc_emu.topology import builtin
 

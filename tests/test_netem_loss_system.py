@@ -12,9 +12,11 @@ import time
 
 import pytest
 
-from mrc_emu.experiments import fault_agent
-from mrc_emu.fabric import fault_ops, impair, netns
-from mrc_emu.fabric.fault_record import FaultRecord
+from mrc_emu.experiments.runtime import fault_agent
+from mrc_emu.fabric.datapath import impair
+from mrc_emu.fabric.faults import fault_ops
+from mrc_emu.fabric.faults.fault_record import FaultRecord
+from mrc_emu.fabric.kernel import netns
 from mrc_emu.fabric.running import Fabric
 from mrc_emu.topology import addressing
 

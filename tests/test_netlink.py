@@ -10,8 +10,9 @@ from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
 from pyroute2.netlink.rtnl.rtmsg import rtmsg
 from pyroute2.netlink.rtnl.tcmsg import tcmsg
 
-from mrc_emu.fabric import config, netlink
-from mrc_emu.fabric.netlink import Batch, Seg6Local
+from mrc_emu.fabric import config
+from mrc_emu.fabric.kernel import netlink
+from mrc_emu.fabric.kernel.netlink import Batch, Seg6Local
 from mrc_emu.topology import addressing as ad
 from mrc_emu.topology import builtin
 

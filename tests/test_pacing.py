@@ -11,9 +11,9 @@ import pytest
 
 from mrc_emu.io.memory import MemoryNetwork
 from mrc_emu.topology import builtin
-from mrc_emu.transport.cc import make_cc
+from mrc_emu.transport.cc.registry import make_cc
 from mrc_emu.transport.config import QpConfig
-from mrc_emu.transport.paths import qp_paths
+from mrc_emu.transport.multipath.paths import qp_paths
 from mrc_emu.transport.requester import Requester
 from mrc_emu.transport.responder import Responder
 

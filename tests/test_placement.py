@@ -19,7 +19,7 @@ from mrc_emu.io.memory import MemoryNetwork
 from mrc_emu.topology import builtin
 from mrc_emu.transport import responder as responder_module
 from mrc_emu.transport.config import QpConfig
-from mrc_emu.transport.paths import qp_paths
+from mrc_emu.transport.multipath.paths import qp_paths
 from mrc_emu.transport.requester import Requester
 from mrc_emu.transport.responder import Responder
 from mrc_emu.wire import format as fmt

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 from matplotlib.patches import Rectangle
 
-from mrc_emu.experiments import plots, report
+from mrc_emu.experiments.analysis import plots, report
 
 MIB = 2**20
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from mrc_emu.fabric import ports
+from mrc_emu.fabric.datapath import ports
 
 pytestmark = [pytest.mark.system, pytest.mark.slow]
 

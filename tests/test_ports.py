@@ -1,5 +1,5 @@
 """The port model without root: the `port:` block, its validation, the threshold arithmetic, and
-the pieces of fabric/ports.py that need no kernel (value layouts, quantiles, deltas)."""
+the pieces of fabric/datapath/ports.py that need no kernel (value layouts, quantiles, deltas)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from mrc_emu.fabric import ports
+from mrc_emu.fabric.datapath import ports
 from mrc_emu.topology import TopologyError, builtin, from_dict
 from mrc_emu.topology.port import HIST_BUCKETS, plane_bdp, tbf_shape
 from mrc_emu.topology.units import parse_duration_ns

@@ -18,10 +18,12 @@ import time
 
 import pytest
 
-from mrc_emu.fabric import build, netns, ops, ports
+from mrc_emu.fabric import build, ops
+from mrc_emu.fabric.datapath import ports
+from mrc_emu.fabric.kernel import netns
 from mrc_emu.fabric.running import Fabric
 from mrc_emu.topology import EvFormat, from_dict
-from mrc_emu.transport.paths import qp_paths
+from mrc_emu.transport.multipath.paths import qp_paths
 from mrc_emu.wire import format as fmt
 from mrc_emu.wire.format import DataPacket
 

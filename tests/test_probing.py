@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mrc_emu.transport.ev import EvProfile, EvState
+from mrc_emu.transport.multipath.ev import EvProfile, EvState
 from mrc_emu.transport.probing import MAX_BACKOFF, EvProber, ProbeBudget
 from mrc_emu.wire.format import ProbePacket, ProbeResponsePacket
 

@@ -7,9 +7,9 @@ from types import SimpleNamespace
 import pytest
 
 from mrc_emu.transport import sent as sent_module
-from mrc_emu.transport.cc import CongestionControl
+from mrc_emu.transport.cc.base import CongestionControl
 from mrc_emu.transport.config import QpConfig, RecoveryMode
-from mrc_emu.transport.ev import EvProfile
+from mrc_emu.transport.multipath.ev import EvProfile
 from mrc_emu.transport.recovery import SAME_EV, GoBackN, Recovery, Selective
 from mrc_emu.wire.format import AckPacket, Syndrome, TrimNackPacket
 

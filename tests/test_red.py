@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from mrc_emu.experiments import scenario
-from mrc_emu.experiments.scenario import ScenarioError
-from mrc_emu.fabric import fault_ops, impair, red, registry
+from mrc_emu.experiments.scenarios import scenario
+from mrc_emu.experiments.scenarios.scenario import ScenarioError
+from mrc_emu.fabric import registry
+from mrc_emu.fabric.datapath import impair, red
+from mrc_emu.fabric.faults import fault_ops
 from mrc_emu.fabric.nodes import FabricSetupError
 from mrc_emu.fabric.running import Fabric
 from mrc_emu.topology import TopologyError, builtin, from_dict

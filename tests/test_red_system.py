@@ -14,9 +14,11 @@ import sys
 import pytest
 from conftest import fabric_limited
 
-from mrc_emu.experiments.transfer import run_transfers
-from mrc_emu.experiments.transports import Transport
-from mrc_emu.fabric import build, ecn_decap, netns, ports, red, registry
+from mrc_emu.experiments.runtime.transfer import run_transfers
+from mrc_emu.experiments.scenarios.transports import Transport
+from mrc_emu.fabric import build, registry
+from mrc_emu.fabric.datapath import ecn_decap, ports, red
+from mrc_emu.fabric.kernel import netns
 from mrc_emu.fabric.running import Fabric
 from mrc_emu.topology import builtin, from_dict
 from mrc_emu.topology.port import with_model

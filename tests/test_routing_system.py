@@ -10,8 +10,9 @@ import sys
 import pytest
 from pyroute2 import IPRoute
 
-from mrc_emu.experiments.transfer import send
-from mrc_emu.fabric import build, links, netns, registry, routing, static_routes
+from mrc_emu.experiments.runtime.transfer import send
+from mrc_emu.fabric import build, links, registry, routing, static_routes
+from mrc_emu.fabric.kernel import netns
 from mrc_emu.fabric.running import Fabric
 from mrc_emu.topology import Role, Topology, builtin
 from mrc_emu.topology import addressing as ad
@@ -128,7 +129,7 @@ def test_link_up_restores_static_routes(fabric_name):
 def test_scenario_baseline_over_static_routes_through_a_link_fault(tmp_path):
     """`routing: static` in a scenario: no FRR, the baseline runs, the fault is reverted, and the
     results say that nothing but the revert repaired it."""
-    from mrc_emu.experiments import runner, scenario
+    from mrc_emu.experiments.scenarios import runner, scenario
 
     path = tmp_path / "static.yaml"
     path.write_text("""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mrc_emu.experiments.transfer import TransferSpec, default_workers, run_transfers
+from mrc_emu.experiments.runtime.transfer import TransferSpec, default_workers, run_transfers
 from mrc_emu.fabric import build
 from mrc_emu.fabric.running import Fabric
 from mrc_emu.topology import builtin

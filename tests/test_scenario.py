@@ -5,8 +5,10 @@ import json
 import jsonschema
 import pytest
 
-from mrc_emu.experiments import report, scenario
-from mrc_emu.experiments.scenario import ScenarioError
+from mrc_emu.experiments.analysis import report
+from mrc_emu.experiments.scenarios import scenario
+from mrc_emu.experiments.scenarios.scenario import ScenarioError
+from mrc_emu.experiments.scenarios.schema import RESULTS_SCHEMA
 
 
 def test_every_shipped_scenario_loads():
@@ -89,13 +91,13 @@ def test_report_files_and_schema(tmp_path):
     results = _fake_results()
     files = report.write(results, tmp_path)
     written = json.loads((tmp_path / "results.json").read_text())
-    jsonschema.validate(written, report.RESULTS_SCHEMA)
+    jsonschema.validate(written, RESULTS_SCHEMA)
     assert set(files) >= {"results", "report", "goodput", "recovery", "spray_share"}
     assert (tmp_path / "goodput.png").stat().st_size > 10_000
     assert "![goodput](goodput.png)" in (tmp_path / "report.md").read_text()
     broken = dict(written, runs={"mrc": dict(written["runs"]["mrc"], recovery_ms="fast")})
     with pytest.raises(jsonschema.ValidationError):
-        jsonschema.validate(broken, report.RESULTS_SCHEMA)
+        jsonschema.validate(broken, RESULTS_SCHEMA)
 
 
 def test_headline_compares_like_with_like():

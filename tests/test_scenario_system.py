@@ -11,9 +11,13 @@ import jsonschema
 import pcap_reader
 import pytest
 
-from mrc_emu.experiments import report, runner, scenario
-from mrc_emu.experiments.faults import FAULT_KINDS
-from mrc_emu.fabric import impair, netns, registry, routing
+from mrc_emu.experiments.analysis import report
+from mrc_emu.experiments.scenarios import runner, scenario
+from mrc_emu.experiments.scenarios.faults import FAULT_KINDS
+from mrc_emu.experiments.scenarios.schema import RESULTS_SCHEMA
+from mrc_emu.fabric import registry, routing
+from mrc_emu.fabric.datapath import impair
+from mrc_emu.fabric.kernel import netns
 
 pytestmark = pytest.mark.system
 CLI = [sys.executable, "-m", "mrc_emu.cli"]
@@ -43,7 +47,7 @@ def test_demo_runs_both_transports_through_the_fault(demo):
     It exits 0 when both transfers are verified, whatever the pcaps (the next test)."""
     done, out, results = demo
     assert done.returncode == 0, done.stderr[-2000:]
-    jsonschema.validate(results, report.RESULTS_SCHEMA)
+    jsonschema.validate(results, RESULTS_SCHEMA)
     mrc, base = results["runs"]["mrc"], results["runs"]["baseline"]
     for run in (mrc, base):
         assert run["verified"] and run["transfers"][0]["sha256_placed"] == run["transfers"][0]["sha256_source"]
@@ -134,7 +138,7 @@ faults:
     scn = scenario.load(path)
     results = runner.run(scn, tmp_path / "out")
     report.write(results, tmp_path / "out")
-    jsonschema.validate(json.loads((tmp_path / "out" / "results.json").read_text()), report.RESULTS_SCHEMA)
+    jsonschema.validate(json.loads((tmp_path / "out" / "results.json").read_text()), RESULTS_SCHEMA)
     run = results["runs"]["mrc"]
     assert run["verified"], [t["error"] for t in run["transfers"]]
     assert len(run["transfers"]) == 3  # two WRITEs and one competing flow

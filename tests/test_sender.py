@@ -95,7 +95,7 @@ def _spray_in_own_namespace(c_send: bool, c_loop: bool) -> dict:
 
     from mrc_emu.topology import builtin
     from mrc_emu.transport.config import QpConfig
-    from mrc_emu.transport.paths import qp_paths
+    from mrc_emu.transport.multipath.paths import qp_paths
     from mrc_emu.transport.requester import Requester
 
     def body(link_for) -> dict:

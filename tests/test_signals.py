@@ -18,11 +18,12 @@ from mrc_emu.io import port as port_module
 from mrc_emu.io.memory import MemoryNetwork
 from mrc_emu.io.sockets import SocketLink
 from mrc_emu.topology import builtin
-from mrc_emu.transport.cc import FixedWindow, make_cc
+from mrc_emu.transport.cc.fixed import FixedWindow
+from mrc_emu.transport.cc.registry import make_cc
 from mrc_emu.transport.config import QpConfig
-from mrc_emu.transport.ev import EvState
+from mrc_emu.transport.multipath.ev import EvState
+from mrc_emu.transport.multipath.paths import qp_paths
 from mrc_emu.transport.mux import HostMux
-from mrc_emu.transport.paths import qp_paths
 from mrc_emu.transport.requester import Requester
 from mrc_emu.transport.responder import Responder
 from mrc_emu.wire import format as fmt

@@ -4,7 +4,7 @@ import pytest
 from click.testing import CliRunner
 
 from mrc_emu import cli
-from mrc_emu.experiments import scenario
+from mrc_emu.experiments.scenarios import scenario
 from mrc_emu.fabric import static_routes
 from mrc_emu.topology import Role, builtin, ev_count, evs_between
 from mrc_emu.topology import addressing as ad

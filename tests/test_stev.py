@@ -13,14 +13,14 @@ import pytest
 from scapy.compat import raw
 from scapy.utils import PcapWriter
 
-from mrc_emu.experiments.stev import ideal_coverage
+from mrc_emu.experiments.runtime.stev import ideal_coverage
 from mrc_emu.fabric import config
 from mrc_emu.io.memory import MemoryNetwork
 from mrc_emu.topology import TopologyError, builtin
 from mrc_emu.topology import addressing as ad
 from mrc_emu.topology.evs import EvFormat, default_stev, stev_flow_label, stev_sport, udp_sport
 from mrc_emu.transport.config import QpConfig
-from mrc_emu.transport.paths import port_gateway, qp_paths
+from mrc_emu.transport.multipath.paths import port_gateway, qp_paths
 from mrc_emu.transport.requester import Requester
 from mrc_emu.transport.responder import Responder
 from mrc_emu.wire import encoder, headers, layers

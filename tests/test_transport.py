@@ -21,8 +21,8 @@ from mrc_emu.transport import requester as requester_module
 from mrc_emu.transport import responder as responder_module
 from mrc_emu.transport import sent as sent_module
 from mrc_emu.transport.config import QpConfig, psn_abs
-from mrc_emu.transport.ev import EvState
-from mrc_emu.transport.paths import qp_paths
+from mrc_emu.transport.multipath.ev import EvState
+from mrc_emu.transport.multipath.paths import qp_paths
 from mrc_emu.transport.requester import Requester
 from mrc_emu.transport.responder import Responder
 from mrc_emu.wire import format as fmt
@@ -502,7 +502,7 @@ def test_every_ev_format_and_topology_transfers(topo_name, ev_format):
 
 
 def test_recovery_metric_on_synthetic_timelines():
-    from mrc_emu.experiments import metrics
+    from mrc_emu.experiments.analysis import metrics
 
     ms = 1_000_000
     rate = 1000  # bytes per ms

@@ -11,8 +11,9 @@ import time
 import pytest
 from conftest import wait_for
 
-from mrc_emu.experiments.transfer import Control, TransferSpec, run_transfers, send
-from mrc_emu.fabric import faults, links
+from mrc_emu.experiments.runtime.transfer import Control, TransferSpec, run_transfers, send
+from mrc_emu.fabric import links
+from mrc_emu.fabric.faults import nft
 from mrc_emu.topology import evs_between
 from mrc_emu.topology.evs import EvFormat
 from mrc_emu.transport.config import QpConfig
@@ -83,13 +84,13 @@ def test_link_down_mid_transfer_recovers_and_probes_revive(default_fabric, how):
 
 def test_five_percent_loss_on_one_plane(default_fabric, at_a_dilation_that_keeps_up):
     fabric, topo = default_fabric, default_fabric.topology
-    for spine in faults.plane_nodes(topo, 0):
-        faults.loss(fabric, spine, 5.0)
+    for spine in nft.plane_nodes(topo, 0):
+        nft.loss(fabric, spine, 5.0)
     # the share moves only where the EVs' windows limit the sender: under the first time dilation at
     # which the sender was not on a CPU all the time (1 here; a VM under TCG needs more)
     result, k = at_a_dilation_that_keeps_up(lambda k: send(fabric, "h0", "h2", 64 * MiB, dilation=k), (1, 4, 16, 64))
-    for spine in faults.plane_nodes(topo, 0):
-        faults.clear(fabric, spine)
+    for spine in nft.plane_nodes(topo, 0):
+        nft.clear(fabric, spine)
     assert result.verified, result.error
     assert result.requester["stats"]["retransmits"] > 0
     share = {p: sum(e["share"] for e in result.per_ev if e["plane"] == p) for p in (0, 1)}
@@ -101,14 +102,14 @@ def test_each_qp_recovers_in_its_own_mode(default_fabric):
     """Two WRITEs into one host at once, go-back-N and MRC's selective repeat, over a lossy spine:
     each QP's responder keeps its own mode (it used to take the first transfer's for all)."""
     fabric = default_fabric
-    faults.loss(fabric, "p0s0", 2.0)  # on EV 0 of h1 -> h2, and on one EV in eight of h0 -> h2
+    nft.loss(fabric, "p0s0", 2.0)  # on EV 0 of h1 -> h2, and on one EV in eight of h0 -> h2
     go_back_n = TransferSpec("h1", "h2", 8 * MiB, [0], EvFormat.SRV6,
                              QpConfig(recovery="go-back-n", path_avoidance=False), label="go-back-n")
     selective = TransferSpec("h0", "h2", 16 * MiB, label="selective")
     try:
         results = {r.label: r for r in run_transfers(fabric, [go_back_n, selective])}
     finally:
-        faults.clear(fabric, "p0s0")
+        nft.clear(fabric, "p0s0")
     assert all(r.verified for r in results.values()), {k: r.error for k, r in results.items()}
     assert results["go-back-n"].requester["stats"]["retransmits"] > 0
     assert results["selective"].requester["stats"]["retransmits"] > 0
@@ -119,9 +120,9 @@ def test_each_qp_recovers_in_its_own_mode(default_fabric):
 
 def test_every_path_dead_fails_clearly_without_leftovers(default_fabric):
     fabric, topo = default_fabric, default_fabric.topology
-    spines = faults.plane_nodes(topo, 0) + faults.plane_nodes(topo, 1)
+    spines = nft.plane_nodes(topo, 0) + nft.plane_nodes(topo, 1)
     for spine in spines:
-        faults.loss(fabric, spine, 100.0)  # blackholes: links up, every packet dropped
+        nft.loss(fabric, spine, 100.0)  # blackholes: links up, every packet dropped
     done = subprocess.run(CLI + ["send", "h0", "h2", "-n", fabric.name, "--size", "1MiB", "--ack-timeout-exp", "12",
                                  "--retry-exp", "2", "--json"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 1, done.stderr
@@ -131,7 +132,7 @@ def test_every_path_dead_fails_clearly_without_leftovers(default_fabric):
     assert fabric.state().processes == {}  # the responder was stopped and recorded as ended
     # host links down too: sends fail at the source; same clear error
     for spine in spines:
-        faults.clear(fabric, spine)
+        nft.clear(fabric, spine)
     links.set_state(fabric, "h0", "p0l0", False)
     links.set_state(fabric, "h0", "p1l0", False)
     result = send(fabric, "h0", "h2", 100_000, config=QpConfig(ack_timeout_exp=10, retry_exp=1))

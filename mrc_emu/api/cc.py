@@ -5,7 +5,7 @@ sets it up with the same INIT -> OFFLINE -> ONLINE -> OFFLINE -> INIT lifecycle:
 reach OFFLINE (a string the device lists, e.g. "uet-1.0-nscc"; the header's NULL, here
 `CC_DISABLED`, turns CC off), CONFIG to reach ONLINE, and CONFIG changed while ONLINE only with
 CC_PROFILE_MODIFY_ONLINE. The config is validated by field name and type against the header's
-`mrc_ctl_cc_nscc_cfg`; mapping it onto the transport's NSCC (transport.nscc.NsccParams, whose
+`mrc_ctl_cc_nscc_cfg`; mapping it onto the transport's NSCC (transport.cc.nscc.NsccParams, whose
 fields are the same names) is the experiments layer's job, because this package imports only
 the topology model. It must never touch the system or import the transport.
 """

@@ -17,7 +17,7 @@ caller re-reads with QUERY_EV_ARRAY. The failing entry itself changes nothing.
 `device_set_state` is the device's own path (the transport marking an EV ASSUMED_BAD or GOOD):
 it never leaves GOOD EVs fewer than ev_min_active and never touches a DENIED EV. Every state
 written bumps the profile's `state_version` and records who wrote it (`state_setters`: controller
-or device), which is how the QPs bound to the profile (transport/evshare.py) learn of a change
+or device), which is how the QPs bound to the profile (transport/multipath/evshare.py) learn of a change
 without looking at every EV. It must never touch the system.
 """
 

@@ -7,6 +7,9 @@ error into one clear line and exit code 1. One module per group of commands: fab
 transfer.py (`send`), scenario.py (`run`, `demo`), plan.py (the capacity planner),
 ev.py (`ev expand`: the EVs of an OCP EV profile);
 common.py holds what they share.
+
+What it must never do: hold logic a test cannot call without the command line (a command turns
+arguments into calls of the layers below, and what they return into text), or be imported by them.
 """
 
 from __future__ import annotations

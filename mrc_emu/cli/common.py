@@ -21,12 +21,12 @@ JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="Machine-read
 
 
 def _known_errors() -> tuple[type[BaseException], ...]:
-    from ..experiments.transfer import TransferError
-    from ..fabric.netlink import NetlinkError
+    from ..experiments.runtime.errors import TransferError
+    from ..fabric.kernel.netlink import NetlinkError
+    from ..fabric.kernel.waiting import WaitTimeout
     from ..fabric.nodes import FabricSetupError
     from ..fabric.procs import ChildError
     from ..fabric.registry import RegistryError
-    from ..fabric.waiting import WaitTimeout
 
     return (TopologyError, FabricSetupError, RegistryError, NetlinkError, TransferError, ChildError, WaitTimeout,
             ValueError, PermissionError)

@@ -4,7 +4,7 @@ Why it exists: a user writing an OCP-style EV profile wants to see the EVs it yi
 QP uses them: `ev expand` reads a profile file (mrc_emu.api.files) and prints each EV's compact
 value and its 32 expanded bytes (and, for SRV6, the addresses they mean), no fabric, no root.
 On a running fabric, `ev list|deny|allow`, `ev events` and `port disable|enable` drive the
-fabric's controller record (experiments/controller.py): a deny or a disabled port holds for
+fabric's controller record (experiments/runtime/controller.py): a deny or a disabled port holds for
 every transfer started later and reaches running ones at once. Every error is one line, exit 1.
 """
 
@@ -62,7 +62,7 @@ def _selector_options(command):
 
 
 def _selector(spine, node, plane, link, one_ev):
-    from ..experiments.controller import Selector
+    from ..experiments.runtime.controller import Selector
 
     given = [x for x in (spine, node, plane, link, one_ev) if x is not None]
     if len(given) != 1:
@@ -77,7 +77,7 @@ def _selector(spine, node, plane, link, one_ev):
 
 
 def _record(name: str):
-    from ..experiments.controller import ControlRecord
+    from ..experiments.runtime.controller import ControlRecord
     from ..fabric.running import Fabric
 
     fabric = Fabric.open(name)

@@ -175,7 +175,7 @@ def paths(src: str, dst: str, name: str, as_json: bool) -> None:
 @friendly
 def probe(src: str, dst: str, ev_index: int | None, all_evs: bool, timeout: float, name: str, as_json: bool) -> None:
     """EV probes: send along exactly each EV and back; report reachable and rtt_ns."""
-    from ..experiments.probes import probe_evs
+    from ..experiments.runtime.probes import probe_evs
 
     if ev_index is not None and all_evs:
         raise click.UsageError("give --ev K or --all, not both")
@@ -202,7 +202,7 @@ def _link_command(up_: bool):
     @JSON_OPTION
     @friendly
     def command(a: str, b: str, plane: int | None, name: str, as_json: bool) -> None:
-        from ..fabric import fault_ops
+        from ..fabric.faults import fault_ops
 
         with _open(name) as fabric:  # through the fault record: `fault list` shows a link down
             ids = (fault_ops.link_up if up_ else fault_ops.link_down)(fabric, a, b, plane)
@@ -228,7 +228,7 @@ link.command(name="up")(_link_command(True))
 @friendly
 def flap(a: str, b: str, period: float, count: int, plane: int | None, name: str, as_json: bool) -> None:
     """Take the link down and up COUNT times, half a PERIOD each."""
-    from ..fabric import fault_ops
+    from ..fabric.faults import fault_ops
 
     if period <= 0 or count < 1:
         raise click.UsageError("--period must be above 0 and --count at least 1")
@@ -282,7 +282,7 @@ def stats(node: str | None, reset: bool, name: str, as_json: bool) -> None:
     """Per-port counters of the switch egress ports (of NODE only, if given): packets and bytes
     passed, CE marked, trimmed, dropped, the largest queue and the queue arrivals found (p50/p99),
     since `up` or the last --reset. Needs a topology with a link_rate (no rate: no queue to model)."""
-    from ..fabric import ports
+    from ..fabric.datapath import ports
 
     with _open(name) as fabric:
         data = ports.counters(fabric, node)
@@ -311,7 +311,7 @@ def stats(node: str | None, reset: bool, name: str, as_json: bool) -> None:
 @friendly
 def check(topology: str | None, max_pairs: int | None, name: str, as_json: bool) -> None:
     """Bring a fabric up, probe every EV between every pair of hosts, take it down."""
-    from ..experiments.fabric_check import check as run_check
+    from ..experiments.runtime.fabric_check import check as run_check
 
     topo = resolve(topology)
     result = run_check(topo, name, None if as_json else progress, max_pairs)
@@ -346,7 +346,7 @@ def stev_coverage(src: str, dst: str, count: int, frames: int, name: str, as_jso
     Needs plain IPv6 routes (mrc-emu up --routing static). Exit 1 unless every value's frames arrived
     through exactly one spine.
     """
-    from ..experiments.stev import coverage
+    from ..experiments.runtime.stev import coverage
 
     with _open(name) as fabric:
         result = coverage(fabric, src, dst, count, frames=frames)

@@ -3,8 +3,8 @@
 Why it exists: the scenarios' faults (degrade, delay, blackhole, loss, one way or both) are
 also what a user wants to try by hand on a fabric left up: `fault degrade p0l0 p0s1 --rate
 0.25`, then `probe`, `send`, `stats`, then `fault list` and `fault clear`. Each command opens
-the fabric once and hands it to fabric/fault_ops.py, which records every fault before it acts
-(fabric/fault_record.py), so `list` shows every fault in force, whoever made it.
+the fabric once and hands it to fabric/faults/fault_ops.py, which records every fault before it acts
+(fabric/faults/fault_record.py), so `list` shows every fault in force, whoever made it.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def _open(name: str):
 
 
 def _direction(a: str, b: str, text: str | None, one_way: bool) -> tuple[str, str] | None:
-    from ..experiments.faults import parse_direction
+    from ..experiments.scenarios.faults import parse_direction
 
     if one_way:
         if text is not None:
@@ -64,7 +64,7 @@ def fault() -> None:
 def degrade(a: str, b: str, rate: float, direction: str | None, one_way: bool, name: str, as_json: bool) -> None:
     """Run the link between A and B at a fraction of its rate (a gray failure). Needs a topology
     with a link_rate: an unshaped link has no rate to take a fraction of."""
-    from ..fabric import fault_ops
+    from ..fabric.faults import fault_ops
 
     way = _direction(a, b, direction, one_way)  # a usage error before the fabric is opened
     with _open(name) as fabric:
@@ -82,7 +82,7 @@ def degrade(a: str, b: str, rate: float, direction: str | None, one_way: bool, n
 @friendly
 def delay(a: str, b: str, ms: float, direction: str | None, one_way: bool, name: str, as_json: bool) -> None:
     """Delay every packet over the link between A and B (netem: needs the kernel's sch_netem)."""
-    from ..fabric import fault_ops
+    from ..fabric.faults import fault_ops
 
     way = _direction(a, b, direction, one_way)  # a usage error before the fabric is opened
     with _open(name) as fabric:
@@ -99,7 +99,7 @@ def delay(a: str, b: str, ms: float, direction: str | None, one_way: bool, name:
 @friendly
 def blackhole(a: str, b: str, direction: str | None, one_way: bool, name: str, as_json: bool) -> None:
     """Drop everything over the link between A and B; the link stays up."""
-    from ..fabric import fault_ops
+    from ..fabric.faults import fault_ops
 
     way = _direction(a, b, direction, one_way)  # a usage error before the fabric is opened
     with _open(name) as fabric:
@@ -121,7 +121,7 @@ def blackhole(a: str, b: str, direction: str | None, one_way: bool, name: str, a
 def loss(a: str, b: str, percent: float, mechanism: str, direction: str | None, one_way: bool, name: str,
          as_json: bool) -> None:
     """Drop a share of the packets over the link between A and B at random."""
-    from ..fabric import fault_ops
+    from ..fabric.faults import fault_ops
 
     way = _direction(a, b, direction, one_way)  # a usage error before the fabric is opened
     with _open(name) as fabric:
@@ -135,7 +135,7 @@ def loss(a: str, b: str, percent: float, mechanism: str, direction: str | None, 
 @friendly
 def list_(name: str, as_json: bool) -> None:
     """Every fault in force: kind, target, parameters, since when, by whom."""
-    from ..fabric.fault_record import FaultRecord
+    from ..fabric.faults.fault_record import FaultRecord
 
     with _open(name) as fabric:
         entries = FaultRecord(fabric).active()
@@ -156,7 +156,7 @@ def list_(name: str, as_json: bool) -> None:
 @friendly
 def clear(what: tuple[str, ...], name: str, as_json: bool) -> None:
     """Undo faults: `clear all` (or no argument) every one, `clear A B` those on the link between A and B."""
-    from ..fabric import fault_ops
+    from ..fabric.faults import fault_ops
 
     if what not in ((), ("all",)) and len(what) != 2:
         raise click.UsageError("give `all` or the two nodes of a link: mrc-emu fault clear p0l0 p0s1")

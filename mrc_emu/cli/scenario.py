@@ -1,6 +1,6 @@
 """`mrc-emu run` and `mrc-emu demo`: a scenario from fabric up to report, with progress bars.
 
-Why it exists: both commands run a whole scenario (experiments.runner) and print the same
+Why it exists: both commands run a whole scenario (experiments.scenarios.runner) and print the same
 summary; their help lists the fault kinds and transports a scenario file may name, taken
 from the one list of each (read only when the help is shown: the CLI starts fast).
 """
@@ -20,9 +20,9 @@ class _ScenarioCommand(click.Command):
     """A command whose help ends with the fault kinds and transports of scenario files."""
 
     def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        from ..experiments.faults import FAULT_KINDS
-        from ..experiments.scenario import SCENARIO_DIR
-        from ..experiments.transports import Transport
+        from ..experiments.scenarios.faults import FAULT_KINDS
+        from ..experiments.scenarios.scenario import SCENARIO_DIR
+        from ..experiments.scenarios.transports import Transport
 
         formatter.write_paragraph()
         formatter.write_text(f"Shipped scenarios: {', '.join(sorted(p.stem for p in SCENARIO_DIR.glob('*.yaml')))}. "
@@ -34,7 +34,8 @@ class _ScenarioCommand(click.Command):
 def _run_scenario(spec: str, out: str | None, pcap: bool, as_json: bool) -> dict:
     from pathlib import Path
 
-    from ..experiments import report, runner, scenario
+    from ..experiments.analysis import report
+    from ..experiments.scenarios import runner, scenario
     from ..fabric.nodes import check_prerequisites
 
     scn = scenario.load(spec)
@@ -70,7 +71,7 @@ def _run_scenario(spec: str, out: str | None, pcap: bool, as_json: bool) -> dict
 
 
 def _scenario_text(results: dict) -> str:
-    from ..experiments import report
+    from ..experiments.analysis import report
 
     lines = [f"scenario {results['scenario']['name']}: {', '.join(results['scenario']['faults']) or 'no faults'}", "",
              report.table(report.summary_rows(results))]

@@ -1,7 +1,7 @@
 """`mrc-emu send`: one RDMA WRITE on a running fabric, with its figures and its SHA-256 check.
 
 Why it exists: the transfer command has the most options and the longest report of all;
-it turns them into one `experiments.transfer.send` call and its result into text or JSON.
+it turns them into one `experiments.runtime.transfer.send` call and its result into text or JSON.
 """
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import sys
 
 import click
 
-from ..experiments.emulation import Report
+from ..experiments.analysis.emulation import Report
 from ..fabric.limits import available_memory
 from ..topology import evs_between
-from ..transport.cc import profile_names
+from ..transport.cc.registry import profile_names
 from .common import JSON_OPTION, NAME_OPTION, Size, emit, fail, friendly
 
 
@@ -136,8 +136,8 @@ def send(src: str, dst: str, size: int, evs: str | None, ev_profile: str | None,
     Exit code 1 if the transfer fails or the placed bytes differ from the source.
     """
     from ..api.files import load as load_profile
-    from ..experiments.transfer import TransferError
-    from ..experiments.transfer import send as run_send
+    from ..experiments.runtime.errors import TransferError
+    from ..experiments.runtime.transfer import send as run_send
     from ..fabric import routing, static_routes
     from ..fabric.running import Fabric
     from ..topology.evs import EvFormat

@@ -17,7 +17,9 @@ from pyroute2 import IPRoute
 
 from ..topology import Topology
 from ..topology.port import TBF_LATENCY_US, tbf_limit, tbf_shape
-from . import cabling, config, limits, links, namespaces, netns, ports, red, registry
+from . import cabling, config, limits, links, registry
+from .datapath import ports, red
+from .kernel import namespaces, netns
 from .nodes import check_prerequisites
 from .running import Fabric
 
@@ -79,7 +81,7 @@ def up(topo: Topology, name: str = "mrc", progress: Progress | None = None) -> U
             mark = time.monotonic()
             progress(f"port programs on {len(topo.egress_ports())} egress ports")
             ports.attach(fabric)
-            if topo.ports.model == "red":  # the kernel's RED marks under each data class (fabric/red.py)
+            if topo.ports.model == "red":  # the kernel's RED marks under each data class (fabric/datapath/red.py)
                 count = red.attach(fabric)
                 progress(f"RED with ECN on {count} egress ports")
             phases["ports"] = time.monotonic() - mark

@@ -26,9 +26,9 @@ import socket
 
 from ..topology import Link, Topology
 from ..topology.addressing import link_mac
-from . import netns
 from .config import SID_ANCHOR, SID_ANCHOR_PEER
-from .netlink import NETLINK_CAP_ACK, SOL_NETLINK, Batch
+from .kernel import netns
+from .kernel.netlink import NETLINK_CAP_ACK, SOL_NETLINK, Batch
 
 ANCHOR_INDEX = 2  # sid0; its peer sid1 is 3
 LINK_INDEX_BASE = 16  # link K: its a end is 16 + 2K, its b end 17 + 2K

@@ -23,8 +23,8 @@ from pathlib import Path
 
 from ..topology import Role, Topology
 from ..topology import addressing as ad
-from . import netns
-from .netlink import Batch, Seg6Local
+from .kernel import netns
+from .kernel.netlink import Batch, Seg6Local
 
 NEXT_CSID = (ad.USID_BLOCK_BITS, ad.USID_BITS)
 # The End SID hangs off a veth pair kept inside the node. Not lo: the kernel's End looks the

@@ -17,11 +17,12 @@ import time
 from collections.abc import Callable, Sequence
 
 from ..topology.model import Link
-from . import config, netlink, netns, static_routes
-from .netlink import Batch
+from . import config, static_routes
+from .kernel import netlink, netns
+from .kernel.netlink import Batch
+from .kernel.waiting import WaitTimeout, pause_until, until
 from .nodes import FabricSetupError
 from .running import Fabric
-from .waiting import WaitTimeout, pause_until, until
 
 
 def between(fabric: Fabric, a: str, b: str, plane: int | None = None) -> list[Link]:

@@ -21,11 +21,11 @@ from typing import Any
 from pyroute2 import IPRoute
 
 from ..topology import ev_count
-from . import netns
+from .kernel import netns
+from .kernel.waiting import WaitTimeout, until
 from .limits import available_memory
 from .nodes import FabricSetupError
 from .running import Fabric
-from .waiting import WaitTimeout, until
 
 
 def status(fabric: Fabric) -> dict[str, Any]:

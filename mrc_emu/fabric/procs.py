@@ -25,8 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from .kernel.waiting import WaitTimeout, until
 from .running import Fabric
-from .waiting import WaitTimeout, until
 
 PR_SET_PDEATHSIG = 1
 M = TypeVar("M")

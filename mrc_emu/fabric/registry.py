@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import bpfobj, netns
-from .waiting import WaitTimeout, until
+from .kernel import bpfobj, netns
+from .kernel.waiting import WaitTimeout, until
 
 STATE_DIR = Path(os.environ.get("MRC_EMU_STATE_DIR", "/run/mrc-emu"))
 _NAME_RE = re.compile(r"^[a-z][a-z0-9]{0,7}$")
@@ -49,7 +49,7 @@ class FabricRecord:
     processes: dict[int, dict[str, Any]] = field(default_factory=dict)  # live ones only
     down_links: set[int] = field(default_factory=set)
     directories: list[str] = field(default_factory=list)
-    bpf_pins: list[str] = field(default_factory=list)  # directories of pinned BPF objects (fabric/ports.py)
+    bpf_pins: list[str] = field(default_factory=list)  # directories of pinned BPF objects (fabric/datapath/ports.py)
     ready: bool = False
     owner_pid: int | None = None
     routing: str = "none"  # "static" once static_routes.py installed BGP's converged routes

@@ -24,10 +24,11 @@ from pyroute2 import IPRoute
 
 from ..topology import Role, Topology
 from ..topology import addressing as ad
-from . import netns, registry
+from . import registry
+from .kernel import netns
+from .kernel.waiting import WaitTimeout, until
 from .nodes import FabricSetupError
 from .running import Fabric
-from .waiting import WaitTimeout, until
 
 FRR_DIR = Path("/usr/lib/frr")
 DAEMONS = ("zebra", "bfdd", "bgpd")

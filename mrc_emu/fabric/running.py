@@ -13,7 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..topology import Topology, from_dict
-from . import netns, registry
+from . import registry
+from .kernel import netns
 from .nodes import FabricSetupError
 
 

@@ -33,8 +33,9 @@ import time
 
 from ..topology import Role, Topology
 from ..topology import addressing as ad
-from . import config, netns
-from .netlink import Batch
+from . import config
+from .kernel import netns
+from .kernel.netlink import Batch
 from .running import Fabric
 
 MODE = "static"

@@ -13,6 +13,8 @@ import mmap
 import struct
 import time
 
+from ..stats import histogram_percentile
+
 _INT64 = struct.Struct("q")
 FOREVER = 1 << 62
 
@@ -127,15 +129,8 @@ class LagMeter:
 
     def percentile_us(self, p: float) -> float:
         """An upper bound of the p-th percentile: its bucket's upper edge (within 25 %), at most the max."""
-        if not self.n:
-            return 0.0
-        rank = p / 100 * self.n
-        seen = 0
-        for bucket, count in enumerate(self.counts):
-            seen += count
-            if seen >= rank:
-                return float(min(self._upper_us(bucket), self.max_ns // 1000))
-        return self.max_ns / 1000
+        bucket = histogram_percentile(self.counts, p)
+        return 0.0 if bucket is None else float(min(self._upper_us(bucket), self.max_ns // 1000))
 
     def to_dict(self) -> dict:
         return {"counts": self.counts, "max_ns": self.max_ns, "n": self.n}

@@ -19,7 +19,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..transport.paths import Endpoint, Path
+from ..transport.multipath.paths import Endpoint, Path
 from ..wire import format as fmt
 from ..wire.decoder import open_frame
 from ..wire.format import DropReason

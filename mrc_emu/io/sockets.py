@@ -18,7 +18,7 @@ import socket
 import sys
 from collections.abc import Callable
 
-from ..transport.paths import Endpoint, Path
+from ..transport.multipath.paths import Endpoint, Path
 
 try:  # sendto per frame from C (optional; see _sockio.c)
     from . import _sockio

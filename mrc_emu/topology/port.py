@@ -36,7 +36,7 @@ BDP_FLOOR_MTUS = 2  # a plane BDP below two packets would trim and mark every pa
 HIST_BUCKETS = 64  # port.bpf.c HIST_BUCKETS
 _BDP_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*bdp\s*$", re.IGNORECASE)
 _PORT_KEYS = {"buffer", "ecn", "trim", "hosts", "links", "model", "red"}
-QUEUE_MODELS = ("bpf", "red")  # who marks: the port program's virtual queue, or the kernel's RED qdisc (fabric/red.py)
+QUEUE_MODELS = ("bpf", "red")  # who marks: the port program's virtual queue, or the kernel's RED qdisc (fabric/datapath/red.py)
 RED_AVPKT = 4250  # bytes: a data packet of 4 KiB payload with its headers (Ethernet, IPv6, SRH, IPv6, UDP, BTH, RETH)
 _OVERRIDE_KEYS = {"link", "from", "buffer", "ecn", "trim"}
 

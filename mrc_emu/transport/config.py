@@ -49,7 +49,7 @@ class QpConfig:
     trimmable: bool = True  # data packets as DSCP_TRIMMABLE; False: DSCP_NO_TRIM (RoCEv2 RC: a switch drops, never trims)
     cnp: bool = False  # DCQCN's notification point: the responder answers CE marks with CNPs ...
     cnp_interval_ns: int = 50_000  # ... at most one per this long per QP
-    # for the CC profile (cc.make_cc), in the transport's (emulated) time: under time dilation K the
+    # for the CC profile (cc.registry.make_cc), in the transport's (emulated) time: under time dilation K the
     # topology's rate, not the rate / K the links are shaped to; None: unknown (an unshaped fabric)
     link_rate_bps: float | None = None  # the slower end's link rate (NSCC's BDP, DCQCN's line rate)
     base_rtt_ns: int | None = None  # the fabric's unloaded RTT over its longest path (NSCC's config_base_rtt)

@@ -20,7 +20,7 @@ QPs (transport/mux.py routes datagrams for that QPN here):
 the in-QP probes that revive ASSUMED_BAD EVs, transport/probing.py) hold one. Sans-IO: the
 paths to a peer come from a callable the driver gives (`paths_to(peer)`: this host's forward
 paths towards that peer, EV indexes as between the two hosts; the reverse of the peer's EV i
-is this host's EV i, as transport/paths.py numbers them).
+is this host's EV i, as transport/multipath/paths.py numbers them).
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from typing import Any
 from ..wire import format as fmt
 from ..wire.decoder import decode_udp
 from ..wire.format import DropReason, PortStatusPacket, ProbePacket, ProbeResponsePacket
-from .paths import Path, Send
-from .portstatus import PortStatus
+from .multipath.paths import Path, Send
+from .multipath.portstatus import PortStatus
 
 MAX_WAITING = 1024  # probe requests held for an answer between two pumps (more: dropped, counted)
 UPDATE_RETRY_NS = 1_000_000  # a PORT_STATUS_UPDATE not acknowledged is sent again after this

@@ -4,7 +4,7 @@ Why it exists: "how long did the transfer stall after the fault, how soon did th
 when was everything the failed path held delivered" must come from the transport's own records,
 exactly, not from a goodput curve windowed over noise (issue 14). The requester keeps two small
 records, in its own clock, and the experiments layer reads them against the fault's time and
-the EVs through it (experiments/metrics.py `fault_figures`):
+the EVs through it (experiments/analysis/metrics.py `fault_figures`):
 
 - progress gaps: every interval longer than `GAP_NS` in which no new byte was acknowledged,
   cumulatively or selectively (the stall is the longest one after the fault);

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 from ..wire.format import ProbePacket, ProbeResponsePacket
 from .config import RandomBits
-from .ev import EvProfile, EvState
-from .paths import Path, Send
+from .multipath.ev import EvProfile, EvState
+from .multipath.paths import Path, Send
 
 PENDING_LIMIT = 1024  # probes awaited at most; older ones are forgotten beyond this
 STALE_INTERVALS = 100  # a probe this many intervals old will not come back

@@ -16,10 +16,10 @@ from collections.abc import Iterable
 from typing import Protocol
 
 from ..wire.format import AckPacket, Syndrome, TrimNackPacket
-from .cc import CongestionControl
+from .cc.base import CongestionControl
 from .config import PSN_MOD, QpConfig, RecoveryMode, psn_abs
-from .ev import EvProfile
 from .ledger import Ledger
+from .multipath.ev import EvProfile
 from .sent import PyPkt, SentPackets
 
 SAME_EV = "a later packet on the same EV arrived"  # loss rule 1: a path keeps order

@@ -2,7 +2,7 @@
 
 Why it exists: this is MRC's sender. It segments each WRITE at the path MTU into packets
 that each carry their own address (RETH), sprays them over the GOOD EVs of its EV profile
-(ev.py) within the congestion window (cc.py), reads ACKs and probes, and completes WRITEs
+(multipath/ev.py) within the congestion window (cc/), reads ACKs and probes, and completes WRITEs
 in posting order. What happened to each packet, and what to resend, is recovery.py's (a TRIM
 NACK too: the trimmed packet is resent at once, on another EV); EV probes are probing.py's;
 a CNP goes to the congestion control (DCQCN's reaction point). A sans-IO state machine: datagrams in (`on_datagram`), frames out
@@ -19,14 +19,16 @@ from dataclasses import dataclass
 
 from ..api.events import EvEventQueue
 from ..api.profiles import EvProfile as ApiEvProfile
+from ..stats import percentile
 from ..wire import format as fmt
 from ..wire.decoder import decode_udp
 from ..wire.encoder import payload_sums
 from ..wire.format import AckPacket, CnpPacket, DropReason, ProbeResponsePacket, Syndrome, TrimNackPacket
-from .cc import CongestionControl, make_cc
+from .cc.base import CongestionControl
+from .cc.registry import make_cc
 from .config import QpConfig, RandomBits
-from .ev import EvProfile
-from .paths import Path, Send
+from .multipath.ev import EvProfile
+from .multipath.paths import Path, Send
 from .probing import EvProber, ProbeBudget
 from .recovery import Recovery
 
@@ -58,18 +60,15 @@ def trim_repair(repairs: list[tuple[int, float, int]]) -> dict | None:
     of it; `before_rtt`: trims that came before any RTT sample. None: no trim."""
     if not repairs:
         return None
-
-    def rank(values: list[int], p: int) -> int:  # nearest rank of sorted values
-        return values[max(1, -(-len(values) * p // 100)) - 1]
-
-    times = sorted(t for t, _, _ in repairs)
-    nacks = sorted(n for _, _, n in repairs)
-    after = sorted(t - n for t, _, n in repairs)
+    times = [t for t, _, _ in repairs]
+    nacks = [n for _, _, n in repairs]
+    after = [t - n for t, _, n in repairs]
     known = [(t, rtt) for t, rtt, _ in repairs if rtt]
     within = sum(1 for t, rtt in known if t <= 2 * rtt)
-    return {"count": len(times), "p50_us": round(rank(times, 50) / 1e3, 1), "p99_us": round(rank(times, 99) / 1e3, 1),
-            "max_us": round(times[-1] / 1e3, 1), "nack_p50_us": round(rank(nacks, 50) / 1e3, 1),
-            "after_nack_p50_us": round(rank(after, 50) / 1e3, 1), "before_rtt": len(repairs) - len(known),
+    return {"count": len(times), "p50_us": round(percentile(times, 50) / 1e3, 1),
+            "p99_us": round(percentile(times, 99) / 1e3, 1), "max_us": round(max(times) / 1e3, 1),
+            "nack_p50_us": round(percentile(nacks, 50) / 1e3, 1),
+            "after_nack_p50_us": round(percentile(after, 50) / 1e3, 1), "before_rtt": len(repairs) - len(known),
             "within_2_rtt": round(within / len(known), 4) if known else None}
 
 

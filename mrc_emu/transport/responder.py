@@ -27,14 +27,15 @@ import functools
 from collections import Counter
 from collections.abc import Callable
 
+from ..stats import histogram_percentile
 from ..topology.evs import UDP_SPORT_BASE, ev_of_sport
 from ..wire import format as fmt
 from ..wire.decoder import decode_trimmed, decode_udp
 from ..wire.format import ROCE_UDP_PORT, AckPacket, CnpPacket, DataPacket, DropReason, ProbePacket, Syndrome, TrimNackPacket
 from .config import PSN_MOD, QpConfig, RandomBits, RecoveryMode, psn_abs
 from .endpoint import ProbeAnswers, packed_peer
-from .paths import Path, Send
-from .portstatus import PortStatus
+from .multipath.paths import Path, Send
+from .multipath.portstatus import PortStatus
 from .regions import ImmCompletion, MemoryRegion
 
 try:  # the C placement of the common data packet (optional; see _place.c)
@@ -411,17 +412,10 @@ class Responder:
         The histogram's bucket 0 is in order, bucket b holds 2^(b-1)..2^b - 1 (the last one all
         beyond); p50 and p99 are bucket upper edges (nearest rank), max is exact."""
         hist = [sum(qp.reorder[b] for qp in self.qps.values()) for b in range(REORDER_BUCKETS)]
-        total = sum(hist)
 
         def edge(p: int) -> int | None:
-            if not total:
-                return None
-            rank, seen = max(1, -(-total * p // 100)), 0
-            for b, n in enumerate(hist):
-                seen += n
-                if seen >= rank:
-                    return (1 << b) - 1
-            return None  # pragma: no cover - the ranks add up to total
+            bucket = histogram_percentile(hist, p)
+            return None if bucket is None else (1 << bucket) - 1
 
         return {"hist": hist, "p50": edge(50), "p99": edge(99),
-                "max": max((qp.reorder_max for qp in self.qps.values()), default=0), "packets": total}
+                "max": max((qp.reorder_max for qp in self.qps.values()), default=0), "packets": sum(hist)}

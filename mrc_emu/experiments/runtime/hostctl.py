@@ -1,0 +1,140 @@
+"""Each host's OCP controller inside its worker: the EV and CC profiles its QPs take by id, and the QPs' lifecycle.
+
+Why it exists: in the OCP model a QP does not own its paths or its congestion control: it takes an
+EV profile id and a CC profile id at RST -> INIT, the destination's attributes at -> RTR and the
+sender's at -> RTS (mrc.h), and the EV states live in the EV profile, shared by every QP bound to
+it. The worker (worker.py) sets QPs up through this module, so every transfer of a run goes
+through the api mirror (mrc_emu.api): one `Controller` per host; one EXP EV profile per (host,
+peer, EV list), so the QPs of a host towards one peer share what one of them learns; one CC
+profile per algorithm; a `Qp` walked RST -> INIT -> RTR -> RTS whose `transport_config()` gives
+the transport its timeout, retries and MPR (a QP the api refuses fails its transfer with the
+api's one-line reason). The host's EV event queue is the controller's (mask and drop count).
+
+An EV's value in the profile is what the wire carries for it: for SRV6 formats the outer
+destination (bytes 0-15), for STEV the 32-bit value, for UDP the source port; its port is the
+plane's (plane + 1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from ...api import CtlDeviceAttr, EvEventMask, EvField, EvFormatMode, EvOp, EvOpEntry, EvProfileMode, EvState, ProfileState, RetryCnt
+from ...api import cc as api_cc
+from ...api.controller import Controller, port_mask
+from ...api.qp import QPCONFIG_KEYS, QpState
+from ...transport.config import QpConfig
+from ...transport.multipath.paths import Path
+
+ALGORITHM = {"nscc": api_cc.NSCC, "dcqcn": api_cc.DCQCN, "fixed": api_cc.CC_DISABLED}  # the transport's CC names
+# the format's fields: SRV6 an outer destination and an SRH segment, STEV 32 bits, UDP a source port
+WIDTHS = {EvFormatMode.SRV6: [128, 128], EvFormatMode.STEV: [32], EvFormatMode.UDP: [16]}
+MAX_PROFILES = 1 << 14  # an emulated device holds a profile per peer of an all-to-all over `huge`
+
+
+def _value(path: Path) -> tuple[EvFormatMode, bytes]:
+    """The EV value a path's frames carry, and its format mode."""
+    outer = path.template.encap.outer_dst
+    if outer is not None:
+        return EvFormatMode.SRV6, outer + bytes(16)
+    label = path.template.flow_label
+    if label:
+        return EvFormatMode.STEV, ((label << 16) | path.template.ends.sport).to_bytes(4, "big")
+    return EvFormatMode.UDP, path.template.ends.sport.to_bytes(2, "big")
+
+
+class HostControl:
+    """The controller of one host and the profiles its QPs use."""
+
+    def __init__(self, host: str, planes: int) -> None:
+        attrs = CtlDeviceAttr(phy_port_mask=port_mask(planes), ev_max_profiles=MAX_PROFILES,
+                              ev_max_count=1 << 24, ev_free_count=1 << 24,
+                              algorithms=(api_cc.NSCC, api_cc.DCQCN))
+        self.ctl = Controller(host, planes, attrs=attrs, event_capacity=1024)
+        self.planes = planes
+        self._fmt: dict[EvFormatMode, int] = {}
+        self._ev: dict[tuple, int] = {}
+        self._slots: dict[int, tuple[str, dict[tuple[bytes, int], int]]] = {}  # EV profile id -> (peer, (value, port) -> slot)
+        self._cc: dict[str, int] = {}
+
+    def _format(self, mode: EvFormatMode) -> int:
+        if mode not in self._fmt:
+            fmt = self.ctl.create_ev_fmt_profile()
+            self.ctl.modify_ev_fmt_profile(fmt.profile_id, state=ProfileState.OFFLINE, mode=mode, fields=WIDTHS[mode])
+            self.ctl.modify_ev_fmt_profile(fmt.profile_id, state=ProfileState.ONLINE)
+            self._fmt[mode] = fmt.profile_id
+        return self._fmt[mode]
+
+    def ev_profile(self, peer: str, paths: dict[int, Path], ev_min_active: int) -> int:
+        """The id of the EXP profile holding these paths' EVs (slot i = EV i; slots the QP does not
+        use are DENIED), made on first use; QPs towards `peer` over the same EVs share it."""
+        count = max(paths) + 1
+        values = {ev: _value(path) for ev, path in paths.items()}
+        key = (peer, tuple(sorted((ev, values[ev][1], paths[ev].plane) for ev in paths)), ev_min_active)
+        if key in self._ev:
+            return self._ev[key]
+        (mode,) = {m for m, _ in values.values()} or {EvFormatMode.UDP}
+        fmt_id = self._format(mode)
+        profile = self.ctl.create_ev_profile()
+        pid = profile.profile_id
+        self.ctl.modify_ev_profile(pid, fmt_id=fmt_id, state=ProfileState.OFFLINE, mode=EvProfileMode.EXP,
+                                   ev_count=count, fields=[EvField(w) for w in WIDTHS[mode]])
+        unused = bytes([0xFF]) + bytes(len(next(iter(values.values()))[1]) - 1)  # a slot no path of this QP has
+        entries = []
+        for slot in range(count):
+            if slot in paths:
+                entries.append(EvOpEntry(ev_new=values[slot][1], port_new=(paths[slot].plane or 0) + 1, state=EvState.GOOD))
+            else:
+                entries.append(EvOpEntry(ev_new=unused[:-1] + bytes([slot & 0xFF]), port_new=1, state=EvState.DENIED))
+        self.ctl.ev_op(pid, EvOp.REPLACE_EV, entries)
+        self.ctl.modify_ev_profile(pid, state=ProfileState.ONLINE, ev_min_active=max(1, min(ev_min_active, len(paths))),
+                                   ev_event_mask=EvEventMask.GOOD | EvEventMask.ASSUMED_BAD)
+        self._ev[key] = pid
+        self._slots[pid] = (peer, {(e.ev_new, e.port_new): slot for slot, e in enumerate(entries) if slot in paths})
+        return pid
+
+    def cc_profile(self, cc: str) -> int:
+        if cc not in self._cc:
+            algorithm = ALGORITHM.get(cc)
+            if algorithm is None:
+                raise ValueError(f"CC {cc!r} has no CC profile algorithm (known: {', '.join(ALGORITHM)})")
+            profile = self.ctl.create_cc_profile()
+            self.ctl.modify_cc_profile(profile.profile_id, state=ProfileState.OFFLINE, algorithm=algorithm)
+            self.ctl.modify_cc_profile(profile.profile_id, state=ProfileState.ONLINE, config={})
+            self._cc[cc] = profile.profile_id
+        return self._cc[cc]
+
+    def requester_qp(self, peer: str, paths: dict[int, Path], config: QpConfig, cc: str, ev_min_active: int):
+        """A QP to RTS on its profiles, and the transport's config from it: (ev profile, Qp, QpConfig)."""
+        ev_id, cc_id = self.ev_profile(peer, paths, ev_min_active), self.cc_profile(cc)
+        qp = self.ctl.create_qp()
+        qp.modify(state=QpState.INIT, ev_profile_id=ev_id, cc_profile_id=cc_id)
+        qp.modify(state=QpState.RTR, max_wimm_dest=0, mpr_dest=config.mpr)
+        qp.modify(state=QpState.RTS, max_wimm=self.ctl.device.max_wimm, mpr=config.mpr,
+                  retry=RetryCnt(config.retry_linear, config.retry_exp), timeout=config.ack_timeout_exp)
+        got = qp.transport_config()
+        return self.ctl.ev_profile(ev_id), qp, replace(config, **{k: got[k] for k in QPCONFIG_KEYS})
+
+    def responder_qp(self, peer: str, back: dict[int, Path], config: QpConfig, recvs: int):
+        """The destination's QP: INIT on the profile of its ACK paths, RTR with the receive side's
+        attributes, and `recvs` receives posted (a WRITE_WITH_IMM needs one: no RNR)."""
+        ev_id, cc_id = self.ev_profile(peer, back, 1), self.cc_profile("fixed")
+        qp = self.ctl.create_qp(max_recv_wr=max(128, recvs))
+        qp.modify(state=QpState.INIT, ev_profile_id=ev_id, cc_profile_id=cc_id)
+        qp.modify(state=QpState.RTR, max_wimm_dest=self.ctl.device.max_wimm_dest, mpr_dest=config.mpr)
+        if recvs:
+            qp.post_recv(recvs)
+        return qp
+
+    def take_events(self) -> tuple[list[dict[str, Any]], int]:
+        """The EV events queued on this host's controller (its QPs' device changes, by the profiles'
+        masks), oldest first, and the drop count the first carries."""
+        events = self.ctl.poll_events(1 << 20)
+        dropped = events[0].drop_count if events else 0
+        out = []
+        for e in events:
+            peer, slots = self._slots.get(e.profile_id, ("", {}))
+            out.append({"profile_id": e.profile_id, "peer": peer, "ev": slots.get((e.ev, e.port)), "value": e.ev.hex(),
+                        "port": e.port, "state": EvState(e.state).name})
+        return out, dropped

@@ -1,0 +1,441 @@
+"""MRC transfers on a running fabric: any number of WRITEs at once, on a pool of workers.
+
+Why it exists: `mrc-emu send`, the system tests, the benchmarks and the scenarios all run
+WRITEs between hosts and want the same results back (goodput, per-EV share, EV events, the
+SHA-256 of both buffers) and to know whether the run was faithful. This module is the
+parent's side: it plans each QP's paths from the topology (or from an OCP EV profile,
+evpaths.py), starts a fixed pool of endpoint
+workers (worker.py, through fabric/procs.py: journaled, dying with the parent, stopped in
+order; default one per CPU) and spreads the hosts over them, sets each QP up out of band
+(the destination accepts it, the source prepares its bytes; when every WRITE is prepared
+they all start together), follows their progress reports (running fault hooks and
+progress bars), collects the results and the emulation report (emulation.py).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ...api.files import ProfileFile
+from ...api.files import load as load_profile
+from ...fabric import build
+from ...fabric.faults import fault_ops
+from ...fabric.kernel.waiting import WaitTimeout, until
+from ...fabric.procs import Child, Stop
+from ...fabric.running import Fabric
+from ...io.clock import Clock, Horizon
+from ...topology import Topology
+from ...topology.evs import EvFormat
+from ...transport.cc.nscc import max_wnd_for
+from ...transport.config import QpConfig
+from ...transport.multipath.evpaths import ProfileQpPaths, profile_paths
+from ...transport.multipath.paths import QpPaths, qp_paths
+from ..analysis import emulation
+from .controller import ControlRecord, LiveControl, post_run_events, qp_evs
+from .endpoint_ops import EndpointOps
+from .errors import TransferError
+from .stev import check_fabric
+from .worker import Accept, Accepted, Final, Hash, Hashed, HostSpec, JobProgress, Prepare, Prepared, Progress, Start, Started, serve_hosts
+
+
+@dataclass
+class Control:
+    """Shared with other threads while transfers run: progress and EV states, read-only to them."""
+
+    progress: float = 0.0  # of all transfers together
+    bytes_acked: int = 0
+    ev_states: dict[int, str] = field(default_factory=dict)  # of the first transfer
+    started_ns: int = 0
+    finished: threading.Event = field(default_factory=threading.Event)
+    stop: threading.Event = field(default_factory=threading.Event)  # set to abandon the transfers
+    # (progress fraction, action): run once by the parent when progress reaches it (a fault
+    # agent times the fault itself, to the microsecond)
+    hooks: list[tuple[float, Callable[[], object]]] = field(default_factory=list)
+    # EV_PROBE batches and port status on the run's hosts, from any thread (endpoint_ops.py)
+    endpoint: EndpointOps = field(default_factory=EndpointOps)
+
+
+@dataclass
+class TransferSpec:
+    src: str
+    dst: str
+    size: int
+    evs: list[int] | None = None
+    ev_format: EvFormat = EvFormat.SRV6
+    config: QpConfig = field(default_factory=QpConfig)
+    cc: str = "nscc"
+    ev_min_active: int = 1
+    imm: int | None = None
+    label: str = ""
+    start_at: float | None = None  # start when the other transfers reach this progress (competing flows)
+    recvs: int | None = None  # receives the destination posts first (None: one for a WRITE_WITH_IMM, else none)
+    # an OCP SRV6 EV profile (loaded, or its file) whose EVs the QP sprays over instead of `evs` and
+    # `ev_format`; its ev_min_active is the QP's (evpaths.py)
+    ev_profile: ProfileFile | str | None = None
+    stev_values: list[int | tuple[int, int]] | None = None  # EvFormat.STEV: EV i's value [, port] (paths.stev_paths)
+
+
+@dataclass
+class TransferResult:
+    ok: bool
+    error: str | None
+    src: str
+    dst: str
+    size: int
+    mtu: int
+    ev_format: str
+    cc: str
+    evs: list[int]
+    start_ns: int
+    end_ns: int
+    completion_ms: float | None
+    goodput_gbps: float | None
+    goodput_pps: float | None
+    sha256_source: str
+    sha256_placed: str | None
+    requester: dict[str, Any]
+    responder: dict[str, Any]
+    per_ev: list[dict[str, Any]]
+    ev_events: list[dict[str, Any]]
+    timeline: list[tuple[int, int]]  # (ns since start, bytes acknowledged so far), every ~1 ms
+    imm_completions: list[dict[str, Any]] = field(default_factory=list)
+    label: str = ""
+    ev_timeline: list[tuple[int, list[int], list[int]]] = field(default_factory=list)  # (ns, sent, delivered per EV)
+    emulation: dict[str, Any] | None = None  # the run's emulation report (send), see emulation.py
+    ledger: dict[str, Any] = field(default_factory=dict)  # the requester's progress gaps and loss repairs (ns since start)
+    ev_ops: list[dict[str, Any]] = field(default_factory=list)  # the controller's changes: time_ms, deny, allow, per-EV sent
+    ev_profile: str | None = None  # the EV profile file the QP's EVs came from (EV = its slot), if any
+
+    @property
+    def verified(self) -> bool:
+        return self.ok and self.sha256_placed == self.sha256_source
+
+    def to_dict(self, timeline: bool = False) -> dict[str, Any]:
+        out = {k: v for k, v in self.__dict__.items() if k not in ("timeline", "ev_timeline", "ledger")}
+        out["verified"] = self.verified
+        if timeline:
+            out["timeline"] = [[round(t / 1e6, 3), b] for t, b in self.timeline]
+        return out
+
+
+_qpns = itertools.count(0x100)
+
+
+def default_workers() -> int:
+    """One endpoint worker per CPU this process may run on."""
+    return len(os.sched_getaffinity(0))
+
+
+class _Pool:
+    """The endpoint workers of one run, and which serves which host."""
+
+    def __init__(self, fabric: Fabric, hosts: dict[str, str], workers: int, dilation: float) -> None:
+        cpus = sorted(os.sched_getaffinity(0))
+        names = sorted(hosts, key=_host_order)
+        count = max(1, min(workers, len(names)))
+        self.horizon = Horizon(count)
+        self.clock = Clock(dilation)  # the run's transport clock: every worker keeps it from the same origin
+        self.workers: list[Child] = []
+        self.of: dict[str, Child] = {}
+        shares: list[list[HostSpec]] = [[] for _ in range(count)]
+        for i, host in enumerate(names):  # round robin: neighbours of a ring land on different workers
+            shares[i % count].append(HostSpec(host, str(fabric.node_path(host)), hosts[host], host_ports(fabric.topology, host)))
+        try:
+            for index, share in enumerate(shares):
+                child = Child(fabric, f"MRC endpoint worker {index} ({len(share)} hosts)", serve_hosts,
+                              (index, share, self.horizon, dilation, self.clock.origin),
+                              cpu=cpus[index] if count <= len(cpus) else None, ready_timeout=60.0)
+                self.workers.append(child)
+                self.of.update({h.name: child for h in share})
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        for worker in self.workers:
+            worker.stop()
+        self.horizon.close()
+
+
+def host_ports(topo: Topology, host: str) -> dict[str, int]:
+    """A host's interfaces and their 1-based ports: its link to the leaf of plane p is port p + 1."""
+    ports = {}
+    for plane in range(topo.planes):
+        (link,) = topo.links_between(host, topo.leaf_of(host, plane))
+        ports[topo.peer(link, host)[1]] = plane + 1
+    return ports
+
+
+def _host_order(name: str) -> tuple:
+    digits = "".join(c for c in name if c.isdigit())
+    return (name.rstrip("0123456789"), int(digits) if digits else -1, name)
+
+
+def run_transfers(fabric: Fabric, specs: list[TransferSpec], control: Control | None = None,
+                  on_progress: Callable[[int, int], None] | None = None, linger_s: float = 0.0,
+                  timeout_s: float = 600.0, workers: int | None = None, dilation: float = 1.0,
+                  on_prepare: Callable[[int, int], None] | None = None) -> Run:
+    """Run every WRITE of `specs` at once on a pool of `workers` endpoint processes (default:
+    one per CPU); return one result per spec, in order, and the run's emulation report.
+
+    `linger_s`: after the WRITEs complete, keep the QPs alive (probing ASSUMED_BAD EVs) until
+    every EV not DENIED is GOOD again, or this many seconds pass. `dilation`: time dilation K
+    (the transport's clock runs K times slower than wall time). `on_prepare(done, total)`
+    follows the making of the source bytes, before any WRITE starts.
+    """
+    for spec in specs:
+        if spec.size <= 0:
+            raise TransferError(f"size must be at least one byte, not {spec.size}")
+    if all(s.start_at is not None for s in specs):
+        raise TransferError("at least one transfer must start at once")
+    if workers is not None and workers < 1:
+        raise TransferError(f"--workers {workers}: at least one worker")
+    control = control or Control()
+    # a UDP EV is whatever path the fabric's ECMP hash picks: no EV states, no probes (the
+    # caller's specs stay as they were)
+    specs = [replace(s, config=replace(s.config, path_avoidance=False)) if s.ev_format is EvFormat.UDP else s
+             for s in specs]
+    if any(s.ev_format is EvFormat.STEV for s in specs):
+        check_fabric(fabric)
+    specs = [_with_profile(s) for s in specs]
+    plans = [_plan(fabric.topology, spec) for spec in specs]
+    address_of = {s.src: p.src_address for s, p in zip(specs, plans)} | {s.dst: p.dst_address for s, p in zip(specs, plans)}
+    kernel_before = emulation.softnet()
+    shaped = _shape_for_dilation(fabric, dilation)
+    try:
+        pool = _Pool(fabric, address_of, workers or default_workers(), dilation)
+    except BaseException:
+        _shape_for_dilation(fabric, 1.0, shaped)
+        raise
+    try:
+        deferred: list[tuple[float, Child, int]] = []
+        for key, (spec, paths) in enumerate(zip(specs, plans)):
+            qpn_req, qpn_resp = next(_qpns) << 8 | os.getpid() & 0xFF, next(_qpns) << 8 | os.getpid() & 0xFF
+            start_psn = int.from_bytes(os.urandom(3), "big")
+            dst, src = pool.of[spec.dst], pool.of[spec.src]
+            recvs = spec.recvs if spec.recvs is not None else int(spec.imm is not None)
+            dst.send(Accept(key, spec.dst, spec.size, qpn_resp, qpn_req, start_psn, paths.back, paths.src_address,
+                            spec.config, recvs))
+            region = _expect_key(dst, Accepted, key).region
+            src.send(Prepare(key, spec.src, qpn_req, qpn_resp, paths.forward, spec.config, spec.cc,
+                             spec.ev_min_active, start_psn, region, spec.size, spec.imm))
+        for key, spec in enumerate(specs):
+            _expect_key(pool.of[spec.src], Prepared, key, timeout=120.0)
+            if on_prepare is not None:
+                on_prepare(key + 1, len(specs))
+        # the controller's record (EVs denied, ports disabled) holds from the first packet on, and
+        # is followed live while the WRITEs run (UDP EVs are the fabric's hash: no controller)
+        live = LiveControl(ControlRecord(fabric), {key: (spec.src, qp_evs(plans[key]))
+                                                   for key, spec in enumerate(specs) if spec.ev_format is not EvFormat.UDP})
+        live.push(pool.of, control.endpoint, address_of, fabric.topology)
+        now_keys: dict[Child, list[int]] = {}
+        for key, spec in enumerate(specs):
+            if spec.start_at is None:
+                now_keys.setdefault(pool.of[spec.src], []).append(key)
+            else:
+                deferred.append((spec.start_at, pool.of[spec.src], key))
+        for worker in pool.workers:  # every worker measures its loop from now, the sources start their WRITEs
+            worker.send(Start(tuple(now_keys.get(worker, ()))))
+        control.started_ns = min(s.start_ns for s in (w.expect(Started) for w in pool.workers) if s.keys)
+        deferred.sort(key=lambda d: d[0])
+        _watch(pool.workers, specs, control, on_progress, linger_s, timeout_s, deferred,
+               lambda: live.push(pool.of, control.endpoint, address_of, fabric.topology))
+        placed = {}
+        for key, spec in enumerate(specs):
+            pool.of[spec.dst].send(Hash(key))
+            placed[key] = _expect_key(pool.of[spec.dst], Hashed, key).sha256
+        for worker in pool.workers:
+            worker.send(Stop())
+        finals = [worker.expect(Final, timeout=60) for worker in pool.workers]
+    finally:
+        pool.stop()
+        _shape_for_dilation(fabric, 1.0, shaped)
+        control.finished.set()
+    by_host = {h: f for f in finals for h in f.hosts}
+    results = [_result(spec, plans[key], by_host[spec.src].requesters[key], by_host[spec.dst], key, placed[key])
+               for key, spec in enumerate(specs)]
+    post_run_events(live.record, finals, {a: h for h, a in address_of.items()})
+    report = emulation.assess(finals, results, kernel_before, emulation.softnet(), dilation)
+    return Run(results, report, pool.clock, finals)
+
+
+def _with_profile(spec: TransferSpec) -> TransferSpec:
+    """A spec on an EV profile: the profile loaded, its ev_min_active the QP's, the format its carriers'."""
+    if spec.ev_profile is None:
+        return spec
+    if spec.evs is not None:
+        raise TransferError("an EV profile names the EVs itself: give it or a selection of EVs, not both")
+    profile = load_profile(spec.ev_profile) if isinstance(spec.ev_profile, str) else spec.ev_profile
+    return replace(spec, ev_profile=profile, ev_format=EvFormat.SRV6_USID, ev_min_active=profile.profile.ev_min_active)
+
+
+def _plan(topo: Topology, spec: TransferSpec) -> QpPaths:
+    if isinstance(spec.ev_profile, ProfileFile):
+        return profile_paths(topo, spec.ev_profile, spec.src, spec.dst, spec.config.trimmable)
+    return qp_paths(topo, spec.src, spec.dst, spec.ev_format, spec.evs, spec.config.trimmable, spec.stev_values)
+
+
+class Run(list):
+    """The results of a run, in the order of its specs (a list), with its emulation report, the
+    workers' Final reports and the run's transport clock."""
+
+    def __init__(self, results: list[TransferResult], report: emulation.Report, clock: Clock,
+                 finals: list[Final]) -> None:
+        super().__init__(results)
+        self.emulation = report
+        self.clock = clock
+        self.finals = finals
+
+    def transport_time(self, monotonic_ns: int) -> int:
+        """A CLOCK_MONOTONIC time (a fault agent's) on the transport's clock of this run."""
+        return self.clock.from_monotonic(monotonic_ns)
+
+
+def _shape_for_dilation(fabric: Fabric, dilation: float, undo: bool = False) -> bool:
+    """Under time dilation K a shaped fabric runs its links at rate / K (DieCast); `undo` puts the
+    topology's rate back. Returns whether anything was shaped."""
+    rate = fabric.topology.link_rate_bps
+    if not rate or (dilation == 1.0 and not undo):
+        return False
+    build.shape_every_node(fabric, rate / dilation)
+    for node, intf, fraction in fault_ops.degraded_ports(fabric):  # a degrade in force stays degraded
+        build.shape_port(fabric, node, intf, rate * fraction / dilation)
+    return True
+
+
+def _expect_key(worker: Child, kind: type, key: int, timeout: float = 30.0):
+    """The answer of `kind` about transfer `key` (answers about other transfers are kept)."""
+    return worker.expect(kind, timeout, where=lambda message: message.key == key)
+
+
+def _watch(workers: list[Child], specs: list[TransferSpec], control: Control,
+           on_progress: Callable[[int, int], None] | None, linger_s: float, timeout_s: float,
+           deferred: list[tuple[float, Child, int]], on_step: Callable[[], None]) -> None:
+    """Follow the workers' progress reports until every transfer is done (and lingering ended);
+    `on_step` runs at every step (after the hooks: the controller's changes and endpoint
+    operations go out at once)."""
+    watch = _Watch(workers, specs, control, on_progress, linger_s, deferred, on_step)
+    try:
+        until(watch.step, timeout_s, "the transfers to finish", interval=0.05, wake=list(workers))
+    except WaitTimeout:
+        raise TransferError(f"the transfers did not finish within {timeout_s:.0f} s") from None
+
+
+class _Watch:
+    """What the parent follows while transfers run; `step` takes what arrived and says if it is over."""
+
+    def __init__(self, workers: list[Child], specs: list[TransferSpec], control: Control,
+                 on_progress: Callable[[int, int], None] | None, linger_s: float,
+                 deferred: list[tuple[float, Child, int]], on_step: Callable[[], None]) -> None:
+        self.workers, self.specs, self.control, self.on_progress = workers, specs, control, on_progress
+        self.on_step = on_step
+        self.linger_s, self.deferred = linger_s, deferred
+        self.primary = {k for k, s in enumerate(specs) if s.start_at is None}
+        self.total = sum(s.size for k, s in enumerate(specs) if k in self.primary)
+        self.latest: dict[int, JobProgress] = {}
+        self.done_at: float | None = None
+        self.last_bar = 0.0
+
+    def step(self) -> bool:
+        control, latest, deferred = self.control, self.latest, self.deferred
+        if control.stop.is_set():
+            return True
+        for worker in self.workers:
+            while (report := worker.poll(Progress)) is not None:  # other answers wait for their expect
+                latest.update(report.jobs)
+        acked = sum(v.bytes_acked for k, v in latest.items() if k in self.primary)
+        control.bytes_acked = acked
+        control.progress = acked / self.total
+        primaries_done = all(k in latest and latest[k].done for k in self.primary)
+        while deferred and (control.progress >= deferred[0][0] or primaries_done):
+            _, worker, key = deferred.pop(0)
+            worker.send(Start((key,)))  # its Started answer waits, unread
+        if 0 in latest:
+            control.ev_states = latest[0].ev_states
+        while control.hooks and control.progress >= control.hooks[0][0]:
+            _, action = control.hooks.pop(0)
+            action()
+        self.on_step()
+        now = time.monotonic()
+        if self.on_progress is not None and now - self.last_bar > 0.1:
+            self.last_bar = now
+            self.on_progress(acked, self.total)
+        all_done = not deferred and len(latest) == len(self.specs) and all(v.done for v in latest.values())
+        if all_done and self.done_at is None:
+            self.done_at = now
+            if self.on_progress is not None:
+                self.on_progress(acked, self.total)
+        if self.done_at is None:
+            return False
+        healed = not any(v.assumed_bad for v in latest.values())
+        return healed or now - self.done_at >= self.linger_s
+
+
+def _result(spec: TransferSpec, paths: QpPaths, req: dict, dst: Final, key: int, placed: str) -> TransferResult:
+    ok = req["error"] is None and req["completed_ns"] is not None
+    elapsed = req["completed_ns"] - req["start_ns"] if ok else None
+    packets = -(-spec.size // spec.config.mtu)
+    per_ev = []
+    for entry in req["per_ev"]:
+        ev = next(e for e in paths.evs if e.index == entry["ev"])
+        per_ev.append({**entry, "plane": ev.plane, "spine": ev.spine, "first_hop": paths.forward[ev.index].first_hop})
+    resp = dst.responders[key]
+    return TransferResult(
+        ok=ok, error=req["error"] or (None if ok else "the transfer was stopped before it completed"),
+        src=spec.src, dst=spec.dst, size=spec.size, mtu=spec.config.mtu, ev_format=spec.ev_format.value, cc=req["cc"],
+        evs=sorted(paths.forward), start_ns=req["start_ns"], end_ns=req["end_ns"],
+        completion_ms=round(elapsed / 1e6, 3) if elapsed else None,
+        goodput_gbps=round(spec.size * 8 / elapsed, 3) if elapsed else None,
+        goodput_pps=round(packets / (elapsed / 1e9)) if elapsed else None,
+        sha256_source=req["sha256_source"], sha256_placed=placed,
+        requester={"stats": req["stats"], "drops": req["drops"]},
+        responder={"stats": resp["stats"], "drops": resp["drops"], "reorder": resp["reorder"],
+                   "kernel_udp": dst.kernel_udp[spec.dst],
+                   "unknown_qp": dst.unknown_qp[spec.dst]},
+        per_ev=per_ev, ev_events=req["ev_events"], timeline=req["timeline"],
+        imm_completions=resp["imm_completions"], label=spec.label, ev_timeline=req["ev_timeline"],
+        ledger=req["ledger"], ev_ops=req["ev_ops"],
+        ev_profile=paths.profile if isinstance(paths, ProfileQpPaths) else None,
+    )
+
+
+def cc_options_for(cc: str, topo: Topology) -> dict | None:
+    """What a QP's CC profile is configured with on this fabric, beyond its link rate and base RTT.
+
+    NSCC gets its MaxWnd configured (1.5 BDP of the topology's link rate and base RTT), so that
+    it stays put when RTT samples fall under that base RTT. UEC rescales MaxWnd to a new base RTT
+    (and leaves a configured one open, NSCC.md), but here the samples are the network's alone (the
+    responder's service time taken off): 10-60 us at time dilation 4, while the topology's base
+    RTT (1 ms by default) is what the endpoints need to close their loop; a window rescaled to
+    the samples was one packet, and four senders filled half the bottleneck."""
+    if cc != "nscc" or not topo.link_rate_bps:
+        return None
+    return {"max_cwnd": max_wnd_for(topo.link_rate_bps, topo.ports.base_rtt_ns)}
+
+
+def send(fabric: Fabric, src: str, dst: str, size: int, evs: list[int] | None = None, cc: str = "nscc",
+         mtu: int = 4096, ev_format: EvFormat = EvFormat.SRV6, ev_min_active: int = 1,
+         imm: int | None = None, config: QpConfig | None = None, control: Control | None = None,
+         on_progress: Callable[[int, int], None] | None = None, linger_s: float = 0.0,
+         workers: int | None = None, dilation: float = 1.0, recvs: int | None = None,
+         ev_profile: ProfileFile | str | None = None) -> TransferResult:
+    """WRITE `size` random bytes from host `src` to a buffer registered at host `dst` (over the EVs of
+    `ev_profile` if given: an SRV6 GEN/EXP profile, loaded or its file, see evpaths.py). Without a
+    `config`, the QP learns the fabric's link rate and base RTT (its CC's BDP) from the topology,
+    and a DCQCN QP's responder answers CE marks with CNPs."""
+    if config is None:
+        topo = fabric.topology
+        config = QpConfig(mtu=mtu, link_rate_bps=topo.link_rate_bps, base_rtt_ns=topo.ports.base_rtt_ns,
+                          cnp=cc == "dcqcn", cc_options=cc_options_for(cc, topo))
+    spec = TransferSpec(src, dst, size, evs, ev_format, config, cc, ev_min_active, imm, recvs=recvs,
+                        ev_profile=ev_profile)
+    run = run_transfers(fabric, [spec], control, on_progress, linger_s, workers=workers, dilation=dilation)
+    result = run[0]
+    result.emulation = run.emulation.to_dict()
+    return result

@@ -1,0 +1,372 @@
+"""The EV profile of a QP: per-EV state, statistics, EV events and the spray schedule.
+
+Why it exists: MRC's sender spreads packets over many paths and must stop using a path
+the moment it looks broken, but never on a whim. This module holds what the sender knows
+about each EV (state, RTT, loss, bytes in flight), turns it into spray weights, and
+records every state change as a timestamped EV event. It sends nothing itself.
+
+Names follow the OCP companion API: EV state GOOD / ASSUMED_BAD / DENIED (api.events.EvState),
+`ev_min_active`, EV events, EV probes. The states themselves live in an api EV profile shared by
+the QPs bound to it (evshare.py); each QP keeps its own copy of its EVs' states, refreshed when
+the profile's state version moves, and its own statistics and event list (with reasons, DENIED
+included: the api's event queue carries only what the profile's event mask selects).
+
+Congestion feedback moves weights, never states: CE marks (counted per packet by the responder)
+and fabric trims (MRC moves a trimmed EV to SKIP; here a trim EWMA cuts the EV's weight at once
+and decays with its deliveries, which skips the EV for a while without a state, a timer or a
+probe) lower an EV's share; a last-hop trim says nothing about the EV (the queue is the
+receiver's) and counts only as its ECN echo, as UEC's load balancer takes it. A trim is never a
+loss: only losses and timeouts make an EV ASSUMED_BAD.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ...api import profiles as api_profiles
+from ...api.events import EvEventQueue, EvState
+from .evshare import SharedStates, private_profile
+from .rtt import RttEstimator
+
+
+@dataclass(frozen=True)
+class EvEvent:
+    """One EV state change, for the controller and for reports."""
+
+    time_ns: int  # on the transport's clock (monotonic on sockets, virtual in memory)
+    ev: int
+    old: EvState
+    new: EvState
+    reason: str
+    rtt_ns: int | None = None  # the probe RTT that revived the EV
+
+    def to_dict(self, origin_ns: int = 0) -> dict:
+        return {"time_ms": round((self.time_ns - origin_ns) / 1e6, 3), "ev": self.ev, "old": self.old.name,
+                "new": self.new.name, "reason": self.reason, "rtt_ns": self.rtt_ns}
+
+
+@dataclass
+class EvStats:
+    """What the sender knows about one EV."""
+
+    index: int
+    state: EvState = EvState.GOOD
+    rtt: RttEstimator = field(default_factory=RttEstimator, repr=False)  # the EV's one RTT estimator
+    loss: float = 0.0  # EWMA of the per-packet loss outcome (1 lost, 0 delivered)
+    ecn: float = 0.0  # EWMA of the ECN echo per acknowledged packet
+    trim: float = 0.0  # EWMA of fabric trims (1 per trim, decaying per packet delivered)
+    ce_marks: int = 0  # CE-marked packets the responder reported
+    trims: int = 0  # TRIM NACKs heard (fabric and last hop)
+    packets_sent: int = 0
+    packets_delivered: int = 0
+    packets_lost: int = 0
+    retransmits_sent: int = 0
+    consecutive_losses: int = 0
+    last_delivered_sent_ns: int = -1  # send time of the latest-sent packet known delivered on this EV
+    probe_due_ns: int = 0
+    probes_sent: int = 0
+
+    @property
+    def srtt_ns(self) -> float:
+        """Smoothed RTT (0: no sample yet)."""
+        return self.rtt.srtt_ns
+
+    @property
+    def rttvar_ns(self) -> float:
+        return self.rtt.rttvar_ns
+
+    @property
+    def min_rtt_ns(self) -> int:
+        return self.rtt.min_rtt_ns
+
+    def to_dict(self) -> dict:
+        return {
+            "ev": self.index, "state": self.state.name, "srtt_us": round(self.srtt_ns / 1e3, 1),
+            "rttvar_us": round(self.rttvar_ns / 1e3, 1),
+            "min_rtt_us": round(self.min_rtt_ns / 1e3, 1), "loss": round(self.loss, 4),
+            "packets_sent": self.packets_sent, "packets_delivered": self.packets_delivered,
+            "packets_lost": self.packets_lost, "retransmits_sent": self.retransmits_sent,
+            "probes_sent": self.probes_sent, "ecn": round(self.ecn, 4), "ce_marks": self.ce_marks,
+            "trims": self.trims,
+        }
+
+
+LOSS_GAIN = 1 / 32
+ECN_GAIN = 1 / 16
+TRIM_GAIN = 1 / 8  # one trim cuts the EV's weight to 1/(1 + 20/8), 0.29, at once
+SCHEDULE_SLOTS_PER_EV = 8
+REWEIGH_CYCLES = 4
+
+
+class EvProfile:
+    """The EVs of one QP: its window onto the api EV profile that holds their states (a private one
+    if it is given none) and what the QP has learned about each EV.
+
+    `shared`: an ONLINE api EvProfile whose slot i is EV i; its ev_min_active is then the profile's
+    (`ev_min_active` here is for the private profile). `events`: the host's api EV event queue,
+    where the device's changes (this QP's) are posted as the profile's event mask says."""
+
+    def __init__(self, indexes: list[int], ev_min_active: int = 1, bad_after_losses: int = 3,
+                 target_delay_ns: int = 1_000_000, *, shared: api_profiles.EvProfile | None = None,
+                 events: EvEventQueue | None = None) -> None:
+        if not indexes:
+            raise ValueError("an EV profile needs at least one EV")
+        self.indexes = list(indexes)
+        self.bad_after_losses = bad_after_losses  # consecutive losses (nothing delivered in between) -> ASSUMED_BAD
+        self.target_delay_ns = target_delay_ns  # delay above the best EV's that halves an EV's weight
+        self.api = shared if shared is not None else private_profile(self.indexes, ev_min_active)
+        self.states = SharedStates(self.api, self.indexes, events)
+        self.evs = {k: EvStats(k) for k in self.indexes}
+        self.events: list[EvEvent] = []
+        self.schedule: list[int] = []
+        self._cursor = 0
+        self._cycles = 0
+        self._bad = 0  # EVs ASSUMED_BAD now
+        self._barred = 0  # EVs that may carry nothing now: DENIED (or UNKNOWN: no longer in the profile)
+        self._dirty = True
+        # EVs no packet may use, whatever their state: a port they cross is disabled, here or at the
+        # peer (PORT_STATUS_UPDATE; transport/multipath/portstatus.py). Per QP: a peer's ports are the peer's.
+        self.excluded: frozenset[int] = frozenset()
+        self._now = 0  # the latest time the QP told its profile (what a change found without one is stamped)
+        # the api profile's state_version last read, with the states it starts with (no events)
+        states, self._version = self.states.states(), self.api.state_version
+        for ev, stats in self.evs.items():
+            stats.state = states[ev]
+            self._bad += stats.state is EvState.ASSUMED_BAD
+            self._barred += _barred(stats.state)
+
+    @property
+    def ev_min_active(self) -> int:
+        return self.states.ev_min_active
+
+    # ---- state -------------------------------------------------------------------------
+
+    def sync(self, now: int, reason: str | None = None, rtt_ns: int | None = None) -> None:
+        """Take the profile's states into the QP's EVs if its state version moved: each change becomes an
+        EV event (`reason`, else who made it: the controller, another QP) and reshapes the schedule."""
+        self._now = max(self._now, now)
+        if self.api.state_version == self._version:
+            return
+        states = self.states.states()
+        self._version = self.api.state_version
+        for ev, stats in self.evs.items():
+            new = states[ev] if ev < len(states) else EvState.UNKNOWN
+            if new is not stats.state:
+                self._record(ev, stats, new, self._now, reason or self.states.reason(ev), rtt_ns)
+
+    def _record(self, ev: int, stats: EvStats, new: EvState, now: int, reason: str, rtt_ns: int | None) -> None:
+        old = stats.state
+        self.events.append(EvEvent(now, ev, old, new, reason, rtt_ns))
+        self._bad += (new is EvState.ASSUMED_BAD) - (old is EvState.ASSUMED_BAD)
+        self._barred += _barred(new) - _barred(old)
+        stats.state = new
+        stats.consecutive_losses = 0
+        stats.probe_due_ns = now
+        if old is EvState.ASSUMED_BAD and new is EvState.GOOD:
+            stats.loss = min(stats.loss, 0.1)  # back, but it earns its full share again
+        self._dirty = True
+
+    @property
+    def assumed_bad(self) -> int:
+        """How many EVs are ASSUMED_BAD now."""
+        self.sync(self._now)
+        return self._bad
+
+    def any_assumed_bad(self) -> bool:
+        self.sync(self._now)
+        return self._bad > 0
+
+    @property
+    def stalled(self) -> bool:
+        """Every EV is DENIED: no EV may carry data until the controller allows one."""
+        self.sync(self._now)
+        if self.excluded:
+            return all(k in self.excluded or _barred(s.state) for k, s in self.evs.items())
+        return self._barred == len(self.evs)
+
+    def exclude(self, evs: frozenset[int]) -> None:
+        """The EVs that may carry nothing from now on (data, retransmissions, probes): a port
+        they cross is disabled. An EV's state is left as it is."""
+        evs = frozenset(evs) & frozenset(self.evs)
+        if evs != self.excluded:
+            self.excluded = evs
+            self._dirty = True
+
+    def good(self) -> list[int]:
+        self.sync(self._now)
+        return [k for k, s in self.evs.items() if s.state is EvState.GOOD]
+
+    def set_state(self, ev: int, new: EvState, now: int, reason: str, rtt_ns: int | None = None,
+                  controller: bool = False) -> bool:
+        """Set EV `ev`'s state in the profile (and every copy of its value), as the device does (GOOD or
+        ASSUMED_BAD: never lifting a DENIED EV, never below ev_min_active) or, `controller` (and for
+        DENIED always), as the controller does; True if it changed."""
+        self.sync(now)
+        stats = self.evs[ev]
+        if stats.state is new or stats.state is EvState.UNKNOWN:
+            return False
+        if controller or new is EvState.DENIED:
+            done = self.states.controller_set(ev, new)
+        else:
+            done = stats.state is not EvState.DENIED and self.states.device_set(ev, new)
+        if done:
+            self.sync(now, reason, rtt_ns)
+        return done
+
+    def deny(self, ev: int, now: int, reason: str = "") -> None:
+        self.set_state(ev, EvState.DENIED, now, "denied by controller" + (f": {reason}" if reason else ""), controller=True)
+
+    def allow(self, ev: int, now: int, state: EvState = EvState.ASSUMED_BAD) -> None:
+        """The controller allows a DENIED EV again: ASSUMED_BAD (the QPs probe it before use) or GOOD."""
+        self.sync(now)
+        if self.evs[ev].state is EvState.DENIED:
+            reason = "allowed by controller; probe before use" if state is EvState.ASSUMED_BAD else "allowed by controller"
+            self.set_state(ev, state, now, reason, controller=True)
+
+    # ---- observations ------------------------------------------------------------------
+
+    def on_rtt(self, ev: int, rtt_ns: int) -> None:
+        """An RTT sample of `ev` (its ECN echo comes per packet, `on_ecn`)."""
+        self.evs[ev].rtt.update(rtt_ns)
+
+    def on_delivered(self, ev: int, sent_ns: int, count: int = 1) -> None:
+        """`count` packets delivered on `ev`, the latest of them sent at `sent_ns`."""
+        s = self.evs[ev]
+        s.packets_delivered += count
+        s.consecutive_losses = 0
+        s.loss *= (1 - LOSS_GAIN) ** count
+        if s.trim:
+            s.trim *= (1 - LOSS_GAIN) ** count
+        if sent_ns > s.last_delivered_sent_ns:
+            s.last_delivered_sent_ns = sent_ns
+
+    def on_ecn(self, ev: int, marked: int, count: int) -> None:
+        """`count` packets acknowledged on `ev`, `marked` of them CE-marked: the per-packet EWMA."""
+        s = self.evs[ev]
+        s.ce_marks += marked
+        count = max(count, marked)
+        if count:
+            keep = (1 - ECN_GAIN) ** count
+            s.ecn = s.ecn * keep + (1 - keep) * marked / count
+
+    def on_trimmed(self, ev: int, last_hop: bool, ce: bool) -> None:
+        """A TRIM NACK for a packet on `ev`: a fabric trim lowers the EV's weight at once (MRC's
+        SKIP); a last-hop trim is only its ECN echo (the receiver's queue, not the EV's)."""
+        s = self.evs[ev]
+        s.trims += 1
+        if last_hop:
+            self.on_ecn(ev, int(ce), 1)
+            return
+        s.trim += TRIM_GAIN * (1.0 - s.trim)
+        self._dirty = True
+
+    def on_lost(self, ev: int, now: int, why: str) -> None:
+        self.sync(now)
+        s = self.evs[ev]
+        s.packets_lost += 1
+        s.consecutive_losses += 1
+        s.loss += LOSS_GAIN * (1.0 - s.loss)
+        if s.state is EvState.GOOD and s.consecutive_losses >= self.bad_after_losses:
+            self.set_state(ev, EvState.ASSUMED_BAD, now, f"{s.consecutive_losses} consecutive losses ({why})")
+        else:
+            self._dirty = True
+
+    def on_probe(self, ev: int, now: int, rtt_ns: int) -> None:
+        """A probe of `ev` returned: GOOD again for every QP of the profile (unless another QP's revived
+        it first, or the controller DENIED it meanwhile)."""
+        self.sync(now)
+        if self.evs[ev].state is EvState.ASSUMED_BAD:
+            self.set_state(ev, EvState.GOOD, now, "probe returned", rtt_ns)
+
+    # ---- spraying ----------------------------------------------------------------------
+
+    def weight(self, ev: int, best_srtt: float) -> float:
+        """Spray weight: 1 for a clean EV, less with loss, trims, ECN marks or delay above the best EV.
+
+        Delay counts only beyond half the target above the best EV: queues of a few hundred
+        microseconds come and go on every path, and chasing them moves load back and forth
+        between planes and leaves one idle while the other drains."""
+        s = self.evs[ev]
+        srtt = s.rtt.srtt_ns
+        excess = max(0.0, srtt - best_srtt - self.target_delay_ns / 2) if srtt else 0.0
+        return 1.0 / ((1.0 + 20.0 * (s.loss + s.trim)) * (1.0 + 4.0 * s.ecn) * (1.0 + excess / self.target_delay_ns))
+
+    def reweigh(self) -> None:
+        """Rebuild the spray schedule: an interleaved list of GOOD EVs in proportion to weight.
+
+        With no EV GOOD, the ASSUMED_BAD ones stand in (sending on a doubtful path beats not
+        sending; their own losses and probes tell). DENIED EVs never carry data: with every EV
+        DENIED the schedule is empty and the QP is `stalled`.
+
+        Each EV gets slots in proportion to its weight (at least one), spread evenly over the
+        schedule: its j-th slot sits at (j + 1/2) / slots_k of the way, with a small per-EV
+        offset so that EVs with equal weights alternate. Consecutive packets thus go to
+        different EVs and each EV's share follows its weight; sorting the positions costs far
+        less than a weighted round robin picking slot by slot (this runs every few hundred packets).
+        """
+        out = self.excluded
+        good = ([k for k in self.good() if k not in out]
+                or [k for k, s in self.evs.items() if s.state is EvState.ASSUMED_BAD and k not in out])
+        self._cursor = 0
+        self._dirty = False
+        if not good:
+            self.schedule = []
+            return
+        samples = [self.evs[k].rtt.srtt_ns for k in good if self.evs[k].rtt.srtt_ns]
+        best = min(samples) if samples else 0.0
+        weights = [self.weight(k, best) for k in good]
+        total = sum(weights)
+        length = SCHEDULE_SLOTS_PER_EV * len(good)
+        positions = []
+        for i, (k, w) in enumerate(zip(good, weights)):
+            slots = max(1, round(w / total * length))
+            offset = i / (len(good) * slots)
+            positions += [((j + 0.5) / slots + offset, k) for j in range(slots)]
+        positions.sort()
+        self.schedule = [k for _, k in positions]
+
+    def schedule_at(self) -> tuple[list[int], int]:
+        """The spray schedule, rebuilt if anything changed, and the cursor into it: the next EV
+        is schedule[cursor]. A send loop that takes EVs from it says how far it got with
+        `advance`. A state changed in the shared profile (another QP, the controller) shows here first:
+        one integer compared per call."""
+        if self.api.state_version != self._version:
+            self.sync(self._now)
+        if self._dirty:
+            self.reweigh()
+        return self.schedule, self._cursor
+
+    def advance(self, cursor: int) -> None:
+        """The EVs up to schedule[cursor - 1] were taken; at the end the schedule starts over,
+        and every REWEIGH_CYCLES cycles it is rebuilt (the weights follow the EWMAs even without
+        state changes)."""
+        if cursor < len(self.schedule):
+            self._cursor = cursor
+            return
+        self._cursor = 0
+        self._cycles += 1
+        if self._cycles % REWEIGH_CYCLES == 0:
+            self._dirty = True
+
+    def pick(self, avoid: int | None = None) -> int:
+        """The next EV to spray on; `avoid` (a retransmission's previous EV) is skipped if possible.
+        Never call it on a `stalled` profile (there is no EV to give)."""
+        schedule, cursor = self.schedule_at()
+        ev = schedule[cursor]
+        self.advance(cursor + 1)
+        if ev == avoid and len(schedule) > 1:
+            for _ in range(len(schedule)):
+                ev = schedule[self._cursor]
+                self._cursor = (self._cursor + 1) % len(schedule)
+                if ev != avoid:
+                    break
+        return ev
+
+    def share(self) -> dict[int, float]:
+        total = sum(s.packets_sent for s in self.evs.values()) or 1
+        return {k: s.packets_sent / total for k, s in self.evs.items()}
+
+
+def _barred(state: EvState) -> bool:
+    """An EV that may carry nothing, not even standing in for GOOD ones: DENIED, or UNKNOWN (its slot is gone)."""
+    return state is EvState.DENIED or state is EvState.UNKNOWN
