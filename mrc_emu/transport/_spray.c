@@ -16,7 +16,7 @@
  *     it is sent. The same fields as recovery.py's pure-Python PyPkt.
  *
  * spray(table, heads, paths, mtu, wr, send, now, next_psn, window_end, budget, bif, cwnd,
- *       schedule, cursor, clock) -> (sent, next_psn, bif, cursor, failed_ev, counts)
+ *       schedule, cursor, clock, cc_sent) -> (sent, next_psn, bif, cursor, failed_ev, counts)
  *   table    the requester's sent-packet table (sent.SentPackets): each packet sent is
  *            recorded in its `pkts`, `flight` and `by_ev` as SentPackets.record does; the
  *            caller adds `bif` and `counts` to its byte counters
@@ -31,10 +31,13 @@
  *            batch, when the kernel returned from it. Never before: a worker taken off the CPU
  *            inside the send would otherwise age its packets, and their ACK timeouts would
  *            fire on the emulator's own wait
+ *   cc_sent  the CC profile's on_sent(stamp, ev, mtu), called for each packet once it is recorded,
+ *            with its send time, as the Python loop calls it (None: not called)
  *   It sends while budget, window (PSN and bytes) and schedule allow and the next packet is a
  *   full-MTU one with no immediate; it returns on the first frame that cannot leave the host
  *   (failed_ev, else None), leaving that packet in flight as the Python loop does; the frames
- *   of its batch after it are neither sent nor recorded. counts: {ev: packets}.
+ *   of its batch after it are neither sent nor recorded. counts: {ev: packets}: the caller adds them
+ *   to the EVs' packets_sent and ev_flight (mtu bytes each).
  *
  * deliver(table, psns, seen) -> (acked, in_flight)
  *   SentPackets.deliver for a table of Pkt records: every PSN of `psns` (a range or a list)
@@ -245,6 +248,16 @@ done:
     return result;
 }
 
+/* cc_sent(stamp, ev, mtu): the CC hears of one packet sent; 0, or -1 with an exception */
+static int tell_cc(PyObject *cc_sent, PyObject *stamp_obj, PyObject *ev, PyObject *mtu_obj) {
+    if (cc_sent == Py_None)
+        return 0;
+    PyObject *args[3] = {stamp_obj, ev, mtu_obj};
+    PyObject *r = PyObject_Vectorcall(cc_sent, args, 3, NULL);
+    Py_XDECREF(r);
+    return r == NULL ? -1 : 0;
+}
+
 /* the send time: `now`, or the clock's (a new reference in *stamp_obj) */
 static int read_clock(PyObject *clock, PyObject *now_obj, long long now, PyObject **stamp_obj, long long *stamp) {
     if (clock == Py_None) {
@@ -275,12 +288,13 @@ static int read_time(PyObject *clock, long long *t) {
 }
 
 /* frame by frame through the Python `send`, each stamped and recorded once `send` has returned,
-   as the Python loop does (a refused frame too: it stays in flight). A stamp read before the send
-   would age the packet by however long the worker was off the CPU inside it. Returns the frames
-   handled (status as SendMany's) */
+   and the CC told, as the Python loop does (a refused frame too: it stays in flight). A stamp read
+   before the send would age the packet by however long the worker was off the CPU inside it.
+   Returns the frames handled (status as SendMany's) */
 static Py_ssize_t send_each(PyObject *send, PyObject *pkts, PyObject *flight, PyObject *by_ev, PyObject *wr,
                             const Planned *plan, const struct iovec *iov, Py_ssize_t k, long long mtu,
-                            PyObject *clock, PyObject *now_obj, long long now, int *status) {
+                            PyObject *mtu_obj, PyObject *clock, PyObject *now_obj, long long now,
+                            PyObject *cc_sent, int *status) {
     *status = 0;
     for (Py_ssize_t j = 0; j < k; j++) {
         PyObject *view = PyMemoryView_FromMemory((char *)iov[j].iov_base, (Py_ssize_t)iov[j].iov_len, PyBUF_READ);
@@ -320,6 +334,8 @@ static Py_ssize_t send_each(PyObject *send, PyObject *pkts, PyObject *flight, Py
             return j;
         }
         int r = record(pkts, flight, by_ev, wr, &plan[j], mtu, stamp_obj, stamp, left);
+        if (r == 0)
+            r = tell_cc(cc_sent, stamp_obj, plan[j].entry->ev, mtu_obj);
         Py_DECREF(stamp_obj);
         if (r < 0) {
             *status = -1;
@@ -334,9 +350,10 @@ static Py_ssize_t send_each(PyObject *send, PyObject *pkts, PyObject *flight, Py
 }
 
 static PyObject *spray_on(PyObject *pkts, PyObject *flight, PyObject *by_ev, PyObject *heads, PyObject *paths,
-                          long long mtu, PyObject *wr, PyObject *send, PyObject *now_obj, PyObject *next_psn_obj,
-                          PyObject *window_end_obj, PyObject *budget_obj, PyObject *bif_obj, PyObject *cwnd_obj,
-                          PyObject *schedule, PyObject *cursor_obj, PyObject *clock) {
+                          long long mtu, PyObject *mtu_obj, PyObject *wr, PyObject *send, PyObject *now_obj,
+                          PyObject *next_psn_obj, PyObject *window_end_obj, PyObject *budget_obj, PyObject *bif_obj,
+                          PyObject *cwnd_obj, PyObject *schedule, PyObject *cursor_obj, PyObject *clock,
+                          PyObject *cc_sent) {
     if (!PyDict_Check(pkts) || !PyDict_Check(flight) || !PyDict_Check(by_ev)) {
         PyErr_SetString(PyExc_TypeError, "the table's pkts, flight and by_ev must be dicts");
         return NULL;
@@ -460,8 +477,11 @@ static PyObject *spray_on(PyObject *pkts, PyObject *flight, PyObject *by_ev, PyO
                 goto done;
             }
             int r = 0;
-            for (Py_ssize_t j = 0; j < recorded && r == 0; j++)
+            for (Py_ssize_t j = 0; j < recorded && r == 0; j++) {
                 r = record(pkts, flight, by_ev, wr, &plan[j], mtu, stamp_obj, stamp, left);
+                if (r == 0)
+                    r = tell_cc(cc_sent, stamp_obj, plan[j].entry->ev, mtu_obj);
+            }
             Py_DECREF(stamp_obj);
             if (type != NULL) {
                 PyErr_Clear();
@@ -470,7 +490,8 @@ static PyObject *spray_on(PyObject *pkts, PyObject *flight, PyObject *by_ev, PyO
             if (r < 0 && status != -1)
                 status = -1;
         } else {
-            handled = send_each(send, pkts, flight, by_ev, wr, plan, iov, k, mtu, clock, now_obj, now, &status);
+            handled = send_each(send, pkts, flight, by_ev, wr, plan, iov, k, mtu, mtu_obj, clock, now_obj, now,
+                                cc_sent, &status);
             recorded = handled + (status == 1);
         }
         /* recorded and on their way (or lost at the host's own port): counted either way */
@@ -775,13 +796,13 @@ done:
 }
 
 static PyObject *spray(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 15) {
+    if (nargs != 16) {
         PyErr_SetString(PyExc_TypeError, "spray(table, heads, paths, mtu, wr, send, now, next_psn, window_end, "
-                                         "budget, bif, cwnd, schedule, cursor, clock)");
+                                         "budget, bif, cwnd, schedule, cursor, clock, cc_sent)");
         return NULL;
     }
     PyObject *table = args[0], *heads = args[1], *paths = args[2], *wr = args[4], *send = args[5],
-             *now_obj = args[6], *schedule = args[12], *clock = args[14];
+             *now_obj = args[6], *schedule = args[12], *clock = args[14], *cc_sent = args[15];
     if (!PyDict_Check(heads) || !PyDict_Check(paths) || !PyList_Check(schedule)) {
         PyErr_SetString(PyExc_TypeError, "heads and paths must be dicts, the schedule a list");
         return NULL;
@@ -800,8 +821,8 @@ static PyObject *spray(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
         Py_XDECREF(flight);
         return NULL;
     }
-    PyObject *out = spray_on(pkts, flight, by_ev, heads, paths, mtu, wr, send, now_obj, args[7], args[8], args[9],
-                             args[10], args[11], schedule, args[13], clock);
+    PyObject *out = spray_on(pkts, flight, by_ev, heads, paths, mtu, args[3], wr, send, now_obj, args[7], args[8],
+                             args[9], args[10], args[11], schedule, args[13], clock, cc_sent);
     Py_DECREF(pkts);
     Py_DECREF(flight);
     Py_DECREF(by_ev);
