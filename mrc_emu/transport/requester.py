@@ -300,8 +300,8 @@ class Requester:
                     sent += n
                     if wr.next_offset >= wr.length:
                         queue.popleft()
-                    if failed is not None:
-                        self._send_failed(failed, now if clock is None else clock())
+                    if failed is not None:  # at the refused packet's stamp (the last one recorded), as below
+                        self._send_failed(failed, pkts[next_psn - 1].sent_ns)
                     if n:
                         continue
                 offset = wr.next_offset
