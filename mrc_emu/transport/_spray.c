@@ -9,8 +9,9 @@
  * recovery.py) reads them unchanged; it encodes a batch of up to BATCH frames into its own
  * buffers (wire/patch.h, the encoder's own code) and, where the driver's send function offers
  * a batch sender (send_many.h: the socket driver's sendmmsg), hands the batch to the kernel in
- * one call. It is optional: without it the requester's own loop sends every packet (the unit
- * tests run the transfers both ways and compare every frame).
+ * one call. It is optional: without it the requester's own loop sends every packet
+ * (tests/test_send_loop.py drives both loops through the same events and compares every frame,
+ * the sent-packet table, every call to the CC and the EV statistics after each event).
  *
  * Pkt(psn, wr, offset, length, last): one packet of a WRITE; ev, sent_ns and tx are set when
  *     it is sent. The same fields as recovery.py's pure-Python PyPkt.
