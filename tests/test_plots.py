@@ -95,8 +95,18 @@ def test_a_fault_lifted_after_the_end_is_clipped_to_the_edge():
 
 
 def test_fault_windows_lifted_reverted_or_self_undoing():
-    flap = {"kind": "flap", "description": "flap", "events": [{"action": "flap", "began_ms": 10.0, "returned_ms": 310.0}]}
-    down = {"kind": "link-down", "description": "down", "events": [{"action": "down", "began_ms": 10.0, "returned_ms": 10.2}]}
+    """The run says which faults undo themselves (scenarios.runner.FaultRun: a flap has no revert)."""
+    from mrc_emu.experiments.scenarios.faults import FAULT_KINDS
+    from mrc_emu.experiments.scenarios.runner import FaultRun
+
+    def made(kind, **params):
+        return FaultRun(FAULT_KINDS[kind](at=0.3, link=("p0l0", "p0s1"), **params), ("p0l0", "p0s1")).to_dict()
+
+    assert made("flap", period_ms=100, count=3)["undoes_itself"] and not made("link-down")["undoes_itself"]
+    flap = {"kind": "flap", "description": "flap", "undoes_itself": True,
+            "events": [{"action": "flap", "began_ms": 10.0, "returned_ms": 310.0}]}
+    down = {"kind": "link-down", "description": "down", "undoes_itself": False,
+            "events": [{"action": "down", "began_ms": 10.0, "returned_ms": 10.2}]}
     congestion = {"kind": "congestion", "description": "c", "events": [{"action": "competing flows start", "at_progress": 0.3}]}
     windows = plots.fault_windows({"faults": [flap, down, congestion, *_fault(3.0, 9.0)]})
     assert [(w.start_ms, w.end_ms) for w in windows] == [(10.0, 310.0), (10.0, None), (3.0, 9.0)]

@@ -9,14 +9,15 @@
  * recovery.py) reads them unchanged; it encodes a batch of up to BATCH frames into its own
  * buffers (wire/patch.h, the encoder's own code) and, where the driver's send function offers
  * a batch sender (send_many.h: the socket driver's sendmmsg), hands the batch to the kernel in
- * one call. It is optional: without it the requester's own loop sends every packet (the unit
- * tests run the transfers both ways and compare every frame).
+ * one call. It is optional: without it the requester's own loop sends every packet
+ * (tests/test_send_loop.py drives both loops through the same events and compares every frame,
+ * the sent-packet table, every call to the CC and the EV statistics after each event).
  *
  * Pkt(psn, wr, offset, length, last): one packet of a WRITE; ev, sent_ns and tx are set when
  *     it is sent. The same fields as recovery.py's pure-Python PyPkt.
  *
  * spray(table, heads, paths, mtu, wr, send, now, next_psn, window_end, budget, bif, cwnd,
- *       schedule, cursor, clock) -> (sent, next_psn, bif, cursor, failed_ev, counts)
+ *       schedule, cursor, clock, cc_sent) -> (sent, next_psn, bif, cursor, failed_ev, counts)
  *   table    the requester's sent-packet table (sent.SentPackets): each packet sent is
  *            recorded in its `pkts`, `flight` and `by_ev` as SentPackets.record does; the
  *            caller adds `bif` and `counts` to its byte counters
@@ -31,12 +32,15 @@
  *            batch, when the kernel returned from it. Never before: a worker taken off the CPU
  *            inside the send would otherwise age its packets, and their ACK timeouts would
  *            fire on the emulator's own wait
+ *   cc_sent  the CC profile's on_sent(stamp, ev, mtu), called for each packet once it is recorded,
+ *            with its send time, as the Python loop calls it (None: not called)
  *   It sends while budget, window (PSN and bytes) and schedule allow and the next packet is a
  *   full-MTU one with no immediate; it returns on the first frame that cannot leave the host
  *   (failed_ev, else None), leaving that packet in flight as the Python loop does; the frames
- *   of its batch after it are neither sent nor recorded. counts: {ev: packets}. One call at a
- *   time (its batch waits in static slots): a call from inside `send` or `clock`, or from another
- *   thread meanwhile, raises RuntimeError.
+ *   of its batch after it are neither sent nor recorded. counts: {ev: packets}: the caller adds them
+ *   to the EVs' packets_sent and ev_flight (mtu bytes each). One call at a time (its batch waits in
+ *   static slots): a call from inside `send`, `clock` or `cc_sent`, or from another thread
+ *   meanwhile, raises RuntimeError.
  *
  * deliver(table, psns, seen) -> (acked, in_flight)
  *   SentPackets.deliver for a table of Pkt records: every PSN of `psns` (a range or a list)
@@ -274,6 +278,16 @@ done:
     return result;
 }
 
+/* cc_sent(stamp, ev, mtu): the CC hears of one packet sent; 0, or -1 with an exception */
+static int tell_cc(PyObject *cc_sent, PyObject *stamp_obj, PyObject *ev, PyObject *mtu_obj) {
+    if (cc_sent == Py_None)
+        return 0;
+    PyObject *args[3] = {stamp_obj, ev, mtu_obj};
+    PyObject *r = PyObject_Vectorcall(cc_sent, args, 3, NULL);
+    Py_XDECREF(r);
+    return r == NULL ? -1 : 0;
+}
+
 /* the send time: `now`, or the clock's (a new reference in *stamp_obj) */
 static int read_clock(PyObject *clock, PyObject *now_obj, long long now, PyObject **stamp_obj, long long *stamp) {
     if (clock == Py_None) {
@@ -304,12 +318,13 @@ static int read_time(PyObject *clock, long long *t) {
 }
 
 /* frame by frame through the Python `send`, each stamped and recorded once `send` has returned,
-   as the Python loop does (a refused frame too: it stays in flight). A stamp read before the send
-   would age the packet by however long the worker was off the CPU inside it. Returns the frames
-   handled (status as SendMany's) */
+   and the CC told, as the Python loop does (a refused frame too: it stays in flight). A stamp read
+   before the send would age the packet by however long the worker was off the CPU inside it.
+   Returns the frames handled (status as SendMany's) */
 static Py_ssize_t send_each(PyObject *send, PyObject *pkts, PyObject *flight, PyObject *by_ev, PyObject *wr,
                             const Planned *plan, const struct iovec *iov, Py_ssize_t k, long long mtu,
-                            PyObject *clock, PyObject *now_obj, long long now, int *status) {
+                            PyObject *mtu_obj, PyObject *clock, PyObject *now_obj, long long now,
+                            PyObject *cc_sent, int *status) {
     *status = 0;
     for (Py_ssize_t j = 0; j < k; j++) {
         PyObject *view = PyMemoryView_FromMemory((char *)iov[j].iov_base, (Py_ssize_t)iov[j].iov_len, PyBUF_READ);
@@ -349,6 +364,8 @@ static Py_ssize_t send_each(PyObject *send, PyObject *pkts, PyObject *flight, Py
             return j;
         }
         int r = record(pkts, flight, by_ev, wr, &plan[j], mtu, stamp_obj, stamp, left);
+        if (r == 0)
+            r = tell_cc(cc_sent, stamp_obj, plan[j].entry->ev, mtu_obj);
         Py_DECREF(stamp_obj);
         if (r < 0) {
             *status = -1;
@@ -363,9 +380,10 @@ static Py_ssize_t send_each(PyObject *send, PyObject *pkts, PyObject *flight, Py
 }
 
 static PyObject *spray_on(PyObject *pkts, PyObject *flight, PyObject *by_ev, PyObject *heads, PyObject *paths,
-                          long long mtu, PyObject *wr, PyObject *send, PyObject *now_obj, PyObject *next_psn_obj,
-                          PyObject *window_end_obj, PyObject *budget_obj, PyObject *bif_obj, PyObject *cwnd_obj,
-                          PyObject *schedule, PyObject *cursor_obj, PyObject *clock) {
+                          long long mtu, PyObject *mtu_obj, PyObject *wr, PyObject *send, PyObject *now_obj,
+                          PyObject *next_psn_obj, PyObject *window_end_obj, PyObject *budget_obj, PyObject *bif_obj,
+                          PyObject *cwnd_obj, PyObject *schedule, PyObject *cursor_obj, PyObject *clock,
+                          PyObject *cc_sent) {
     if (!PyDict_Check(pkts) || !PyDict_Check(flight) || !PyDict_Check(by_ev)) {
         PyErr_SetString(PyExc_TypeError, "the table's pkts, flight and by_ev must be dicts");
         return NULL;
@@ -496,8 +514,11 @@ static PyObject *spray_on(PyObject *pkts, PyObject *flight, PyObject *by_ev, PyO
                 goto done;
             }
             int r = 0;
-            for (Py_ssize_t j = 0; j < recorded && r == 0; j++)
+            for (Py_ssize_t j = 0; j < recorded && r == 0; j++) {
                 r = record(pkts, flight, by_ev, wr, &plan[j], mtu, stamp_obj, stamp, left);
+                if (r == 0)
+                    r = tell_cc(cc_sent, stamp_obj, plan[j].entry->ev, mtu_obj);
+            }
             Py_DECREF(stamp_obj);
             if (type != NULL) {
                 PyErr_Clear();
@@ -506,7 +527,8 @@ static PyObject *spray_on(PyObject *pkts, PyObject *flight, PyObject *by_ev, PyO
             if (r < 0 && status != -1)
                 status = -1;
         } else {
-            handled = send_each(send, pkts, flight, by_ev, wr, plan, iov, k, mtu, clock, now_obj, now, &status);
+            handled = send_each(send, pkts, flight, by_ev, wr, plan, iov, k, mtu, mtu_obj, clock, now_obj, now,
+                                cc_sent, &status);
             recorded = handled + (status == 1);
         }
         /* recorded and on their way (or lost at the host's own port): counted either way */
@@ -814,13 +836,13 @@ done:
 }
 
 static PyObject *spray(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 15) {
+    if (nargs != 16) {
         PyErr_SetString(PyExc_TypeError, "spray(table, heads, paths, mtu, wr, send, now, next_psn, window_end, "
-                                         "budget, bif, cwnd, schedule, cursor, clock)");
+                                         "budget, bif, cwnd, schedule, cursor, clock, cc_sent)");
         return NULL;
     }
     PyObject *table = args[0], *heads = args[1], *paths = args[2], *wr = args[4], *send = args[5],
-             *now_obj = args[6], *schedule = args[12], *clock = args[14];
+             *now_obj = args[6], *schedule = args[12], *clock = args[14], *cc_sent = args[15];
     if (!PyDict_Check(heads) || !PyDict_Check(paths) || !PyList_Check(schedule)) {
         PyErr_SetString(PyExc_TypeError, "heads and paths must be dicts, the schedule a list");
         return NULL;
@@ -844,8 +866,8 @@ static PyObject *spray(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
         PyErr_SetString(PyExc_RuntimeError, "spray: another call is using the send slots (from its send or clock, or another thread)");
     } else {
         spraying = 1;
-        out = spray_on(pkts, flight, by_ev, heads, paths, mtu, wr, send, now_obj, args[7], args[8], args[9], args[10],
-                       args[11], schedule, args[13], clock);
+        out = spray_on(pkts, flight, by_ev, heads, paths, mtu, args[3], wr, send, now_obj, args[7], args[8], args[9],
+                       args[10], args[11], schedule, args[13], clock, cc_sent);
         spraying = 0;
     }
     Py_DECREF(pkts);

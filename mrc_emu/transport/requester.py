@@ -290,18 +290,17 @@ class Requester:
                         budget = min(budget, int(tokens // (mtu + overhead)) + 1)
                     n, next_psn, table.bytes_in_flight, cursor, failed, counts = spray(
                         table, heads, paths, mtu, wr, send, now, next_psn, window_end, budget,
-                        table.bytes_in_flight, cwnd, schedule, cursor, clock)
+                        table.bytes_in_flight, cwnd, schedule, cursor, clock, cc_sent)
                     tokens -= n * (mtu + overhead)
                     self.profile.advance(cursor)
                     for ev, count in counts.items():
                         evs[ev].packets_sent += count
                         table.ev_flight[ev] += count * mtu
-                        cc_sent(now, ev, count * mtu)
                     sent += n
                     if wr.next_offset >= wr.length:
                         queue.popleft()
-                    if failed is not None:
-                        self._send_failed(failed, now if clock is None else clock())
+                    if failed is not None:  # at the refused packet's stamp (the last one recorded), as below
+                        self._send_failed(failed, pkts[next_psn - 1].sent_ns)
                     if n:
                         continue
                 offset = wr.next_offset

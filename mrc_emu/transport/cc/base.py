@@ -8,9 +8,10 @@ RTT sample of this ACK), no packet table, no clock (time comes with every event,
 `advance(now)` lets a profile's own timers run when the requester pumps).
 
 Events (the unit is bytes on one EV; the requester batches the packets of one EV that one
-ACK or one send burst covers into one event, which keeps the per-packet cost of the data path
-down; a profile takes one event as one UEC OnACK of that many bytes):
-  on_sent     bytes left on an EV
+ACK covers into one event, which keeps the per-packet cost of the data path down; a profile
+takes one event as one UEC OnACK of that many bytes):
+  on_sent     one packet's bytes left on an EV, at its send time (both send loops, C and Python,
+              call it per packet: a profile's timers run to each packet's stamp)
   on_acked    bytes newly acknowledged, with the RTT sample of that EV from this ACK (None if
               none: Karn's rule), the EV's srtt after it, and whether the ACK says a packet of
               that EV among those it newly acknowledges arrived CE-marked
