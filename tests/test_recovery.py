@@ -10,7 +10,8 @@ from mrc_emu.transport import sent as sent_module
 from mrc_emu.transport.cc.base import CongestionControl
 from mrc_emu.transport.config import QpConfig, RecoveryMode
 from mrc_emu.transport.multipath.ev import EvProfile
-from mrc_emu.transport.recovery import SAME_EV, GoBackN, Recovery, Selective
+from mrc_emu.transport import loss
+from mrc_emu.transport.recovery import GoBackN, Recovery, Selective
 from mrc_emu.wire.format import AckPacket, Syndrome, TrimNackPacket
 
 MTU = 1000
@@ -82,49 +83,201 @@ def ack(cum: int, arrived=(), base: int | None = None, echo: tuple[int, int] = (
     return AckPacket(0x11, cum & 0xFFFFFF, syndrome, 0, base & 0xFFFFFF, echo[0] & 0xFFFFFF, echo[1], ecn, bitmap)
 
 
-def test_sack_delivers_out_of_order_and_the_gap_before_a_later_packet_on_its_ev_is_lost():
+def settled(rec: Recovery, rtts: dict[int, int], var: int = 2 * US) -> None:
+    """Give each EV an RTT estimate as many samples would: srtt `rtts[ev]`, rttvar about `var`."""
+    for ev, rtt in rtts.items():
+        for i in range(64):
+            rec.profile.on_rtt(ev, rtt + (var if i % 2 else -var))
+
+
+def test_sack_delivers_out_of_order_and_a_packet_passed_by_later_ones_is_lost_after_its_evs_rtt():
     rec, cc = make()
     for ev, t in ((0, 0), (1, 10 * US), (0, 20 * US), (1, 30 * US)):  # PSNs 0..3
         send(rec, ev, t)
     rec.on_ack(ack(-1, arrived=(1, 2, 3), base=0, echo=(3, 1)), 100 * US)
     assert rec.una == 0 and sorted(rec.sent.pkts) == [0] and rec.bytes_acked == 3 * MTU
-    # PSN 0 left on EV 0 before PSN 2, which arrived: a path keeps order, so PSN 0 is lost
-    assert list(rec.sent.retx) == [0] and 0 not in rec.sent.flight and rec.sent.bytes_in_flight == 0
-    assert rec.profile.evs[0].packets_lost == 1
-    assert cc.of("lost") == [("lost", 0, MTU, True)]
     # RTT: the echoed packet's exact sample for EV 1, the newest delivered packet's for EV 0
     assert rec.profile.evs[1].rtt.latest_ns == 70 * US and rec.profile.evs[0].rtt.latest_ns == 80 * US
     assert sorted(cc.of("acked")) == [("acked", 0, MTU, 80 * US, False), ("acked", 1, 2 * MTU, 70 * US, False)]
-    rec.on_ack(ack(3), 120 * US)  # the resent PSN 0 arrived: everything is delivered
+    # PSN 0 left 30 us before the newest delivered packet: within EV 0's reorder allowance (its
+    # first sample's variation, 40 us, twice), so it may still come; it is lost once EV 0's RTT
+    # and reorder window passed since it left: 80 + 80 us
+    assert 0 in rec.sent.flight and not cc.of("lost")
+    assert rec.next_deadline() == 160 * US
+    assert rec.on_timer(159 * US) is None and 0 in rec.sent.flight
+    assert rec.on_timer(160 * US) is None
+    assert list(rec.sent.retx) == [0] and 0 not in rec.sent.flight and rec.sent.bytes_in_flight == 0
+    assert rec.profile.evs[0].packets_lost == 1 and cc.of("lost") == [("lost", 0, MTU, True)]
+    rec.on_ack(ack(3), 220 * US)  # the resent PSN 0 arrived: everything is delivered
     assert rec.una == 4 and not rec.sent.pkts and rec.sacked == 0
 
 
-def test_each_ev_has_its_own_loss_timer():
-    """A packet passed by later deliveries is lost once ITS EV's timer (srtt + 4 rttvar, at least
-    the reorder floor) runs out: a fast EV's after 0.5 ms, a slow EV's only after 3 ms."""
+def test_a_packet_sent_long_enough_before_a_delivered_one_is_lost_at_once():
+    """Rule 1 reads send times, not the time now: a delivered packet sent more than the allowance
+    (the RTT difference and the reorder window) after it proves the packet lost."""
     rec, cc = make()
-    rec.profile.on_rtt(0, 100 * US)  # timer: the 0.5 ms floor
-    rec.profile.on_rtt(1, 1000 * US)  # timer: 1 ms + 4 x 0.5 ms = 3 ms
-    assert (rec.ev_timer(0), rec.ev_timer(1)) == (500 * US, 3000 * US)
-    send(rec, 0, 0)
-    send(rec, 1, 0)
-    send(rec, 2, 10 * US)
-    rec.on_ack(ack(-1, arrived=(2,), base=0), 50 * US)
-    assert rec.sent.flight.keys() == {0, 1}  # not lost yet: neither timer ran out
-    assert rec.next_deadline() == 500 * US
-    assert rec.on_timer(499 * US) is None and rec.sent.flight.keys() == {0, 1}
-    assert rec.on_timer(600 * US) is None
-    assert rec.sent.flight.keys() == {1} and list(rec.sent.retx) == [0]
-    assert rec.on_timer(2900 * US) is None and rec.sent.flight.keys() == {1}
-    assert rec.on_timer(3100 * US) is None and not rec.sent.flight and list(rec.sent.retx) == [0, 1]
-    assert [e[:2] for e in cc.of("lost")] == [("lost", 0), ("lost", 1)]
-    assert [e.reason for e in rec.profile.events] == []  # two losses on different EVs: no EV marked bad
+    settled(rec, {0: 100 * US, 1: 100 * US, 2: 100 * US})  # window: 25 us (a quarter of 98 us)
+    assert loss.allowance(rec, 0, 1) == pytest.approx(24.5 * US)
+    old = send(rec, 0, 0)
+    send(rec, 1, 20 * US)
+    rec.on_ack(ack(-1, arrived=(1,), base=0), 120 * US)
+    assert old.psn in rec.sent.flight  # 20 us later: within the allowance
+    send(rec, 2, 30 * US)
+    rec.on_ack(ack(-1, arrived=(1, 2), base=0), 130 * US)
+    assert list(rec.sent.retx) == [old.psn]
+    assert rec.profile.events == []  # one loss: congestion, not a failed path
+    assert cc.of("lost") == [("lost", 0, MTU, True)]
 
 
-def test_a_packet_no_later_delivery_passed_waits_for_the_ack_timeout():
+def test_each_ev_has_its_own_rtt_in_the_allowance():
+    """A packet on an EV ten times slower than the one whose later packet arrived is not lost
+    while its own RTT says it may still come: a slow path is not a failed one."""
+    rec, cc = make()
+    settled(rec, {0: 100 * US, 1: 1000 * US})
+    slow = send(rec, 1, 0)
+    for i in range(1, 9):  # EV 0's packets for 800 us after it, each acknowledged 100 us later
+        send(rec, 0, i * 100 * US)
+        rec.on_ack(ack(-1, arrived=range(1, i + 1), base=0), i * 100 * US + 100 * US)
+    assert slow.psn in rec.sent.flight and not cc.of("lost")
+    assert rec.on_timer(950 * US) is None and slow.psn in rec.sent.flight
+    rec.on_ack(ack(8, echo=(0, 1)), 1000 * US)  # it came, in its EV's time
+    assert not rec.sent.pkts and not cc.of("lost") and rec.profile.events == []
+
+
+def test_reordering_inside_one_ev_is_no_loss():
+    """Packets of one EV sent 5 us apart arrive the other way round (a kernel's per-CPU backlog):
+    the earlier ones are not lost, the EV is not marked bad (the old rule, "a later packet on
+    the same EV arrived", lost all three at once and marked the EV ASSUMED_BAD)."""
+    rec, cc = make()
+    settled(rec, {0: 100 * US, 1: 100 * US})
+    for i in range(4):
+        send(rec, 0, i * 5 * US)
+    rec.on_ack(ack(-1, arrived=(3,), base=0), 120 * US)
+    assert not rec.sent.retx and not cc.of("lost") and rec.profile.events == []
+    rec.on_ack(ack(3), 125 * US)
+    assert not rec.sent.pkts and rec.profile.evs[0].packets_lost == 0
+
+
+def test_losses_on_an_ev_that_delivers_later_packets_do_not_fail_it():
+    """An EV whose packets sent after three lost ones arrive is working: the losses count against
+    the window (congestion), never towards ASSUMED_BAD."""
+    rec, cc = make()
+    settled(rec, {0: 100 * US, 1: 100 * US})
+    for i in range(3):
+        send(rec, 0, i * US)
+    send(rec, 0, 3 * US)
+    rec.on_ack(ack(-1, arrived=(3,), base=0), 110 * US)
+    rec.on_timer(500 * US)  # the three are lost by the timer: RTT and window since they left
+    assert list(rec.sent.retx) == [0, 1, 2]
+    assert rec.profile.evs[0].consecutive_losses == 0 and rec.profile.events == []
+
+
+def test_three_losses_in_a_row_make_the_ev_assumed_bad_naming_the_rule():
+    rec, cc = make(evs=(0, 1))
+    settled(rec, {0: 100 * US, 1: 100 * US})
+    for t in range(3):
+        send(rec, 0, t * US)
+    send(rec, 1, 50 * US)  # a packet sent well after them, on the other EV, arrives
+    rec.on_ack(ack(-1, arrived=(3,), base=0), 150 * US)
+    assert list(rec.sent.retx) == [0, 1, 2]
+    (event,) = rec.profile.events
+    assert event.ev == 0 and event.new.name == "ASSUMED_BAD" and loss.LATER_ACKED in event.reason
+    assert event.reason.startswith("3 consecutive losses")
+    # the first is an isolated loss (the window shrinks); the run after it is the path's, not a queue's
+    assert cc.of("lost") == [("lost", 0, MTU, True), ("lost", 0, MTU, False), ("lost", 0, MTU, False)]
+
+
+class Fabric:
+    """A synthetic network for one Recovery: each EV a path with its RTT (half each way), some EVs
+    dead (they drop everything after `dead_from`); the responder acknowledges every packet on
+    arrival with its cumulative PSN and SACK bitmap. Time advances by `step`; packets leave one
+    per step on the EV the profile picks (its spray schedule), resends first."""
+
+    def __init__(self, rec: Recovery, rtts: dict[int, int], dead=(), dead_from: int = 0) -> None:
+        self.rec, self.rtts, self.dead, self.dead_from = rec, rtts, set(dead), dead_from
+        self.arrived: set[int] = set()
+        self.pending: list[tuple[int, int, int]] = []  # (arrival at the responder, psn, ev)
+        self.acks: list[tuple[int, int, int]] = []  # (arrival of its ACK, psn, ev)
+        self.t = 0
+
+    def ack_now(self, psn: int, ev: int) -> AckPacket:
+        self.arrived.add(psn)
+        cum = self.rec.una - 1
+        while cum + 1 in self.arrived:
+            cum += 1
+        return ack(cum, arrived=sorted(p for p in self.arrived if p > cum), echo=(psn, ev))
+
+    def run(self, until: int, step: int, new_until: int | None = None) -> None:
+        rec, pending, t = self.rec, self.pending, self.t
+        while t < until:
+            if rec.sent.retx:
+                pkt = rec.sent.pkts[rec.sent.retx.popleft()]
+                ev = rec.profile.pick(pkt.ev)
+                rec.sent.record(pkt, ev, t)
+            elif new_until is None or t < new_until:
+                pkt = send(rec, rec.profile.pick(), t)
+            else:
+                pkt = None
+            if pkt is not None and not (pkt.ev in self.dead and t >= self.dead_from):
+                pending.append((t + self.rtts[pkt.ev] // 2, pkt.psn, pkt.ev))
+            t += step
+            for item in sorted(p for p in pending if p[0] <= t):
+                pending.remove(item)
+                self.acks.append((item[0] + self.rtts[item[2]] // 2, item[1], item[2]))
+            for item in sorted(a for a in self.acks if a[0] <= t):
+                self.acks.remove(item)
+                if rec.in_range(ack(item[1])):
+                    rec.on_ack(self.ack_now(item[1], item[2]), item[0])
+            assert rec.on_timer(t) is None
+        self.t = t
+
+
+def test_one_ev_of_eight_blackholed_is_found_in_a_few_rtts_without_the_ack_timeout():
+    rec, cc = make(evs=range(8))
+    rtts = {ev: 100 * US for ev in range(8)}
+    settled(rec, rtts)
+    net = Fabric(rec, rtts, dead={3}, dead_from=1000 * US)
+    net.run(until=3000 * US, step=2 * US)
+    (event,) = rec.profile.events
+    assert event.ev == 3 and event.new.name == "ASSUMED_BAD" and loss.LATER_ACKED in event.reason
+    assert event.time_ns - 1000 * US <= 4 * 100 * US  # within 4 RTTs of the blackhole
+    assert rec.timeouts == 0 and set(rec.lost_by) == {loss.LATER_ACKED}
+    # lost: what EV 3 carried from the blackhole until it was marked, and nothing else
+    assert [ev for ev, s in rec.profile.evs.items() if s.packets_lost] == [3]
+    assert rec.profile.evs[3].packets_lost <= (event.time_ns - 1000 * US) // (8 * 2 * US) + 1
+    assert not rec.sent.retx and all(p.ev != 3 for p in rec.sent.pkts.values() if p.psn in rec.sent.flight)
+
+
+def test_evs_with_ten_times_different_rtts_lose_nothing():
+    rec, cc = make(evs=range(8))
+    rtts = {ev: (100 if ev < 4 else 1000) * US for ev in range(8)}
+    settled(rec, rtts)
+    Fabric(rec, rtts).run(until=5000 * US, step=2 * US)
+    assert not cc.of("lost") and rec.timeouts == 0 and rec.profile.events == []
+
+
+def test_a_dead_evs_packet_that_was_the_qps_last_is_lost_by_the_tail_timer():
+    """Nothing is sent after it, so no later packet can pass it: the tail timer (two of the
+    QP's largest RTTs and the ACK delay) finds it, long before the ACK timeout (16.8 ms)."""
+    rec, cc = make(evs=range(8))
+    rtts = {ev: 100 * US for ev in range(8)}
+    settled(rec, rtts)
+    net = Fabric(rec, rtts, dead={7}, dead_from=0)
+    net.run(until=150 * US, step=2 * US, new_until=16 * US)  # 8 packets, the last on EV 7
+    last = max(rec.sent.pkts)
+    assert rec.sent.pkts[last].ev == 7 and len(rec.sent.pkts) == 1 and rec.una == last
+    due = rec.sent.pkts[last].sent_ns + int(2 * rec.largest_srtt()) + rec.config.ack_delay_ns
+    assert rec.next_deadline() == due < 600 * US
+    net.run(until=due + 150 * US, step=2 * US, new_until=0)  # resent on another EV, acknowledged
+    assert rec.timeouts == 0 and rec.una == last + 1 and not rec.sent.pkts
+    assert cc.of("lost") == [("lost", 7, MTU, True)] and rec.profile.evs[7].packets_lost == 1
+    assert rec.lost_by == {loss.TAIL: 1}
+
+
+def test_with_no_rtt_known_only_the_ack_timeout_finds_a_loss():
     rec, cc = make(ack_timeout_exp=10)  # 1.05 ms
     send(rec, 0, 0)
-    assert rec.on_timer(5000 * US) is None  # rack: nothing delivered, so rule 2 never applies ...
+    assert rec.on_timer(5000 * US) is None  # no RTT sample: no loss rule has a threshold ...
     assert list(rec.sent.retx) == [0] and rec.timeouts == 1  # ... the ACK timeout does
     assert cc.of("timeout") == [("timeout", 0, MTU, True)] and not cc.of("lost")
 
@@ -216,18 +369,6 @@ def test_go_back_n_finds_no_loss_by_the_sack_rules_and_counts_timeouts_without_p
 def test_the_recovery_mode_picks_the_policy(mode, policy):
     rec, _ = make(mode=mode)
     assert isinstance(rec.policy, policy) and rec.policy.mode is RecoveryMode(mode)
-
-
-def test_three_losses_in_a_row_make_the_ev_assumed_bad_naming_the_rule():
-    rec, cc = make(evs=(0, 1))
-    for t in range(4):
-        send(rec, 0, t * US)
-    rec.on_ack(ack(-1, arrived=(3,), base=0), 10 * US)
-    assert list(rec.sent.retx) == [0, 1, 2]
-    (event,) = rec.profile.events
-    assert event.ev == 0 and event.new.name == "ASSUMED_BAD" and SAME_EV in event.reason
-    # a path that delivers the packets sent after them lost these to a queue: each tells the CC so
-    assert cc.of("lost") == [("lost", 0, MTU, True)] * 3
 
 
 # ---- the driver's horizon: timers judged only as far as the emulation has seen ------------------

@@ -41,7 +41,7 @@ class QpConfig:
     ack_every: int = 32  # the responder acknowledges at least every this many data packets ...
     ack_delay_ns: int = 250_000  # ... or this long after the first packet it has not acknowledged
     probe_interval_ns: int = 1_000_000
-    reorder_floor_ns: int = 500_000  # an EV's loss timer is at least this
+    reorder_floor_ns: int = 10_000  # the least reorder window of an EV (loss.window)
     burst: int = 32  # packets per pump, so receiving is never starved
     pkey: int = fmt.DEFAULT_PKEY
     path_avoidance: bool = True  # False for the single-path baseline: no EV states, no probes

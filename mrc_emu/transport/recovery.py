@@ -4,9 +4,10 @@ Why it exists: which packets are out, which arrived and which are lost is the he
 reliable transport, and it must be testable alone, with synthetic packets and hand-made
 ACKs (tests/test_recovery.py). `SentPackets` is the table of packets sent and not known
 delivered (the C send loop records into the same object). `Recovery` reads ACKs into it
-(cumulative PSN and SACK bitmap), applies the loss rules, runs the ACK timeout and the retry
-budget, and tells the EV profile and the congestion control what it learned. How lost
-packets are found and resent is a policy: `Selective` (MRC) or `GoBackN` (RoCEv2 RC).
+(cumulative PSN and SACK bitmap), applies the loss rules (loss.py: RACK across EVs), runs the
+ACK timeout and the retry budget, and tells the EV profile and the congestion control what it
+learned. How lost packets are found and resent is a policy: `Selective` (MRC) or `GoBackN`
+(RoCEv2 RC).
 No clock and no sockets: time comes in as `now` (ns), frames go out through the requester.
 """
 
@@ -16,15 +17,14 @@ from collections.abc import Iterable
 from typing import Protocol
 
 from ..wire.format import AckPacket, Syndrome, TrimNackPacket
+from . import loss
 from .cc.base import CongestionControl
 from .config import PSN_MOD, QpConfig, RecoveryMode, psn_abs
 from .ledger import Ledger
 from .multipath.ev import EvProfile
 from .sent import PyPkt, SentPackets
 
-SAME_EV = "a later packet on the same EV arrived"  # loss rule 1: a path keeps order
-EV_TIMER = "not acknowledged while later packets were"  # loss rule 2: the EV's timer ran out
-ACK_TIMEOUT = "ACK timeout"
+ACK_TIMEOUT = "ACK timeout"  # the last resort: no loss rule found it
 SEQUENCE_NAK = "PSN sequence NAK"  # go-back-N: the responder saw a gap
 # An RTT sample (less the responder's service time) shorter than this is no sample: the service
 # time's rounding (1/1024) outweighs so short an RTT. Taken as 1 us, it pulled the CC's base RTT down.
@@ -42,7 +42,6 @@ def rtt_sample(heard: int, sent_ns: int, left_ns: int) -> int | None:
     if rtt < MIN_RTT_SAMPLE_NS or 2 * (sent_ns - left_ns) > rtt:
         return None
     return rtt
-LOSS_CHECK_NS = 100_000  # how often the pump re-runs the loss rules when no ACK comes
 
 
 class Recovery:
@@ -57,15 +56,16 @@ class Recovery:
         self.una = start_psn  # lowest PSN not known delivered (the responder's expected PSN)
         self.next_psn = start_psn  # the next new PSN (the sender advances it)
         self.sacked = 0  # bit (W-1-i) <=> PSN una+i known delivered
-        self.rack_sent_ns = -1  # latest send time of any packet known delivered
+        self.rack_sent_ns = -1  # latest send time of any packet known delivered (RACK's reference) ...
+        self.rack_ev = -1  # ... and the EV it went on
         self.bytes_acked = 0
         self.timeouts = 0
+        self.lost_by: dict[str, int] = {}  # packets declared lost, by the rule that found them (ACK_TIMEOUT too)
         self.duplicates_acked = 0
         self.trims = 0  # TRIM NACKs for known packets
         self.trims_resent = 0  # ... whose packet left flight to be resent at once
         self.ledger = Ledger()  # progress gaps and loss repairs, for the fault figures
         self._window_mask = (1 << config.window) - 1
-        self._loss_check_at = 0
         # The driver's horizon: the time up to which every datagram that reached the sockets of
         # the emulation has been read (None: the driver's `now` is the horizon, as in virtual
         # time). Time-driven loss decisions are taken at min(now, horizon), so a timer never
@@ -79,7 +79,7 @@ class Recovery:
         horizon = self.horizon
         return now if horizon is None or horizon >= now else horizon
 
-    def _put_off(self, deadline: int, now: int) -> None:
+    def put_off(self, deadline: int, now: int) -> None:
         """A timer not yet due at the horizon: count it once if it was due at `now` already."""
         if deadline <= now and deadline != self._last_deferred:
             self.deferred += 1
@@ -220,7 +220,7 @@ class Recovery:
             if marked or evs[ev].ecn:
                 profile.on_ecn(ev, marked, count)
             if latest_sent > self.rack_sent_ns:
-                self.rack_sent_ns = latest_sent
+                self.rack_sent_ns, self.rack_ev = latest_sent, ev
             sample = None
             if ev == sampled:
                 sample = rtt
@@ -240,82 +240,41 @@ class Recovery:
     def lose(self, pkt: PyPkt, now: int, why: str) -> None:
         """`pkt` is lost: out of flight, queued to resend, counted against its EV and told to the CC."""
         self.ledger.lost(pkt, now)
+        self.lost_by[why] = self.lost_by.get(why, 0) + 1
         self.sent.out_of_flight(pkt)
         self.sent.retx.append(pkt.psn)
         stats = self.profile.evs[pkt.ev]
+        run = 0
         if self.config.path_avoidance:
-            self.profile.on_lost(pkt.ev, now, why)
+            run = self.profile.on_lost(pkt.ev, now, why, pkt.sent_ns)
         else:
             stats.packets_lost += 1
         # An isolated loss, or one on a path that keeps delivering, is congestion: the window shrinks.
         # A run of losses on one EV is a failing path: the EV's state handles it, not the window.
-        congestion = why is SAME_EV or stats.consecutive_losses <= 1
+        congestion = run <= 1
         if why is ACK_TIMEOUT:
             self.cc.on_timeout(now, pkt.ev, pkt.length, stats.rtt.srtt_ns, congestion)
         else:
             self.cc.on_lost(now, pkt.ev, pkt.length, stats.rtt.srtt_ns, congestion)
 
-    def ev_timer(self, ev: int) -> int:
-        """How long a packet on `ev` may stay unacknowledged once later packets got through:
-        srtt + 4 rttvar of that EV, as TCP's RTO (EVs differ: each plane queues on its own).
-        An EV without a sample yet borrows 3 x the largest srtt of the others."""
-        rtt = self.profile.evs[ev].rtt
-        floor = self.config.reorder_floor_ns
-        if rtt.srtt_ns:
-            return rtt.timer(floor)
-        known = [s.rtt.srtt_ns for s in self.profile.evs.values() if s.rtt.srtt_ns]
-        return max(floor, int(3 * max(known))) if known else self.config.ack_timeout_ns
-
-    def path_order_losses(self, now: int, evs: Iterable[int]) -> None:
-        """Rule 1: a path keeps order, so once a later packet on an EV is delivered, the earlier
-        ones on that EV are lost."""
-        sent = self.sent
-        for ev in evs:
-            delivered_up_to = self.profile.evs[ev].last_delivered_sent_ns
-            while (pkt := sent.front(ev)) is not None and pkt.sent_ns < delivered_up_to:
-                sent.by_ev[ev].popleft()
-                self.lose(pkt, now, SAME_EV)
-
-    def ev_timer_losses(self, now: int) -> None:
-        """Rule 2: a packet older than something already delivered (on any EV) is lost once its
-        EV's timer has run out: how a dead path shows."""
-        sent = self.sent
-        rack = self.rack_sent_ns
-        known = self.decide_at(now)
-        for ev in sent.by_ev:
-            timer = None
-            while (pkt := sent.front(ev)) is not None and pkt.sent_ns < rack:
-                timer = timer or self.ev_timer(ev)
-                deadline = pkt.sent_ns + timer
-                if known < deadline:
-                    self._put_off(deadline, now)
-                    break
-                sent.by_ev[ev].popleft()
-                self.lose(pkt, now, EV_TIMER)
-
-    def ev_timer_deadline(self) -> int | None:
-        """When rule 2 would declare the next packet lost, if nothing arrives."""
-        deadlines = []
-        for ev in self.sent.by_ev:
-            pkt = self.sent.front(ev)
-            if pkt is not None and pkt.sent_ns < self.rack_sent_ns:
-                deadlines.append(pkt.sent_ns + self.ev_timer(ev))
-        return min(deadlines) if deadlines else None
+    def largest_srtt(self) -> float:
+        """The largest srtt of the QP's EVs (0: no sample yet)."""
+        return max((stats.rtt.srtt_ns for stats in self.profile.evs.values()), default=0.0)
 
     # ---- the ACK timeout -----------------------------------------------------------------
 
     def on_timer(self, now: int) -> str | None:
-        """Run what is due at `now`: ACK timeouts, then the loss rules (at most every
-        LOSS_CHECK_NS: ACKs run them too, and the EV timers, >= 0.5 ms, need no finer look).
+        """Run what is due at `now`: ACK timeouts, then the loss rules' timers once one is due.
         Returns the QP's error when a packet's retry budget is spent. Timers are judged at
-        `decide_at(now)`; what that puts off is counted in `deferred`."""
+        `decide_at(now)`; what that puts off is counted in `deferred` and looked at again on the
+        next call (the requester asks to be woken for it)."""
         sent = self.sent
         known = self.decide_at(now)
         while (pkt := sent.oldest()) is not None:
             tries = self.policy.tries(pkt)
             deadline = pkt.sent_ns + self.config.ack_timeout_for(tries)
             if known < deadline:
-                self._put_off(deadline, now)
+                self.put_off(deadline, now)
                 break
             self.timeouts += 1
             if self.config.retry_budget_spent(tries):
@@ -325,9 +284,11 @@ class Recovery:
                         f"retries, ACK timeout {self.config.ack_timeout_ns / 1e6:.1f} ms); "
                         f"EVs tried: {evs}. Every path to the responder seems dead.")
             self.policy.on_ack_timeout(self, pkt, now)
-        if sent.flight and known >= self._loss_check_at:
-            self.policy.detect_losses(self, now, None)
-            self._loss_check_at = known + LOSS_CHECK_NS
+        if sent.flight and (due := self.policy.loss_deadline(self)) is not None:
+            if known >= due:
+                self.policy.detect_losses(self, now, None)
+            else:
+                self.put_off(due, now)
         return None
 
     def next_deadline(self) -> int | None:
@@ -336,8 +297,8 @@ class Recovery:
         if pkt is None:
             return None
         deadline = pkt.sent_ns + self.config.ack_timeout_for(self.policy.tries(pkt))
-        loss = self.policy.loss_deadline(self)
-        return deadline if loss is None else min(deadline, max(loss, self._loss_check_at))
+        loss_due = self.policy.loss_deadline(self)
+        return deadline if loss_due is None else min(deadline, loss_due)
 
 
 class RecoveryPolicy(Protocol):
@@ -354,8 +315,9 @@ class RecoveryPolicy(Protocol):
 
 
 class Selective:
-    """MRC's recovery: each lost packet found by the two per-EV loss rules or its own ACK
-    timeout, and resent alone (on another EV); its retry budget counts its own transmissions."""
+    """MRC's recovery: each lost packet found by the loss rules (loss.py: later packets on any EV
+    acknowledged, its EV's RTT passed, the tail) or, last, its own ACK timeout, and resent alone
+    (on another EV); its retry budget counts its own transmissions."""
 
     mode = RecoveryMode.SACK
 
@@ -363,12 +325,12 @@ class Selective:
         return False  # a sequence NAK (a PSN beyond the window) is read as any ACK: its SACK tells
 
     def detect_losses(self, recovery: Recovery, now: int, touched: Iterable[int] | None) -> None:
-        recovery.path_order_losses(now, recovery.sent.by_ev if touched is None else touched)
+        loss.later_acked(recovery, now)  # every EV: the reference moved for all of them
         if recovery.sent.flight:
-            recovery.ev_timer_losses(now)
+            loss.timer_losses(recovery, now)
 
     def loss_deadline(self, recovery: Recovery) -> int | None:
-        return recovery.ev_timer_deadline()
+        return loss.next_deadline(recovery)
 
     def tries(self, pkt: PyPkt) -> int:
         return pkt.tx

@@ -61,8 +61,9 @@ class EvStats:
     packets_delivered: int = 0
     packets_lost: int = 0
     retransmits_sent: int = 0
-    consecutive_losses: int = 0
+    consecutive_losses: int = 0  # lost packets sent after the latest-sent one it delivered (len(lost_after))
     last_delivered_sent_ns: int = -1  # send time of the latest-sent packet known delivered on this EV
+    lost_after: list[int] = field(default_factory=list, repr=False)  # their send times
     probe_due_ns: int = 0
     probes_sent: int = 0
 
@@ -161,6 +162,7 @@ class EvProfile:
         self._barred += _barred(new) - _barred(old)
         stats.state = new
         stats.consecutive_losses = 0
+        stats.lost_after.clear()
         stats.probe_due_ns = now
         if old is EvState.ASSUMED_BAD and new is EvState.GOOD:
             stats.loss = min(stats.loss, 0.1)  # back, but it earns its full share again
@@ -233,12 +235,14 @@ class EvProfile:
         """`count` packets delivered on `ev`, the latest of them sent at `sent_ns`."""
         s = self.evs[ev]
         s.packets_delivered += count
-        s.consecutive_losses = 0
         s.loss *= (1 - LOSS_GAIN) ** count
         if s.trim:
             s.trim *= (1 - LOSS_GAIN) ** count
         if sent_ns > s.last_delivered_sent_ns:
             s.last_delivered_sent_ns = sent_ns
+            if s.lost_after:  # losses of packets sent before this one are no longer a run
+                s.lost_after = [t for t in s.lost_after if t > sent_ns]
+                s.consecutive_losses = len(s.lost_after)
 
     def on_ecn(self, ev: int, marked: int, count: int) -> None:
         """`count` packets acknowledged on `ev`, `marked` of them CE-marked: the per-packet EWMA."""
@@ -260,16 +264,26 @@ class EvProfile:
         s.trim += TRIM_GAIN * (1.0 - s.trim)
         self._dirty = True
 
-    def on_lost(self, ev: int, now: int, why: str) -> None:
+    def on_lost(self, ev: int, now: int, why: str, sent_ns: int | None = None) -> int:
+        """A packet sent on `ev` at `sent_ns` (default: `now`) is lost. The EV fails (ASSUMED_BAD)
+        after `bad_after_losses` lost packets sent after the latest one it delivered: a path that
+        delivered a packet sent later than a lost one is working (it reordered or dropped one),
+        so that loss does not count towards its failure. Returns how many lost packets in a row
+        this one makes (0: it does not count, a later one arrived)."""
         self.sync(now)
         s = self.evs[ev]
         s.packets_lost += 1
-        s.consecutive_losses += 1
+        sent_ns = now if sent_ns is None else sent_ns
+        run = 0
+        if sent_ns > s.last_delivered_sent_ns:
+            s.lost_after.append(sent_ns)
+            run = s.consecutive_losses = len(s.lost_after)
         s.loss += LOSS_GAIN * (1.0 - s.loss)
         if s.state is EvState.GOOD and s.consecutive_losses >= self.bad_after_losses:
             self.set_state(ev, EvState.ASSUMED_BAD, now, f"{s.consecutive_losses} consecutive losses ({why})")
         else:
             self._dirty = True
+        return run
 
     def on_probe(self, ev: int, now: int, rtt_ns: int) -> None:
         """A probe of `ev` returned: GOOD again for every QP of the profile (unless another QP's revived
@@ -307,10 +321,9 @@ class EvProfile:
         out = self.excluded
         good = ([k for k in self.good() if k not in out]
                 or [k for k, s in self.evs.items() if s.state is EvState.ASSUMED_BAD and k not in out])
-        self._cursor = 0
         self._dirty = False
         if not good:
-            self.schedule = []
+            self.schedule, self._cursor = [], 0
             return
         samples = [self.evs[k].rtt.srtt_ns for k in good if self.evs[k].rtt.srtt_ns]
         best = min(samples) if samples else 0.0
@@ -324,6 +337,9 @@ class EvProfile:
             positions += [((j + 0.5) / slots + offset, k) for j in range(slots)]
         positions.sort()
         self.schedule = [k for _, k in positions]
+        # the cursor goes on where it was: from the start after every change (each loss reweighs),
+        # the first EVs of the schedule took every resend while the last ones were never tried
+        self._cursor %= len(self.schedule)
 
     def schedule_at(self) -> tuple[list[int], int]:
         """The spray schedule, rebuilt if anything changed, and the cursor into it: the next EV

@@ -1,0 +1,137 @@
+"""MRC's loss rules: a packet is lost when packets sent sufficiently later, on any EV, arrived.
+
+Why it exists: a QP sprays over paths whose RTTs differ (a plane's queue, a degraded link, a
+spine further away) and each path may reorder a little (a kernel's per-CPU backlog, a switch's
+priority class), so neither "a later packet on the same path arrived" nor one QP-wide timer
+says whether a packet is lost. These rules are RACK (RFC 8985) across paths, each threshold
+taken from the EVs' own RTT estimators:
+
+- **later acknowledged** (on every ACK): packet P on EV e is lost once a delivered packet D, on
+  EV d, was sent more than `allowance(e, d)` after it: D should have arrived no earlier than P
+  by then, whatever the two paths' delays. allowance = max(0, rtt_e - rtt_d) + window(e), where
+  the reorder window is a quarter of e's smallest RTT or twice its variation, whichever is more.
+  It reads send times and the RTT estimates only, not the time now: an emulator that reads the
+  ACK late does not make P look later.
+- **in time** (a timer): P, sent before the newest delivered packet but within the allowance,
+  is lost once rtt_e + window(e) passed since it left (RACK's reordering timer).
+- **tail** (a timer): P with nothing sent after it delivered (the QP's last packets, a window
+  that went quiet) is lost once two of the QP's largest RTTs and the responder's ACK delay
+  passed (a tail loss probe's timeout, resolved by resending P on another EV).
+
+The ACK timeout stays the last resort (recovery.py). Timers are judged at the time up to which
+the emulation has seen everything (`Recovery.decide_at`), and what that puts off is re-examined
+as soon as it passes.
+
+What it must never do: read a clock or change an EV's state itself (losses go to
+`Recovery.lose`, which tells the EV profile, whose own rule marks a failing path), or judge a
+packet by a delivery on its own EV alone.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from .config import QpConfig
+from .multipath.ev import EvProfile, EvStats
+from .sent import PyPkt, SentPackets
+
+
+class Recovery(Protocol):
+    """What the rules read and call of a QP's recovery (recovery.Recovery)."""
+
+    config: QpConfig
+    profile: EvProfile
+    sent: SentPackets
+    rack_sent_ns: int  # the latest send time of any packet known delivered ...
+    rack_ev: int  # ... and its EV
+
+    def decide_at(self, now: int) -> int: ...
+    def put_off(self, deadline: int, now: int) -> None: ...
+    def lose(self, pkt: PyPkt, now: int, why: str) -> None: ...
+    def largest_srtt(self) -> float: ...
+
+LATER_ACKED = "packets sent after it were acknowledged"
+NOT_IN_TIME = "not acknowledged within its EV's RTT while later packets were"
+TAIL = "nothing sent after it was acknowledged (tail)"
+REORDER_RTT_FRACTION = 4  # the reorder window: a quarter of the EV's smallest RTT (RACK's reo_wnd) ...
+REORDER_RTTVAR = 2  # ... or twice its RTT variation, whichever is larger
+NO_SAMPLE_FACTOR = 2  # an EV without an RTT sample is taken as this many times the largest one known
+TAIL_RTTS = 2  # the tail timer: this many of the QP's largest RTTs, and the responder's ACK delay
+
+
+def window(stats: EvStats, floor_ns: int) -> int:
+    """How far an EV may reorder its own packets: its reorder window (ns)."""
+    rtt = stats.rtt
+    return max(floor_ns, rtt.min_rtt_ns // REORDER_RTT_FRACTION, int(REORDER_RTTVAR * rtt.rttvar_ns))
+
+
+def expected_rtt(rec: Recovery, ev: int) -> float | None:
+    """The RTT a packet on `ev` is expected to take: its srtt, or, before its first sample, a
+    multiple of the largest srtt the QP knows (None: no EV has a sample yet)."""
+    srtt = rec.profile.evs[ev].rtt.srtt_ns
+    if srtt:
+        return srtt
+    largest = rec.largest_srtt()
+    return NO_SAMPLE_FACTOR * largest if largest else None
+
+
+def allowance(rec: Recovery, ev: int, acked_ev: int) -> float | None:
+    """How much later than a packet on `ev` a packet on `acked_ev` may have left and still arrive
+    first without the first being lost (None: no RTT known yet, no such judgement)."""
+    mine = expected_rtt(rec, ev)
+    if mine is None:
+        return None
+    theirs = rec.profile.evs[acked_ev].rtt.srtt_ns if acked_ev in rec.profile.evs else 0.0
+    return max(0.0, mine - theirs) + window(rec.profile.evs[ev], rec.config.reorder_floor_ns)
+
+
+def later_acked(rec: Recovery, now: int) -> None:
+    """Rule 1, on every ACK: each EV's oldest packets that a later-sent delivered packet passed."""
+    sent, rack, rack_ev = rec.sent, rec.rack_sent_ns, rec.rack_ev
+    if rack < 0:
+        return
+    for ev in sent.by_ev:
+        limit = allowance(rec, ev, rack_ev)
+        if limit is None:
+            return
+        while (pkt := sent.front(ev)) is not None and rack - pkt.sent_ns > limit:
+            sent.by_ev[ev].popleft()
+            rec.lose(pkt, now, LATER_ACKED)
+
+
+def deadline(rec: Recovery, ev: int, sent_ns: int) -> int | None:
+    """When a packet sent on `ev` at `sent_ns`, and not yet acknowledged, is taken as lost by a
+    timer rule (None: no RTT known yet; the ACK timeout alone then)."""
+    mine = expected_rtt(rec, ev)
+    if mine is None:
+        return None
+    if sent_ns < rec.rack_sent_ns:  # something sent after it arrived: RACK's reordering timer
+        return sent_ns + int(mine) + window(rec.profile.evs[ev], rec.config.reorder_floor_ns)
+    return sent_ns + int(TAIL_RTTS * max(mine, rec.largest_srtt())) + rec.config.ack_delay_ns
+
+
+def timer_losses(rec: Recovery, now: int) -> None:
+    """Rules 2 and 3: each EV's oldest packets whose deadline passed, as far as the emulation has
+    seen (`decide_at`); a deadline not yet reached there is put off and looked at again."""
+    sent = rec.sent
+    known = rec.decide_at(now)
+    for ev in sent.by_ev:
+        while (pkt := sent.front(ev)) is not None:
+            due = deadline(rec, ev, pkt.sent_ns)
+            if due is None:
+                break
+            if known < due:
+                rec.put_off(due, now)
+                break
+            sent.by_ev[ev].popleft()
+            rec.lose(pkt, now, NOT_IN_TIME if pkt.sent_ns < rec.rack_sent_ns else TAIL)
+
+
+def next_deadline(rec: Recovery) -> int | None:
+    """When a timer rule would next declare a packet lost, if nothing arrives meanwhile."""
+    deadlines = []
+    for ev in rec.sent.by_ev:
+        pkt = rec.sent.front(ev)
+        if pkt is not None and (due := deadline(rec, ev, pkt.sent_ns)) is not None:
+            deadlines.append(due)
+    return min(deadlines) if deadlines else None
