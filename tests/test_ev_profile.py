@@ -35,6 +35,32 @@ def test_spray_is_weighted_and_interleaved():
     assert picks.count(3) < 0.5 * picks.count(0)
 
 
+def _share_of(profile: EvProfile, ev: int, picks: int = 640) -> float:
+    profile.reweigh()
+    return [profile.pick() for _ in range(picks)].count(ev) / picks
+
+
+def test_an_ev_many_rtts_slower_than_the_best_loses_its_share_while_it_stays_slow():
+    """Delay counts in the best EV's RTTs: a few tens of microseconds against 10 us (a degraded
+    link) take the share down to a few percent; half an RTT above the best costs nothing; at
+    1 ms against 0.1 ms the same ratio does the same (no fixed threshold that a dilated clock
+    never reaches); back at the others' RTT, the EV earns its share back."""
+    for base in (10_000, 100_000):  # 10 us and 100 us paths: the same ratios, the same shares
+        profile = EvProfile(list(range(8)))
+        for ev in range(8):
+            profile.on_rtt(ev, base)
+        assert _share_of(profile, 3) == 1 / 8
+        for _ in range(40):
+            profile.on_rtt(3, int(1.4 * base))  # within half an RTT of the best: no cost
+        assert _share_of(profile, 3) == 1 / 8
+        for _ in range(40):
+            profile.on_rtt(3, 24 * base)  # a degraded EV: 237 us against 10 us
+        assert _share_of(profile, 3) <= 0.02
+        for _ in range(40):
+            profile.on_rtt(3, base)  # the degrade is lifted
+        assert _share_of(profile, 3) == 1 / 8
+
+
 def test_pick_avoids_the_previous_ev_of_a_retransmission():
     profile = EvProfile([0, 1, 2, 3])
     for avoid in [0, 1, 2, 3] * 50:

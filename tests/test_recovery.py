@@ -6,11 +6,11 @@ from types import SimpleNamespace
 
 import pytest
 
+from mrc_emu.transport import loss
 from mrc_emu.transport import sent as sent_module
 from mrc_emu.transport.cc.base import CongestionControl
 from mrc_emu.transport.config import QpConfig, RecoveryMode
 from mrc_emu.transport.multipath.ev import EvProfile
-from mrc_emu.transport import loss
 from mrc_emu.transport.recovery import GoBackN, Recovery, Selective
 from mrc_emu.wire.format import AckPacket, Syndrome, TrimNackPacket
 

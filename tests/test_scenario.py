@@ -109,3 +109,16 @@ def test_headline_compares_like_with_like():
         "MRC stalled 0.4 ms, the baseline 1,280 ms; completion +4 % against +310 % (each against its fault-free run).")
     assert report.headline(runs(0.0, None)) == "MRC stalled 0.0 ms, the baseline never."
     assert report.headline({"runs": {"mrc": {"fault_figures": None}}}) is None
+
+
+def test_a_path_failure_no_fault_caused_is_counted_and_the_run_is_never_faithful():
+    from mrc_emu.experiments.scenarios import runner
+
+    events = [{"ev": 1, "old": "GOOD", "new": "ASSUMED_BAD"}, {"ev": 3, "old": "GOOD", "new": "ASSUMED_BAD"},
+              {"ev": 3, "old": "ASSUMED_BAD", "new": "GOOD"}, {"ev": 5, "old": "DENIED", "new": "ASSUMED_BAD"}]
+    assert runner.false_ev_events(events, crossed={1}) == 1  # EV 3's; EV 5 was the controller's allow
+    assert runner.false_ev_events(events, crossed=set()) == 2  # a fault-free run: every failure is false
+    faithful = {"verdict": "faithful", "reasons": []}
+    assert runner._with_false_events(dict(faithful), 0) == faithful
+    marked = runner._with_false_events(dict(faithful), 2)
+    assert marked["verdict"] == "emulator-bound" and marked["reasons"][0].startswith("2 EV event(s)")

@@ -412,6 +412,7 @@ class Requester:
         rec = self.recovery
         return {"packets_sent": self.packets_sent, "retransmits": self.retransmits, "bytes_acked": rec.bytes_acked,
                 "duplicates_acked": rec.duplicates_acked, "naks": self.naks, "timeouts": rec.timeouts,
+                "lost_by": dict(rec.lost_by),  # packets declared lost, by the rule that found them (loss.py)
                 "send_failures": self.send_failures, "trim_nacks": self.trim_nacks, "cnps": self.cnps,
                 "trim_repair": trim_repair(rec.ledger.trim_repairs),
                 "trim_repairs": [list(r) for r in rec.ledger.trim_repairs],  # (repair, srtt then, until its NACK), ns

@@ -72,6 +72,7 @@ def _run_schema(transports: list[str], fault_kinds: list[str]) -> dict[str, Any]
             "faults": {"type": "array", "items": {"type": "object", "required": ["kind", "description", "events"],
                                                  "properties": {"kind": {"enum": fault_kinds}}}},
             "transfers": {"type": "array", "minItems": 1, "items": _TRANSFER},
+            "spurious_retransmits": _COUNT, "false_ev_events": _COUNT, "packets_sent": _COUNT,
             "pcap": {"type": ["string", "null"]},
             "capture": _CAPTURE,
             "emulation": {"type": "object", "required": ["verdict", "reasons", "workers", "time_dilation", "loop_lag_us",
@@ -148,9 +149,11 @@ def summary_rows(results: dict[str, Any]) -> list[list[str]]:
     repair: metrics.fault_figures) and the completion against the fault-free run, then the
     windowed recovery (secondary: it follows the noise)."""
     rows = [["transport", "goodput", "completion", "detection", "stall", "repair", "inflation", "windowed recovery",
-             "verified (SHA-256)", "retransmits", "reorder p50/p99/max"]]
+             "verified (SHA-256)", "retransmits (spurious)", "reorder p50/p99/max"]]
     for transport, run in results["runs"].items():
         retx = sum(t["requester"]["stats"]["retransmits"] for t in run["transfers"])
+        # resends of packets that had arrived: the responder placed them twice (runner: spurious_retransmits)
+        spurious = run.get("spurious_retransmits")
         fig = run.get("fault_figures") or {}
         none = "never" if fig else "-"
         rows.append([
@@ -162,7 +165,7 @@ def summary_rows(results: dict[str, Any]) -> list[list[str]]:
             "never" if run.get("unrecovered") else
             ("-" if run["recovery_ms"] is None else f"{run['recovery_ms']:.1f} ms"),
             "yes" if run["verified"] else "NO",
-            f"{retx:,}",
+            f"{retx:,}" + ("" if spurious is None else f" ({spurious:,})"),
             _reorder(run["transfers"][0]),
         ])
     return rows

@@ -263,6 +263,11 @@ def _summarise(transport: Transport, results: Run, runs: list[FaultRun], pcap: s
                 rec["noise_band"] = metrics.noise_band([(int(t * 1e6), b) for t, b in ref["timeline"]], fault_rel)
         entry["recovery"] = rec
         entry["fault_figures"] = figures
+        # resends of packets that had arrived (the responder placed them twice), and EVs marked
+        # ASSUMED_BAD that no fault crossed: neither is a network event
+        entry["spurious_retransmits"] = r.responder.get("stats", {}).get("duplicates", 0)
+        crossed = set().union(*(_failed_evs(transport, topo, fr, r.src, r.dst) or set() for fr in runs)) if topo else set()
+        entry["false_ev_events"] = false_ev_events(r.ev_events, crossed)
         entry["slowdown"] = (round(r.completion_ms / ref["completion_ms"], 3)
                              if ref and ref.get("completion_ms") and r.completion_ms else None)
         transfers.append(entry)
@@ -300,8 +305,28 @@ def _summarise(transport: Transport, results: Run, runs: list[FaultRun], pcap: s
         "transfers": transfers,
         "pcap": pcap,
         "flows": congestion.flows(list(results)),  # per-flow figures: FCT percentiles, fairness, timeouts
-        "emulation": results.emulation.to_dict(),
+        "spurious_retransmits": sum(t["spurious_retransmits"] for t in transfers),
+        "packets_sent": sum(t["requester"]["stats"].get("packets_sent", 0) for t in transfers),
+        "false_ev_events": sum(t["false_ev_events"] for t in transfers),
+        "emulation": _with_false_events(results.emulation.to_dict(), sum(t["false_ev_events"] for t in transfers)),
     }
+
+
+def false_ev_events(ev_events: list[dict[str, Any]], crossed: set[int]) -> int:
+    """EV events that marked ASSUMED_BAD an EV outside `crossed` (the EVs some fault of the run
+    crossed); an EV the controller allows again starts ASSUMED_BAD (from DENIED): not counted."""
+    return sum(1 for e in ev_events if e["new"] == "ASSUMED_BAD" and e["old"] != "DENIED" and e["ev"] not in crossed)
+
+
+def _with_false_events(emulation: dict[str, Any], false_events: int) -> dict[str, Any]:
+    """A run in which an EV no fault crossed was marked ASSUMED_BAD published a path failure that
+    did not happen: whatever caused it (reordering, a late datagram, a deferred timer), the run
+    is never faithful, and says why."""
+    if false_events:
+        emulation["verdict"] = "emulator-bound"
+        emulation["reasons"] = [*emulation["reasons"], f"{false_events} EV event(s) marked ASSUMED_BAD an EV that no "
+                                "fault crossed: a path failure that did not happen (docs/transport.md, Reordering)"]
+    return emulation
 
 
 # ---- the whole scenario ------------------------------------------------------------------------

@@ -96,6 +96,7 @@ LOSS_GAIN = 1 / 32
 ECN_GAIN = 1 / 16
 TRIM_GAIN = 1 / 8  # one trim cuts the EV's weight to 1/(1 + 20/8), 0.29, at once
 SCHEDULE_SLOTS_PER_EV = 8
+DELAY_GAIN = 4.0  # each best-EV RTT of delay beyond the threshold divides an EV's weight by 1 + this
 REWEIGH_CYCLES = 4
 
 
@@ -108,13 +109,14 @@ class EvProfile:
     where the device's changes (this QP's) are posted as the profile's event mask says."""
 
     def __init__(self, indexes: list[int], ev_min_active: int = 1, bad_after_losses: int = 3,
-                 target_delay_ns: int = 1_000_000, *, shared: api_profiles.EvProfile | None = None,
+                 delay_threshold_rtts: float = 0.5, *, shared: api_profiles.EvProfile | None = None,
                  events: EvEventQueue | None = None) -> None:
         if not indexes:
             raise ValueError("an EV profile needs at least one EV")
         self.indexes = list(indexes)
         self.bad_after_losses = bad_after_losses  # consecutive losses (nothing delivered in between) -> ASSUMED_BAD
-        self.target_delay_ns = target_delay_ns  # delay above the best EV's that halves an EV's weight
+        # an EV's srtt more than this many of the best EV's RTTs above it costs the EV weight
+        self.delay_threshold_rtts = delay_threshold_rtts
         self.api = shared if shared is not None else private_profile(self.indexes, ev_min_active)
         self.states = SharedStates(self.api, self.indexes, events)
         self.evs = {k: EvStats(k) for k in self.indexes}
@@ -297,13 +299,16 @@ class EvProfile:
     def weight(self, ev: int, best_srtt: float) -> float:
         """Spray weight: 1 for a clean EV, less with loss, trims, ECN marks or delay above the best EV.
 
-        Delay counts only beyond half the target above the best EV: queues of a few hundred
-        microseconds come and go on every path, and chasing them moves load back and forth
-        between planes and leaves one idle while the other drains."""
+        Delay counts in the best EV's RTTs, and only beyond `delay_threshold_rtts` of them: queues
+        of a fraction of an RTT come and go on every path, and chasing them moves load back and
+        forth between planes; an EV whose srtt is many RTTs above the best one's (a degraded link,
+        a long queue) gets 1 / (1 + DELAY_GAIN x those RTTs) of a clean one's share, as long as it
+        stays slow. In RTTs, not in a fixed time, so the threshold means the same at any RTT and
+        under any time dilation."""
         s = self.evs[ev]
         srtt = s.rtt.srtt_ns
-        excess = max(0.0, srtt - best_srtt - self.target_delay_ns / 2) if srtt else 0.0
-        return 1.0 / ((1.0 + 20.0 * (s.loss + s.trim)) * (1.0 + 4.0 * s.ecn) * (1.0 + excess / self.target_delay_ns))
+        excess = max(0.0, srtt / best_srtt - 1.0 - self.delay_threshold_rtts) if srtt and best_srtt else 0.0
+        return 1.0 / ((1.0 + 20.0 * (s.loss + s.trim)) * (1.0 + 4.0 * s.ecn) * (1.0 + DELAY_GAIN * excess))
 
     def reweigh(self) -> None:
         """Rebuild the spray schedule: an interleaved list of GOOD EVs in proportion to weight.
