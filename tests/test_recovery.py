@@ -274,6 +274,21 @@ def test_a_dead_evs_packet_that_was_the_qps_last_is_lost_by_the_tail_timer():
     assert rec.lost_by == {loss.TAIL: 1}
 
 
+def test_the_tail_timer_takes_one_packet_at_a_time_under_a_growing_queue():
+    """A shaped link filling: every packet in flight takes longer than two srtts. The tail timer
+    resends only the newest one (the probe); the others wait for what its ACK says."""
+    rec, cc = make(evs=(0,))
+    settled(rec, {0: 100 * US})
+    for i in range(20):
+        send(rec, 0, i * US)
+    due = rec.next_deadline()
+    assert due == 19 * US + int(2 * rec.largest_srtt()) + rec.config.ack_delay_ns
+    rec.on_timer(due + 1000 * US)  # long past every packet's tail deadline
+    assert list(rec.sent.retx) == [19] and rec.lost_by == {loss.TAIL: 1}
+    rec.on_timer(due + 2000 * US)  # the probe has not gone yet: nothing more
+    assert list(rec.sent.retx) == [19]
+
+
 def test_with_no_rtt_known_only_the_ack_timeout_finds_a_loss():
     rec, cc = make(ack_timeout_exp=10)  # 1.05 ms
     send(rec, 0, 0)

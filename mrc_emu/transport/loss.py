@@ -14,9 +14,13 @@ taken from the EVs' own RTT estimators:
   ACK late does not make P look later.
 - **in time** (a timer): P, sent before the newest delivered packet but within the allowance,
   is lost once rtt_e + window(e) passed since it left (RACK's reordering timer).
-- **tail** (a timer): P with nothing sent after it delivered (the QP's last packets, a window
-  that went quiet) is lost once two of the QP's largest RTTs and the responder's ACK delay
-  passed (a tail loss probe's timeout, resolved by resending P on another EV).
+- **tail** (a timer): a packet sent after the newest delivered one is judged by neither rule
+  above, so the newest packet in flight (the QP's last, or the last of a window that went quiet) is lost once two of the QP's
+  largest RTTs and the responder's ACK delay passed since it left: a tail loss probe's timeout.
+  Its resend, on another EV, is the probe: once acknowledged it is the newest delivered packet,
+  and rule 1 judges everything sent before it. Only that one packet: a queue that grows faster
+  than the RTT estimate (a shaped link filling) then costs at most one spurious resend per
+  timeout, not a window's worth.
 
 The ACK timeout stays the last resort (recovery.py). Timers are judged at the time up to which
 the emulation has seen everything (`Recovery.decide_at`), and what that puts off is re-examined
@@ -99,15 +103,22 @@ def later_acked(rec: Recovery, now: int) -> None:
             rec.lose(pkt, now, LATER_ACKED)
 
 
-def deadline(rec: Recovery, ev: int, sent_ns: int) -> int | None:
-    """When a packet sent on `ev` at `sent_ns`, and not yet acknowledged, is taken as lost by a
-    timer rule (None: no RTT known yet; the ACK timeout alone then)."""
+def deadline(rec: Recovery, ev: int, pkt: PyPkt) -> int | None:
+    """When `pkt`, on `ev` and not yet acknowledged, is taken as lost by a timer rule (None: no
+    rule applies, or no RTT is known yet; the ACK timeout alone then)."""
     mine = expected_rtt(rec, ev)
     if mine is None:
         return None
-    if sent_ns < rec.rack_sent_ns:  # something sent after it arrived: RACK's reordering timer
-        return sent_ns + int(mine) + window(rec.profile.evs[ev], rec.config.reorder_floor_ns)
-    return sent_ns + int(TAIL_RTTS * max(mine, rec.largest_srtt())) + rec.config.ack_delay_ns
+    if pkt.sent_ns < rec.rack_sent_ns:  # something sent after it arrived: RACK's reordering timer
+        return pkt.sent_ns + int(mine) + window(rec.profile.evs[ev], rec.config.reorder_floor_ns)
+    if pkt.psn != newest(rec.sent) or rec.sent.retx:
+        return None  # not the tail (the probe's acknowledgement judges it by rule 1), or a probe waits to go
+    return pkt.sent_ns + int(TAIL_RTTS * max(mine, rec.largest_srtt())) + rec.config.ack_delay_ns
+
+
+def newest(sent: SentPackets) -> int | None:
+    """The PSN of the packet in flight sent last (`flight` is in order of the latest sends)."""
+    return next(reversed(sent.flight), None)
 
 
 def timer_losses(rec: Recovery, now: int) -> None:
@@ -117,7 +128,7 @@ def timer_losses(rec: Recovery, now: int) -> None:
     known = rec.decide_at(now)
     for ev in sent.by_ev:
         while (pkt := sent.front(ev)) is not None:
-            due = deadline(rec, ev, pkt.sent_ns)
+            due = deadline(rec, ev, pkt)
             if due is None:
                 break
             if known < due:
@@ -125,6 +136,14 @@ def timer_losses(rec: Recovery, now: int) -> None:
                 break
             sent.by_ev[ev].popleft()
             rec.lose(pkt, now, NOT_IN_TIME if pkt.sent_ns < rec.rack_sent_ns else TAIL)
+    tail = newest(sent)
+    if tail is not None:  # the newest packet is not always an EV's oldest: its own tail timer
+        pkt = sent.pkts[tail]
+        due = deadline(rec, pkt.ev, pkt)
+        if due is not None and known >= due:
+            rec.lose(pkt, now, TAIL)  # its stale by_ev entry is skipped by front() later
+        elif due is not None:
+            rec.put_off(due, now)
 
 
 def next_deadline(rec: Recovery) -> int | None:
@@ -132,6 +151,9 @@ def next_deadline(rec: Recovery) -> int | None:
     deadlines = []
     for ev in rec.sent.by_ev:
         pkt = rec.sent.front(ev)
-        if pkt is not None and (due := deadline(rec, ev, pkt.sent_ns)) is not None:
+        if pkt is not None and (due := deadline(rec, ev, pkt)) is not None:
             deadlines.append(due)
+    tail = newest(rec.sent)
+    if tail is not None and (due := deadline(rec, rec.sent.pkts[tail].ev, rec.sent.pkts[tail])) is not None:
+        deadlines.append(due)
     return min(deadlines) if deadlines else None
