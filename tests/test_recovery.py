@@ -99,34 +99,71 @@ def test_sack_delivers_out_of_order_and_a_packet_passed_by_later_ones_is_lost_af
     # RTT: the echoed packet's exact sample for EV 1, the newest delivered packet's for EV 0
     assert rec.profile.evs[1].rtt.latest_ns == 70 * US and rec.profile.evs[0].rtt.latest_ns == 80 * US
     assert sorted(cc.of("acked")) == [("acked", 0, MTU, 80 * US, False), ("acked", 1, 2 * MTU, 70 * US, False)]
-    # PSN 0 left 30 us before the newest delivered packet: within EV 0's reorder allowance (its
-    # first sample's variation, 40 us, twice), so it may still come; it is lost once EV 0's RTT
-    # and reorder window passed since it left: 80 + 80 us
+    # PSN 0 left 20 us before PSN 2 on its EV: within EV 0's reorder window (its first sample's
+    # variation, 40 us, twice), so it may still come; it is lost once EV 0's srtt, four RTT
+    # variations and the ACK delay passed since EV 0 last delivered: 100 + 80 + 160 + 250 us
     assert 0 in rec.sent.flight and not cc.of("lost")
-    assert rec.next_deadline() == 160 * US
-    assert rec.on_timer(159 * US) is None and 0 in rec.sent.flight
-    assert rec.on_timer(160 * US) is None
+    assert rec.next_deadline() == 590 * US
+    assert rec.on_timer(589 * US) is None and 0 in rec.sent.flight
+    assert rec.on_timer(590 * US) is None
     assert list(rec.sent.retx) == [0] and 0 not in rec.sent.flight and rec.sent.bytes_in_flight == 0
     assert rec.profile.evs[0].packets_lost == 1 and cc.of("lost") == [("lost", 0, MTU, True)]
-    rec.on_ack(ack(3), 220 * US)  # the resent PSN 0 arrived: everything is delivered
+    rec.on_ack(ack(3), 650 * US)  # the resent PSN 0 arrived: everything is delivered
     assert rec.una == 4 and not rec.sent.pkts and rec.sacked == 0
 
 
-def test_a_packet_sent_long_enough_before_a_delivered_one_is_lost_at_once():
-    """Rule 1 reads send times, not the time now: a delivered packet sent more than the allowance
-    (the RTT difference and the reorder window) after it proves the packet lost."""
+def test_a_packet_passed_by_one_sent_later_on_its_own_ev_is_lost_at_once():
+    """Rule 1 reads send times on one EV, not the time now: a delivered packet sent more than the
+    EV's reorder window after it proves the packet lost; one sent within the window does not."""
     rec, cc = make()
-    settled(rec, {0: 100 * US, 1: 100 * US, 2: 100 * US})  # window: 25 us (a quarter of 98 us)
-    assert loss.allowance(rec, 0, 1) == pytest.approx(24.5 * US)
+    settled(rec, {0: 100 * US, 1: 100 * US})  # window: 24.5 us (a quarter of 98 us)
+    assert loss.window(rec.profile.evs[0], rec.config.reorder_floor_ns) == 24_500
     old = send(rec, 0, 0)
-    send(rec, 1, 20 * US)
+    send(rec, 0, 20 * US)
     rec.on_ack(ack(-1, arrived=(1,), base=0), 120 * US)
-    assert old.psn in rec.sent.flight  # 20 us later: within the allowance
-    send(rec, 2, 30 * US)
+    assert old.psn in rec.sent.flight  # 20 us later: within the window
+    send(rec, 0, 30 * US)
     rec.on_ack(ack(-1, arrived=(1, 2), base=0), 130 * US)
-    assert list(rec.sent.retx) == [old.psn]
+    assert list(rec.sent.retx) == [old.psn] and rec.lost_by == {loss.LATER_ACKED: 1}
     assert rec.profile.events == []  # one loss: congestion, not a failed path
     assert cc.of("lost") == [("lost", 0, MTU, True)]
+
+
+def test_a_packet_queued_behind_its_evs_deliveries_is_not_lost_while_they_go_on():
+    """EV 0's queue grew past its RTT estimate: its packets keep arriving, late, while EV 1's come
+    on time. The oldest one waiting is not lost while EV 0 delivers; it is once EV 0 goes quiet."""
+    rec, cc = make()
+    settled(rec, {0: 100 * US, 1: 100 * US})
+    for _ in range(10):  # EV 0: ten packets sent at once, the queue delivers one every 40 us
+        send(rec, 0, 0)
+    for i in range(10, 20):
+        send(rec, 1, (i - 9) * US)
+    rec.on_ack(ack(-1, arrived=range(10, 20), base=0), 110 * US)  # EV 1's, on time
+    for i in range(8):  # EV 0's, in order, the last of them 400 us after they left
+        rec.on_ack(ack(i, arrived=range(10, 20)), 120 * US + i * 40 * US)
+        rec.on_timer(120 * US + i * 40 * US + 39 * US)
+    assert not cc.of("lost") and rec.una == 8
+    rec.on_timer(2_000 * US)  # EV 0 went quiet with two still out: lost now
+    assert sorted(rec.sent.retx) == [8, 9]
+
+
+def test_another_evs_deliveries_alone_do_not_make_a_packet_lost():
+    """Packets on EV 1 sent well after one on EV 0 arrive first (EV 0's queue grew): no loss until
+    EV 0's own timer, srtt and four RTT variations, has passed since it left."""
+    rec, cc = make()
+    settled(rec, {0: 100 * US, 1: 100 * US})
+    queued = send(rec, 0, 0)
+    for i in range(1, 6):
+        send(rec, 1, i * 2 * US)
+    rec.on_ack(ack(-1, arrived=range(1, 6), base=0), 112 * US)  # sent up to 10 us after it, all arrived
+    assert queued.psn in rec.sent.flight and not cc.of("lost")
+    due = rec.next_deadline()
+    stats = rec.profile.evs[0]  # it never delivered: from when it left
+    assert due == int(stats.rtt.srtt_ns + max(4 * stats.rtt.rttvar_ns, 24_500)) + rec.config.ack_delay_ns
+    rec.on_timer(due - 1)
+    assert queued.psn in rec.sent.flight
+    rec.on_timer(due)
+    assert list(rec.sent.retx) == [queued.psn] and rec.lost_by == {loss.NOT_IN_TIME: 1}
 
 
 def test_each_ev_has_its_own_rtt_in_the_allowance():
@@ -167,7 +204,7 @@ def test_losses_on_an_ev_that_delivers_later_packets_do_not_fail_it():
         send(rec, 0, i * US)
     send(rec, 0, 3 * US)
     rec.on_ack(ack(-1, arrived=(3,), base=0), 110 * US)
-    rec.on_timer(500 * US)  # the three are lost by the timer: RTT and window since they left
+    rec.on_timer(800 * US)  # the three are lost by the timer: srtt, 4 rttvar and the ACK delay since they left
     assert list(rec.sent.retx) == [0, 1, 2]
     assert rec.profile.evs[0].consecutive_losses == 0 and rec.profile.events == []
 
@@ -179,9 +216,10 @@ def test_three_losses_in_a_row_make_the_ev_assumed_bad_naming_the_rule():
         send(rec, 0, t * US)
     send(rec, 1, 50 * US)  # a packet sent well after them, on the other EV, arrives
     rec.on_ack(ack(-1, arrived=(3,), base=0), 150 * US)
+    rec.on_timer(700 * US)  # past EV 0's timer for all three
     assert list(rec.sent.retx) == [0, 1, 2]
     (event,) = rec.profile.events
-    assert event.ev == 0 and event.new.name == "ASSUMED_BAD" and loss.LATER_ACKED in event.reason
+    assert event.ev == 0 and event.new.name == "ASSUMED_BAD" and loss.NOT_IN_TIME in event.reason
     assert event.reason.startswith("3 consecutive losses")
     # the first is an isolated loss (the window shrinks); the run after it is the path's, not a queue's
     assert cc.of("lost") == [("lost", 0, MTU, True), ("lost", 0, MTU, False), ("lost", 0, MTU, False)]
@@ -239,9 +277,10 @@ def test_one_ev_of_eight_blackholed_is_found_in_a_few_rtts_without_the_ack_timeo
     net = Fabric(rec, rtts, dead={3}, dead_from=1000 * US)
     net.run(until=3000 * US, step=2 * US)
     (event,) = rec.profile.events
-    assert event.ev == 3 and event.new.name == "ASSUMED_BAD" and loss.LATER_ACKED in event.reason
-    assert event.time_ns - 1000 * US <= 4 * 100 * US  # within 4 RTTs of the blackhole
-    assert rec.timeouts == 0 and set(rec.lost_by) == {loss.LATER_ACKED}
+    assert event.ev == 3 and event.new.name == "ASSUMED_BAD" and loss.NOT_IN_TIME in event.reason
+    # within 4 RTTs of the blackhole, and the responder's ACK delay the timer allows for
+    assert event.time_ns - 1000 * US <= 4 * 100 * US + rec.config.ack_delay_ns
+    assert rec.timeouts == 0 and set(rec.lost_by) == {loss.NOT_IN_TIME}
     # lost: what EV 3 carried from the blackhole until it was marked, and nothing else
     assert [ev for ev, s in rec.profile.evs.items() if s.packets_lost] == [3]
     assert rec.profile.evs[3].packets_lost <= (event.time_ns - 1000 * US) // (8 * 2 * US) + 1

@@ -217,7 +217,7 @@ class _World:
             "flight": list(table.flight), "by_ev": {ev: list(q) for ev, q in table.by_ev.items()},
             "ev_flight": dict(table.ev_flight), "bytes_in_flight": table.bytes_in_flight, "retx": list(table.retx),
             "recovery": (rec.una, rec.next_psn, rec.sacked, rec.rack_sent_ns, rec.bytes_acked, rec.timeouts,
-                         rec.duplicates_acked, rec.trims, rec.trims_resent, rec.deferred, rec.rack_ev, dict(rec.lost_by)),
+                         rec.duplicates_acked, rec.trims, rec.trims_resent, rec.deferred, dict(rec.lost_by)),
             "ledger": (ledger.to_dict(), list(ledger.trim_repairs), dict(ledger._trimmed)),
             "pacing": (r._pace_tokens, r._pace_at, r._pace_rate), "wakeup": r.next_wakeup(), "clock": self.clock.t,
             "evs": {ev: ({k: v for k, v in vars(s).items() if k != "rtt"}, [getattr(s.rtt, k) for k in _RTT])

@@ -2,14 +2,14 @@
 
 Why it exists: a veth hands what it transmits to the receive backlog of the CPU that happens to
 be transmitting, and a shaped port (TBF) transmits from whichever CPU its timer or its next
-enqueue runs on. Two packets of one path that leave a port from two CPUs enter two backlogs,
-and the later one can be forwarded first: one path, two orders. Measured on this project's
-2-core machine (scripts/reorder_probe.py, docs/transport.md, Reordering): numbered frames along
-one EV of the shaped `incast` fabric arrived out of order, and MRC took the reordering for loss.
-With RPS (Receive Packet Steering) set to a single CPU per interface, every packet an interface
-receives is processed by that CPU, in the order the interface received it, whichever CPU sent
-it: each hop is FIFO again, and so is every path. The CPUs are taken in turn, node by node, so
-the forwarding work still spreads over all of them.
+enqueue runs on, so two packets of one path that leave a port from two CPUs could enter two
+backlogs and the later one be forwarded first. With RPS (Receive Packet Steering) set to a
+single CPU per interface, every packet an interface receives is processed by that CPU, in the
+order the interface received it, whichever CPU sent it: each hop is FIFO, and so is every path.
+scripts/reorder_probe.py measures a path's order with and without it (docs/transport.md,
+Reordering); a fabric is not steered unless asked (the probe's `steered` mode), since the probe
+found no reordering to remove. The CPUs are taken in turn, node by node, so the forwarding work
+still spreads over all of them.
 
 RPS lives in sysfs only (`/sys/class/net/IF/queues/rx-0/rps_cpus`), and a namespace's
 interfaces show in a sysfs mounted from inside it, so a short-lived child process takes a mount
