@@ -203,10 +203,28 @@ def test_delay_without_ecn_increases_fairly():
     assert cc.cwnd > 110_000 and cc.decreases == 0
 
 
-def test_an_invalid_rtt_moves_counters_only():
-    cc = vector_cc()
+def test_an_ack_without_a_valid_sample_decides_on_the_average_delay():
+    """uet-htsim (uec.cpp processAck): an ACK with no valid RTT sample takes avg_delay as its delay
+    and runs the rest of OnACK (UEC's pseudo-code stops after the counters): marked, with the
+    average over target, it cuts (vector 5's numbers); the average itself is not fed."""
+    cc = vector_cc(avg_delay=18 * US, last_adjust_time=19 * US)
     ack(cc, 20 * US, None, ecn=True)
-    assert cc.cwnd == 150_000 and cc.inflight == 200_000 - 4096 and cc.received_bytes == 4096 and cc.avg_delay == 0
+    assert cc.cwnd == pytest.approx(90_000) and cc.decreases == 1 and cc.avg_delay == 18 * US
+    assert cc.inflight == 200_000 - 4096 and cc.received_bytes == 4096
+    calm = vector_cc(avg_delay=3 * US, last_adjust_time=19 * US)
+    ack(calm, 20 * US, None)  # unmarked, average under target: a proportional increase, batched
+    assert calm.inc_bytes == pytest.approx(calm.alpha * 4096 * 6 * US) and calm.cwnd == 150_000
+
+
+def test_cuts_follow_the_current_base_rtt_not_the_configured_one():
+    """The gate is base_rtt as it stands (uec.cpp: now - _last_dec_time > _base_rtt), so after a
+    10 us sample two cuts may come 11 us apart under a 12 us config_base_rtt."""
+    cc = vector_cc(last_adjust_time=19 * US)
+    cc.on_acked(1 * US, 0, 0, 10 * US, 0.0, False)  # base_rtt 10 us
+    for now in (20 * US, 31 * US):
+        cc.avg_delay = before_update(18 * US, 10 * US)
+        cc.on_acked(now, 0, 4096, 20 * US, 0.0, True)  # 10 us of queueing, marked
+    assert cc.base_rtt == 10 * US and cc.decreases == 2 and cc.last_dec_time == 31 * US
 
 
 def test_quick_adapt_cannot_fire_in_the_first_window():
