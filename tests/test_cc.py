@@ -118,8 +118,19 @@ def test_vector_10_a_trim_within_the_period_takes_its_bytes_and_arms_quick_adapt
     assert cc.cwnd == 145_864 and cc.trigger_qa
     ack(cc, 14 * US, 3 * US)  # before qa_endtime: no quick adapt yet (a fulfilled increase instead)
     assert cc.trigger_qa and cc.cwnd > 145_864
-    ack(cc, 15 * US, 3 * US)  # the first eligible ACK: the window becomes what was delivered in the period
+    ack(cc, 16 * US, 3 * US)  # the first eligible ACK: the window becomes what was delivered in the period
     assert cc.cwnd == 8192 and not cc.trigger_qa
+
+
+def test_quick_adapt_acts_only_after_its_period_ends():
+    """uet-htsim's quick_adapt tests `now > _qa_endtime` (UEC's pseudo-code `>=`): an ACK at the
+    period's very end is still inside it; the next one measures what the period delivered and
+    starts the next period, base_rtt + target long."""
+    cc = vector_cc(qa_endtime=15 * US, achieved_bytes=0, trigger_qa=True)
+    ack(cc, 15 * US, 3 * US)
+    assert cc.trigger_qa and cc.qa_endtime == 15 * US and cc.cwnd >= 150_000
+    ack(cc, 15 * US + 1, 3 * US)
+    assert cc.cwnd == 2 * 4096 and not cc.trigger_qa and cc.qa_endtime == 15 * US + 1 + BASE + 9 * US
 
 
 def test_vector_11_a_trim_in_the_ignore_phase_moves_nothing():
@@ -232,11 +243,11 @@ def test_quick_adapt_cannot_fire_in_the_first_window():
     the first window only starts the period; the first ACK after it may collapse the window."""
     cc = Nscc(mtu=4096, link_rate_bps=100e9, base_rtt_ns=BASE, trimming=False)
     huge = 10 * cc.p.qa_threshold
-    ack(cc, 0, huge)
-    assert cc.cwnd == 225_000 and cc.qa_endtime == 0 + BASE + BASE  # base_rtt + target (1.0 base_rtt)
+    ack(cc, 1 * US, huge)
+    assert cc.cwnd == 225_000 and cc.qa_endtime == 1 * US + BASE + BASE  # base_rtt + target (1.0 base_rtt)
     ack(cc, 10 * US, huge)  # still within the first period
     assert cc.cwnd == 225_000
-    ack(cc, 24 * US, huge)  # the period is over and it delivered 8 KiB < max_wnd >> 3
+    ack(cc, 26 * US, huge)  # the period is over and it delivered 8 KiB < max_wnd >> 3
     assert cc.cwnd == 2 * 4096 and cc.decreases == 1  # what the period's ACKs delivered (the first one only started it)
     assert cc.bytes_to_ignore == cc.inflight and cc.bytes_ignored == 0
 

@@ -159,8 +159,8 @@ class Nscc(CongestionControl):
             delay = rtt_ns - self.base_rtt
             self._update_delay(delay, n)
         p = self.p
-        # (quick adapt is called only where it can act: its ignore phase, or the end of its period)
-        if (not p.disable_qa and ((ecn and self.bytes_ignored < self.bytes_to_ignore) or now >= self.qa_endtime)
+        # (quick adapt is called only where it can act: its ignore phase, or after its period)
+        if (not p.disable_qa and ((ecn and self.bytes_ignored < self.bytes_to_ignore) or now > self.qa_endtime)
                 and self._quick_adapt(now, False, ecn, delay)):
             return
         if not ecn:
@@ -241,7 +241,7 @@ class Nscc(CongestionControl):
         fired = False
         if self.bytes_ignored < self.bytes_to_ignore and ecn:
             fired = True  # the ignore phase: marks on what was in flight at the last quick adapt
-        elif now >= self.qa_endtime:
+        elif now > self.qa_endtime:  # uet-htsim's `>` (UEC's `>=`): an event at the period's end is in it
             if (self.qa_endtime != 0 and (self.trigger_qa or is_loss or qdelay > p.qa_threshold)
                     and self.achieved_bytes < self.max_wnd / (1 << p.qa_gate)):
                 self.cwnd = float(max(self.achieved_bytes, self.mtu))
