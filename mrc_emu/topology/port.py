@@ -4,14 +4,15 @@ Why it exists: the fabric's port program (fabric/bpf/port.bpf.c) needs numbers p
 and the experiments and reports need the same numbers (is the queue's p99 under Kmax?). They
 come from the topology file's `port:` block and `base_rtt`, resolved here once, as pure data:
 defaults follow UEC 1.0's recommendations relative to the plane BDP (link_rate x base_rtt):
-probabilistic ECN between 0.2 and 0.8 BDP, trimming at 1 BDP (1.5 BDP on the last hop, the
+probabilistic ECN between 0.2 and 0.8 BDP, its probability rising from 0 at Kmin to 1 at Kmax (as
+uet-htsim's compositequeue marks), trimming at 1 BDP (1.5 BDP on the last hop, the
 port that faces a host), a buffer of 4 BDP. Sizes are bytes (`parse_size`) or BDP multiples
 ("0.8bdp"). This module never touches the kernel.
 
     base_rtt: 1ms
     port:
       buffer: 4bdp
-      ecn: {kmin: 0.2bdp, kmax: 0.8bdp, pmax: 0.2}     # or: ecn: off
+      ecn: {kmin: 0.2bdp, kmax: 0.8bdp, pmax: 1}       # or: ecn: off
       trim: {threshold: 1bdp, lasthop_threshold: 1.5bdp, bytes: 28}   # or: trim: off
       hosts: off                                       # host egress ports too?
       model: bpf                                       # or red: the kernel's RED qdisc (needs sch_red) marks
@@ -63,7 +64,7 @@ class Amount:
 class Ecn:
     kmin: Amount = Amount(0.2, True)
     kmax: Amount = Amount(0.8, True)
-    pmax: float = 0.2
+    pmax: float = 1.0  # the marking probability at kmax: 1, as uet-htsim's compositequeue (decide_ECN)
 
 
 @dataclass(frozen=True)
