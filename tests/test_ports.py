@@ -35,7 +35,7 @@ def test_defaults_follow_uec_relative_to_the_plane_bdp():
     fabric_port, last_hop = _port(topo, "p0s0", "p0l0"), _port(topo, "p0l0", "h0")
     assert fabric_port.bdp_bytes == bdp
     assert (fabric_port.kmin, fabric_port.kmax, fabric_port.pmax) == (0.2 * bdp, 0.8 * bdp, 1.0)
-    assert fabric_port.trim_threshold == bdp and last_hop.trim_threshold == 1.5 * bdp
+    assert fabric_port.trim_threshold == last_hop.trim_threshold == bdp  # the last hop too, as uet-htsim's queues
     assert fabric_port.buffer == 4 * bdp and fabric_port.trim_bytes == 28
     assert last_hop.lasthop and not fabric_port.lasthop
     assert fabric_port.hist_width * (HIST_BUCKETS - 1) >= fabric_port.buffer
@@ -59,6 +59,17 @@ def test_base_rtt_and_bdp_units_and_overrides():
     assert not _port(topo, "p0l0", "h0").ecn and _port(topo, "p0l0", "h1").ecn
     assert not _port(topo, "p0s0", "p0l0").trim and _port(topo, "p0l0", "p0s0").trim  # `from` picks one direction
     assert from_dict(topo.to_dict(), "<again>").egress_ports() == topo.egress_ports()
+
+
+def test_the_last_hop_trims_at_the_threshold_unless_the_topology_says_otherwise():
+    """Not given, a port facing a host trims where the others do (1 BDP by default, as every queue
+    of uet-htsim); `lasthop_threshold` moves it alone, and a stored topology keeps it."""
+    bdp = 50_000
+    given = _topo(port={"trim": {"lasthop_threshold": "1.5bdp"}})
+    assert _port(given, "p0l0", "h0").trim_threshold == 1.5 * bdp and _port(given, "p0s0", "p0l0").trim_threshold == bdp
+    assert from_dict(given.to_dict(), "<again>").egress_ports() == given.egress_ports()
+    shallow = _topo(port={"trim": {"threshold": "30000"}})
+    assert _port(shallow, "p0l0", "h0").trim_threshold == _port(shallow, "p0s0", "p0l0").trim_threshold == 30_000
 
 
 def test_a_tiny_bdp_is_floored_at_two_packets():

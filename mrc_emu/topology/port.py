@@ -5,15 +5,15 @@ and the experiments and reports need the same numbers (is the queue's p99 under 
 come from the topology file's `port:` block and `base_rtt`, resolved here once, as pure data:
 defaults follow UEC 1.0's recommendations relative to the plane BDP (link_rate x base_rtt):
 probabilistic ECN between 0.2 and 0.8 BDP, its probability rising from 0 at Kmin to 1 at Kmax (as
-uet-htsim's compositequeue marks), trimming at 1 BDP (1.5 BDP on the last hop, the
-port that faces a host), a buffer of 4 BDP. Sizes are bytes (`parse_size`) or BDP multiples
-("0.8bdp"). This module never touches the kernel.
+uet-htsim's compositequeue marks), trimming at 1 BDP (on the last hop, the port that faces a
+host, too, as every queue of uet-htsim; UEC allows that one 1.5 BDP), a buffer of 4 BDP. Sizes
+are bytes (`parse_size`) or BDP multiples ("0.8bdp"). This module never touches the kernel.
 
     base_rtt: 1ms
     port:
       buffer: 4bdp
       ecn: {kmin: 0.2bdp, kmax: 0.8bdp, pmax: 1}       # or: ecn: off
-      trim: {threshold: 1bdp, lasthop_threshold: 1.5bdp, bytes: 28}   # or: trim: off
+      trim: {threshold: 1bdp, lasthop_threshold: 1bdp, bytes: 28}   # or: trim: off
       hosts: off                                       # host egress ports too?
       model: bpf                                       # or red: the kernel's RED qdisc (needs sch_red) marks
       red: {burst: 3, avpkt: 4250}                     # model red only: averaged RED (default: instantaneous)
@@ -70,7 +70,7 @@ class Ecn:
 @dataclass(frozen=True)
 class Trim:
     threshold: Amount = Amount(1.0, True)
-    lasthop_threshold: Amount = Amount(1.5, True)
+    lasthop_threshold: Amount = Amount(1.0, True)  # not given: the threshold's (uet-htsim: one size everywhere)
     bytes: int = MIN_TRIM_BYTES
 
 
@@ -250,7 +250,7 @@ def _trim(value: Any, fld: str) -> Trim | None:
     if "lasthop_threshold" in data:
         lasthop = _amount(data["lasthop_threshold"], f"{fld}.lasthop_threshold")
     else:
-        lasthop = Amount(threshold.value * 1.5, threshold.bdp)
+        lasthop = threshold
     nbytes = data.get("bytes", base.bytes)
     if isinstance(nbytes, bool) or not isinstance(nbytes, int) or not MIN_TRIM_BYTES <= nbytes <= MAX_TRIM_BYTES \
             or nbytes % 4:
