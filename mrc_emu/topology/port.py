@@ -98,6 +98,7 @@ class PortModel:
     """The parsed `port:` block and `base_rtt` of a topology."""
 
     base_rtt_ns: int = DEFAULT_BASE_RTT_NS
+    base_rtt_given: bool = False  # the file says `base_rtt` (else NSCC's is measured: experiments/runtime/base_rtt.py)
     defaults: PortSpec = PortSpec()
     hosts: bool = False
     overrides: tuple[Override, ...] = ()
@@ -278,8 +279,9 @@ def parse(port: Any, base_rtt: Any, node_names: set[str]) -> PortModel:
             base_rtt_ns = parse_duration_ns(base_rtt)
         except ValueError as exc:
             raise PortError("base_rtt", str(exc)) from None
+    given = base_rtt is not None
     if port is None:
-        return PortModel(base_rtt_ns)
+        return PortModel(base_rtt_ns, given)
     data = _mapping(port, "port", _PORT_KEYS)
     defaults = replace(PortSpec(), **_fields(data, "port"))
     hosts = data.get("hosts", False)
@@ -310,7 +312,7 @@ def parse(port: Any, base_rtt: Any, node_names: set[str]) -> PortModel:
         if defaults.trim is not None or trimming:
             raise PortError(trimming[0] if trimming else "port.trim",
                             "RED cannot trim (model red): give trim: off, so both port models can run the same ports")
-    return PortModel(base_rtt_ns, defaults, hosts, tuple(overrides), port, model, burst, avpkt)
+    return PortModel(base_rtt_ns, given, defaults, hosts, tuple(overrides), port, model, burst, avpkt)
 
 
 def _queue_model(data: dict[str, Any]) -> tuple[str, int | None, int]:
