@@ -94,6 +94,8 @@ def point(fabric: Fabric, transport: Transport, hosts: list[str], size: int, por
     return {"transport": transport.value, "cc": specs[0].cc, "degree": len(hosts), **flows,
             "bottleneck_utilisation": congestion.bottleneck_utilisation(ports),
             "bottleneck": ports,
+            # NSCC's base RTT: the fabric's idle loop measured before the WRITEs (the topology gives none)
+            "base_rtt": None if run.base_rtt is None else run.base_rtt.to_dict(),
             "emulation": {"verdict": emu.verdict, "reasons": emu.reasons, "loop_lag_us": emu.loop_lag_us,
                           "cpu_busy": emu.cpu_busy}}
 
@@ -134,6 +136,8 @@ def main() -> None:
                     p = point(fabric, transport, hosts, int(args.size_mib * MiB), ports_module, args.dilation)
                     log(f"  {p['verified']}/{n} verified, utilisation {p['bottleneck_utilisation']}, Jain {p['jain']}, "
                         f"FCT p99 {p['fct_ms']['p99']} ms, timeouts {p['timeouts']}, {p['emulation']['verdict']}")
+                    if p["base_rtt"]:
+                        log(f"  NSCC's base RTT: {p['base_rtt']['summary']}")
                     points.append(p)
     finally:
         build.down(name)

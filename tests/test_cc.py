@@ -118,8 +118,19 @@ def test_vector_10_a_trim_within_the_period_takes_its_bytes_and_arms_quick_adapt
     assert cc.cwnd == 145_864 and cc.trigger_qa
     ack(cc, 14 * US, 3 * US)  # before qa_endtime: no quick adapt yet (a fulfilled increase instead)
     assert cc.trigger_qa and cc.cwnd > 145_864
-    ack(cc, 15 * US, 3 * US)  # the first eligible ACK: the window becomes what was delivered in the period
+    ack(cc, 16 * US, 3 * US)  # the first eligible ACK: the window becomes what was delivered in the period
     assert cc.cwnd == 8192 and not cc.trigger_qa
+
+
+def test_quick_adapt_acts_only_after_its_period_ends():
+    """uet-htsim's quick_adapt tests `now > _qa_endtime` (UEC's pseudo-code `>=`): an ACK at the
+    period's very end is still inside it; the next one measures what the period delivered and
+    starts the next period, base_rtt + target long."""
+    cc = vector_cc(qa_endtime=15 * US, achieved_bytes=0, trigger_qa=True)
+    ack(cc, 15 * US, 3 * US)
+    assert cc.trigger_qa and cc.qa_endtime == 15 * US and cc.cwnd >= 150_000
+    ack(cc, 15 * US + 1, 3 * US)
+    assert cc.cwnd == 2 * 4096 and not cc.trigger_qa and cc.qa_endtime == 15 * US + 1 + BASE + 9 * US
 
 
 def test_vector_11_a_trim_in_the_ignore_phase_moves_nothing():
@@ -203,10 +214,28 @@ def test_delay_without_ecn_increases_fairly():
     assert cc.cwnd > 110_000 and cc.decreases == 0
 
 
-def test_an_invalid_rtt_moves_counters_only():
-    cc = vector_cc()
+def test_an_ack_without_a_valid_sample_decides_on_the_average_delay():
+    """uet-htsim (uec.cpp processAck): an ACK with no valid RTT sample takes avg_delay as its delay
+    and runs the rest of OnACK (UEC's pseudo-code stops after the counters): marked, with the
+    average over target, it cuts (vector 5's numbers); the average itself is not fed."""
+    cc = vector_cc(avg_delay=18 * US, last_adjust_time=19 * US)
     ack(cc, 20 * US, None, ecn=True)
-    assert cc.cwnd == 150_000 and cc.inflight == 200_000 - 4096 and cc.received_bytes == 4096 and cc.avg_delay == 0
+    assert cc.cwnd == pytest.approx(90_000) and cc.decreases == 1 and cc.avg_delay == 18 * US
+    assert cc.inflight == 200_000 - 4096 and cc.received_bytes == 4096
+    calm = vector_cc(avg_delay=3 * US, last_adjust_time=19 * US)
+    ack(calm, 20 * US, None)  # unmarked, average under target: a proportional increase, batched
+    assert calm.inc_bytes == pytest.approx(calm.alpha * 4096 * 6 * US) and calm.cwnd == 150_000
+
+
+def test_cuts_follow_the_current_base_rtt_not_the_configured_one():
+    """The gate is base_rtt as it stands (uec.cpp: now - _last_dec_time > _base_rtt), so after a
+    10 us sample two cuts may come 11 us apart under a 12 us config_base_rtt."""
+    cc = vector_cc(last_adjust_time=19 * US)
+    cc.on_acked(1 * US, 0, 0, 10 * US, 0.0, False)  # base_rtt 10 us
+    for now in (20 * US, 31 * US):
+        cc.avg_delay = before_update(18 * US, 10 * US)
+        cc.on_acked(now, 0, 4096, 20 * US, 0.0, True)  # 10 us of queueing, marked
+    assert cc.base_rtt == 10 * US and cc.decreases == 2 and cc.last_dec_time == 31 * US
 
 
 def test_quick_adapt_cannot_fire_in_the_first_window():
@@ -214,11 +243,11 @@ def test_quick_adapt_cannot_fire_in_the_first_window():
     the first window only starts the period; the first ACK after it may collapse the window."""
     cc = Nscc(mtu=4096, link_rate_bps=100e9, base_rtt_ns=BASE, trimming=False)
     huge = 10 * cc.p.qa_threshold
-    ack(cc, 0, huge)
-    assert cc.cwnd == 225_000 and cc.qa_endtime == 0 + BASE + BASE  # base_rtt + target (1.0 base_rtt)
+    ack(cc, 1 * US, huge)
+    assert cc.cwnd == 225_000 and cc.qa_endtime == 1 * US + BASE + BASE  # base_rtt + target (1.0 base_rtt)
     ack(cc, 10 * US, huge)  # still within the first period
     assert cc.cwnd == 225_000
-    ack(cc, 24 * US, huge)  # the period is over and it delivered 8 KiB < max_wnd >> 3
+    ack(cc, 26 * US, huge)  # the period is over and it delivered 8 KiB < max_wnd >> 3
     assert cc.cwnd == 2 * 4096 and cc.decreases == 1  # what the period's ACKs delivered (the first one only started it)
     assert cc.bytes_to_ignore == cc.inflight and cc.bytes_ignored == 0
 

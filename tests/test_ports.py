@@ -34,8 +34,8 @@ def test_defaults_follow_uec_relative_to_the_plane_bdp():
     bdp = 400e6 / 8 * 1e-3  # 400 Mbit/s x the default base RTT of 1 ms = 50,000 bytes
     fabric_port, last_hop = _port(topo, "p0s0", "p0l0"), _port(topo, "p0l0", "h0")
     assert fabric_port.bdp_bytes == bdp
-    assert (fabric_port.kmin, fabric_port.kmax, fabric_port.pmax) == (0.2 * bdp, 0.8 * bdp, 0.2)
-    assert fabric_port.trim_threshold == bdp and last_hop.trim_threshold == 1.5 * bdp
+    assert (fabric_port.kmin, fabric_port.kmax, fabric_port.pmax) == (0.2 * bdp, 0.8 * bdp, 1.0)
+    assert fabric_port.trim_threshold == last_hop.trim_threshold == bdp  # the last hop too, as uet-htsim's queues
     assert fabric_port.buffer == 4 * bdp and fabric_port.trim_bytes == 28
     assert last_hop.lasthop and not fabric_port.lasthop
     assert fabric_port.hist_width * (HIST_BUCKETS - 1) >= fabric_port.buffer
@@ -51,14 +51,25 @@ def test_every_switch_port_is_served_and_host_ports_only_when_asked():
 
 def test_base_rtt_and_bdp_units_and_overrides():
     topo = _topo(base_rtt="2ms", port={
-        "buffer": "100k", "ecn": {"kmin": "5k", "kmax": "0.5bdp", "pmax": 1},
+        "buffer": "100k", "ecn": {"kmin": "5k", "kmax": "0.5bdp", "pmax": 0.25},
         "links": [{"link": ["p0l0", "h0"], "ecn": "off"}, {"link": ["p0l0", "p0s0"], "from": "p0s0", "trim": "off"}]})
     bdp = 400e6 / 8 * 2e-3
     port = _port(topo, "p0s1", "p0l0")
-    assert (port.buffer, port.kmin, port.kmax, port.pmax) == (100_000, 5000, 0.5 * bdp, 1.0)
+    assert (port.buffer, port.kmin, port.kmax, port.pmax) == (100_000, 5000, 0.5 * bdp, 0.25)
     assert not _port(topo, "p0l0", "h0").ecn and _port(topo, "p0l0", "h1").ecn
     assert not _port(topo, "p0s0", "p0l0").trim and _port(topo, "p0l0", "p0s0").trim  # `from` picks one direction
     assert from_dict(topo.to_dict(), "<again>").egress_ports() == topo.egress_ports()
+
+
+def test_the_last_hop_trims_at_the_threshold_unless_the_topology_says_otherwise():
+    """Not given, a port facing a host trims where the others do (1 BDP by default, as every queue
+    of uet-htsim); `lasthop_threshold` moves it alone, and a stored topology keeps it."""
+    bdp = 50_000
+    given = _topo(port={"trim": {"lasthop_threshold": "1.5bdp"}})
+    assert _port(given, "p0l0", "h0").trim_threshold == 1.5 * bdp and _port(given, "p0s0", "p0l0").trim_threshold == bdp
+    assert from_dict(given.to_dict(), "<again>").egress_ports() == given.egress_ports()
+    shallow = _topo(port={"trim": {"threshold": "30000"}})
+    assert _port(shallow, "p0l0", "h0").trim_threshold == _port(shallow, "p0s0", "p0l0").trim_threshold == 30_000
 
 
 def test_a_tiny_bdp_is_floored_at_two_packets():
@@ -105,7 +116,7 @@ def test_config_values_pack_to_the_c_struct():
     fields = ports._CFG.unpack(raw)
     assert fields[0] == 50_000_000 and fields[2] == 50_000  # the virtual queue drains at TBF's rate; its bucket
     assert fields[1] == ports.PORT_ENABLED | ports.PORT_ECN | ports.PORT_TRIM | ports.PORT_LASTHOP
-    assert fields[6] == round(0.2 * 2**32) and fields[-1] == 7
+    assert fields[6] == 0xFFFFFFFF and fields[-1] == 7  # pmax 1: every draw of a u32 but the largest marks at kmax
     assert ports._CFG.size == 48 and ports._STATE.size == 8 + 8 * (9 + HIST_BUCKETS)
 
 

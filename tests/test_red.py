@@ -27,18 +27,22 @@ def _incast(block: dict):
     return from_dict({**builtin("incast").to_dict(), "port": block}, "<test>")
 
 
+# the port block of the `tc ... red ... burst 20 probability 0.2` line that iproute2 was captured sending
+RED_LINE_BLOCK = {"model": "red", "trim": "off", "red": {"burst": 20}, "ecn": {"pmax": 0.2}}
+
+
 def _lasthop(topo):
     return next(p for p in topo.egress_ports() if p.lasthop and p.node == "p0l0")
 
 
 def test_the_port_block_maps_onto_red_one_to_one():
-    """incast: BDP 50 KB at 400 Mbit/s x 1 ms; ECN 0.2-0.8 BDP with Pmax 0.2, buffer 4 BDP."""
+    """incast: BDP 50 KB at 400 Mbit/s x 1 ms; ECN 0.2-0.8 BDP with Pmax 1, buffer 4 BDP."""
     topo = _incast({"model": "red", "trim": "off"})
     port = _lasthop(topo)
     assert (port.model, port.trim) == ("red", False)
     params = red.red_params(port, topo.ports.red_avpkt, topo.ports.red_burst)
     assert (params.limit, params.qth_min, params.qth_max) == (200_000, 10_000, 40_000)
-    assert params.max_p == round(0.2 * 2**32) and params.ecn
+    assert params.max_p == 0xFFFFFFFF and params.ecn  # Pmax 1, as far as a u32 says it
     # the default: Wlog 0, the average is the backlog each arrival finds; an idle port forgets it at once
     assert (params.wlog, params.scell_log, params.stab) == (0, 0, bytes([31] * 256))
     assert "ewma 0" in params.tc_line("p0l0-eth0")
@@ -58,7 +62,7 @@ def test_a_burst_gives_iproutes_ewma_and_idle_table():
     cell_log, stab = red.idle_table(8, 4250, 50e6)
     assert cell_log == 15 and stab[0] == 0 and stab[255] == 31 and list(stab[1:4]) == [0, 0, 0]
     assert all(a <= b for a, b in zip(stab[1:255], stab[2:255]))  # the longer idle, the larger the shift
-    topo = _incast({"model": "red", "trim": "off", "red": {"burst": 20}})
+    topo = _incast(RED_LINE_BLOCK)
     params = red.red_params(_lasthop(topo), topo.ports.red_avpkt, topo.ports.red_burst)
     assert (params.wlog, params.scell_log, params.plog) == (8, 15, 18)
     assert params.tc_line("p0l0-eth0") == ("tc qdisc replace dev p0l0-eth0 parent 2:2 handle 7265: red limit 200000 "
@@ -72,7 +76,7 @@ def test_ecn_off_is_red_as_a_fifo_at_the_buffer():
 
 
 def test_the_red_request_is_tc_red_qopt_stab_and_max_p():
-    topo = _incast({"model": "red", "trim": "off", "red": {"burst": 20}})
+    topo = _incast(RED_LINE_BLOCK)
     params = red.red_params(_lasthop(topo), topo.ports.red_avpkt, topo.ports.red_burst)
     batch = red.RedBatch()
     batch.red(9, 0x20002, params)
@@ -104,7 +108,7 @@ IPROUTE2_RED = bytes.fromhex(
 def test_the_red_request_is_what_tc_sends_for_the_same_line():
     """Byte for byte iproute2's, but for where ECN is said: tc 6.1 puts it in TCA_RED_FLAGS (a
     bitfield, kernels since 5.9), we in the tc_red_qopt flags every kernel reads."""
-    topo = _incast({"model": "red", "trim": "off", "red": {"burst": 20}})
+    topo = _incast(RED_LINE_BLOCK)
     params = red.red_params(_lasthop(topo), topo.ports.red_avpkt, topo.ports.red_burst)
     ours = red.red_options(params)
     assert len(ours) == 288 and IPROUTE2_RED[288:] == struct.pack("=HHII", 12, 4, red.TC_RED_ECN, 0x0F)

@@ -20,6 +20,7 @@ from mrc_emu.topology.evs import EvFormat
 from mrc_emu.transport import requester as requester_module
 from mrc_emu.transport import responder as responder_module
 from mrc_emu.transport import sent as sent_module
+from mrc_emu.transport.cc.fixed import FixedWindow
 from mrc_emu.transport.config import QpConfig, psn_abs
 from mrc_emu.transport.multipath.ev import EvState
 from mrc_emu.transport.multipath.paths import qp_paths
@@ -162,6 +163,24 @@ def test_each_packet_is_stamped_with_its_own_send_time(c_loop):
     assert [table.pkts[psn].left_ns for psn in table.flight] == [t - 7_000 for t in stamps]
     for ev, queue in table.by_ev.items():  # the per-EV order that loss detection walks
         assert all(table.pkts[psn].sent_ns == t and table.pkts[psn].ev == ev for psn, t in queue)
+
+
+@pytest.mark.parametrize("c_loop", [True, False])
+def test_a_packet_goes_only_if_it_fits_the_window_whole(c_loop):
+    """UEC's CanSend, as uet-htsim's can_send_NSCC has it (cwnd >= in flight + the packet's size):
+    a window of 2.5 packets (NSCC's is fractional) holds two full packets, not a third that would
+    pass it; a short last packet goes if it fits. next_wakeup agrees with pump."""
+    requester, responder, mr, buffer = pair(64 * 1024, cc=FixedWindow(2.5 * 1024, 1024), c_loop=c_loop)
+    requester.post_write(os.urandom(8 * 1024), mr.va, mr.rkey)
+    sent = []
+    requester.pump(1_000, lambda frame, path: sent.append(path.ev) or True)
+    assert len(sent) == 2 and requester.recovery.sent.bytes_in_flight == 2048
+    assert requester.next_wakeup() != 1_000  # no busy wake: the third does not fit
+    short, _, mr2, _ = pair(64 * 1024, cc=FixedWindow(2.5 * 1024, 1024), c_loop=c_loop)
+    short.post_write(os.urandom(2560), mr2.va, mr2.rkey)  # 1024 + 1024 + 512: exactly the window
+    sent.clear()
+    short.pump(1_000, lambda frame, path: sent.append(path.ev) or True)
+    assert len(sent) == 3 and short.recovery.sent.bytes_in_flight == 2560
 
 
 def test_socket_driver_pumps_at_least_every_32_datagrams():

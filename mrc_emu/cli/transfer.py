@@ -64,6 +64,9 @@ def _transfer_text(r) -> str:
         lines.append(f"{r.src} -> {r.dst}: FAILED: {r.error}")
     if r.ev_profile:
         lines.append(f"EV profile {r.ev_profile}: {len(r.evs)} EVs (EV = the profile's slot)")
+    if r.base_rtt and r.base_rtt["ns"] is not None:
+        rtt = r.base_rtt
+        lines.append(f"base RTT {rtt['summary']}" if "summary" in rtt else f"base RTT {rtt['ns'] / 1000:.0f} us ({rtt['source']})")
     stats = r.requester["stats"]
     lines.append(f"packets sent {stats['packets_sent']:,}, retransmits {stats['retransmits']:,}, ACK timeouts "
                  f"{stats['timeouts']}, duplicates placed-once {r.responder['stats']['duplicates']:,}, "

@@ -222,7 +222,7 @@ class Topology:
             **self._shape(),
             "mtu": self.mtu,
             "link_rate": None if self.link_rate_bps is None else f"{self.link_rate_bps / 1e3:.12g}kbit",
-            "base_rtt": f"{self.ports.base_rtt_ns}ns",
+            **({"base_rtt": f"{self.ports.base_rtt_ns}ns"} if self.ports.base_rtt_given else {}),
             **({} if self.ports.raw is None else {"port": self.ports.raw}),
         }
 

@@ -4,15 +4,16 @@ Why it exists: the fabric's port program (fabric/bpf/port.bpf.c) needs numbers p
 and the experiments and reports need the same numbers (is the queue's p99 under Kmax?). They
 come from the topology file's `port:` block and `base_rtt`, resolved here once, as pure data:
 defaults follow UEC 1.0's recommendations relative to the plane BDP (link_rate x base_rtt):
-probabilistic ECN between 0.2 and 0.8 BDP, trimming at 1 BDP (1.5 BDP on the last hop, the
-port that faces a host), a buffer of 4 BDP. Sizes are bytes (`parse_size`) or BDP multiples
-("0.8bdp"). This module never touches the kernel.
+probabilistic ECN between 0.2 and 0.8 BDP, its probability rising from 0 at Kmin to 1 at Kmax (as
+uet-htsim's compositequeue marks), trimming at 1 BDP (on the last hop, the port that faces a
+host, too, as every queue of uet-htsim; UEC allows that one 1.5 BDP), a buffer of 4 BDP. Sizes
+are bytes (`parse_size`) or BDP multiples ("0.8bdp"). This module never touches the kernel.
 
     base_rtt: 1ms
     port:
       buffer: 4bdp
-      ecn: {kmin: 0.2bdp, kmax: 0.8bdp, pmax: 0.2}     # or: ecn: off
-      trim: {threshold: 1bdp, lasthop_threshold: 1.5bdp, bytes: 28}   # or: trim: off
+      ecn: {kmin: 0.2bdp, kmax: 0.8bdp, pmax: 1}       # or: ecn: off
+      trim: {threshold: 1bdp, lasthop_threshold: 1bdp, bytes: 28}   # or: trim: off
       hosts: off                                       # host egress ports too?
       model: bpf                                       # or red: the kernel's RED qdisc (needs sch_red) marks
       red: {burst: 3, avpkt: 4250}                     # model red only: averaged RED (default: instantaneous)
@@ -63,13 +64,13 @@ class Amount:
 class Ecn:
     kmin: Amount = Amount(0.2, True)
     kmax: Amount = Amount(0.8, True)
-    pmax: float = 0.2
+    pmax: float = 1.0  # the marking probability at kmax: 1, as uet-htsim's compositequeue (decide_ECN)
 
 
 @dataclass(frozen=True)
 class Trim:
     threshold: Amount = Amount(1.0, True)
-    lasthop_threshold: Amount = Amount(1.5, True)
+    lasthop_threshold: Amount = Amount(1.0, True)  # not given: the threshold's (uet-htsim: one size everywhere)
     bytes: int = MIN_TRIM_BYTES
 
 
@@ -97,6 +98,7 @@ class PortModel:
     """The parsed `port:` block and `base_rtt` of a topology."""
 
     base_rtt_ns: int = DEFAULT_BASE_RTT_NS
+    base_rtt_given: bool = False  # the file says `base_rtt` (else NSCC's is measured: experiments/runtime/base_rtt.py)
     defaults: PortSpec = PortSpec()
     hosts: bool = False
     overrides: tuple[Override, ...] = ()
@@ -249,7 +251,7 @@ def _trim(value: Any, fld: str) -> Trim | None:
     if "lasthop_threshold" in data:
         lasthop = _amount(data["lasthop_threshold"], f"{fld}.lasthop_threshold")
     else:
-        lasthop = Amount(threshold.value * 1.5, threshold.bdp)
+        lasthop = threshold
     nbytes = data.get("bytes", base.bytes)
     if isinstance(nbytes, bool) or not isinstance(nbytes, int) or not MIN_TRIM_BYTES <= nbytes <= MAX_TRIM_BYTES \
             or nbytes % 4:
@@ -277,8 +279,9 @@ def parse(port: Any, base_rtt: Any, node_names: set[str]) -> PortModel:
             base_rtt_ns = parse_duration_ns(base_rtt)
         except ValueError as exc:
             raise PortError("base_rtt", str(exc)) from None
+    given = base_rtt is not None
     if port is None:
-        return PortModel(base_rtt_ns)
+        return PortModel(base_rtt_ns, given)
     data = _mapping(port, "port", _PORT_KEYS)
     defaults = replace(PortSpec(), **_fields(data, "port"))
     hosts = data.get("hosts", False)
@@ -309,7 +312,7 @@ def parse(port: Any, base_rtt: Any, node_names: set[str]) -> PortModel:
         if defaults.trim is not None or trimming:
             raise PortError(trimming[0] if trimming else "port.trim",
                             "RED cannot trim (model red): give trim: off, so both port models can run the same ports")
-    return PortModel(base_rtt_ns, defaults, hosts, tuple(overrides), port, model, burst, avpkt)
+    return PortModel(base_rtt_ns, given, defaults, hosts, tuple(overrides), port, model, burst, avpkt)
 
 
 def _queue_model(data: dict[str, Any]) -> tuple[str, int | None, int]:

@@ -34,7 +34,8 @@
  *            fire on the emulator's own wait
  *   cc_sent  the CC profile's on_sent(stamp, ev, mtu), called for each packet once it is recorded,
  *            with its send time, as the Python loop calls it (None: not called)
- *   It sends while budget, window (PSN and bytes) and schedule allow and the next packet is a
+ *   It sends while budget, window (PSN, and bytes: bif + mtu <= cwnd, UEC's CanSend, as the
+ *   Python loop's gate) and schedule allow and the next packet is a
  *   full-MTU one with no immediate; it returns on the first frame that cannot leave the host
  *   (failed_ev, else None), leaving that packet in flight as the Python loop does; the frames
  *   of its batch after it are neither sent nor recorded. counts: {ev: packets}: the caller adds them
@@ -451,7 +452,7 @@ static PyObject *spray_on(PyObject *pkts, PyObject *flight, PyObject *by_ev, PyO
         Py_ssize_t k = 0;
         long long p_psn = next_psn, p_offset = next_offset, p_bif = bif, p_sent = sent;
         Py_ssize_t p_cursor = cursor;
-        while (k < BATCH && p_sent < budget && (double)p_bif < cwnd && p_psn < window_end &&
+        while (k < BATCH && p_sent < budget && (double)(p_bif + mtu) <= cwnd && p_psn < window_end &&
                p_cursor < PyList_GET_SIZE(schedule)) {  /* read again: the callbacks may have shortened it */
             if (p_offset < 0 || wr_length - p_offset < mtu)
                 break;  /* a short packet: the Python loop sends it */

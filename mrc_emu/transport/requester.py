@@ -273,17 +273,28 @@ class Requester:
         evs, queue, writers, heads, spray = self.profile.evs, self.queue, self._writers, self._heads, self._spray
         sent = 0
         next_psn = rec.next_psn
-        while sent < burst and tokens >= 0 and table.bytes_in_flight < cwnd:
+        # UEC's CanSend (uet-htsim's can_send_NSCC): a packet goes only if it fits the window whole,
+        # bytes in flight + its length <= cwnd, the resend at the head of the queue included
+        while sent < burst and tokens >= 0:
             if retx:
-                psn = retx.popleft()
-                pkt = pkts.get(psn)
+                pkt = pkts.get(retx[0])
                 if pkt is None or pkt.psn in flight:
+                    retx.popleft()
                     continue  # delivered after all, or already resent
+                if table.bytes_in_flight + pkt.length > cwnd:
+                    break
+                retx.popleft()
                 ev = pick(pkt.ev)
                 evs[ev].retransmits_sent += 1
             elif queue and next_psn < window_end:
                 wr = queue[0]
-                if spray is not None:  # a run of full-MTU first transmissions, in C
+                offset = wr.next_offset
+                length = wr.length - offset
+                if length > mtu:
+                    length = mtu
+                if table.bytes_in_flight + length > cwnd:
+                    break
+                if spray is not None:  # a run of full-MTU first transmissions, in C (the same gate)
                     schedule, cursor = self.profile.schedule_at()
                     budget = burst - sent
                     if tokens != math.inf:  # paced: as many full packets as the bucket allows
@@ -303,10 +314,6 @@ class Requester:
                         self._send_failed(failed, pkts[next_psn - 1].sent_ns)
                     if n:
                         continue
-                offset = wr.next_offset
-                length = wr.length - offset
-                if length > mtu:
-                    length = mtu
                 wr.next_offset = offset + length
                 last = wr.next_offset >= wr.length
                 if last:
@@ -368,12 +375,19 @@ class Requester:
             self.profile.on_lost(ev, now, "no route out of the host")
 
     def _can_send(self) -> bool:
+        """Whether `pump` would send now: the packet it takes next fits the window whole (a
+        trimmed packet's resend too: it goes first once the window has room for it)."""
         if self.error is not None or self.profile.stalled:
             return False
-        if self.sent.bytes_in_flight >= self.cc.cwnd:
-            return False  # a trimmed packet's resend too: it goes first once the window has room
-        rec = self.recovery
-        return bool(self.sent.retx) or (bool(self.queue) and rec.next_psn < rec.una + self.config.window)
+        table, rec = self.sent, self.recovery
+        for psn in table.retx:
+            pkt = table.pkts.get(psn)
+            if pkt is not None and pkt.psn not in table.flight:
+                return table.bytes_in_flight + pkt.length <= self.cc.cwnd
+        if not self.queue or rec.next_psn >= rec.una + self.config.window:
+            return False
+        wr = self.queue[0]
+        return table.bytes_in_flight + min(self.config.mtu, wr.length - wr.next_offset) <= self.cc.cwnd
 
     def next_wakeup(self) -> int | None:
         if self.error is not None:

@@ -37,6 +37,7 @@ _TRANSFER = {
         "recovery": {"type": ["object", "null"], "required": ["pre_fault_gbps", "recovery_ms", "worst_gbps"]},
         "fault_figures": {"type": ["object", "null"], "required": ["detection_ms", "stall_ms", "repair_ms"]},
         "slowdown": _NUM,
+        "base_rtt": {"type": ["object", "null"], "required": ["ns", "source"]},  # what the QP's CC was told
     },
 }
 _COUNT = {"type": ["integer", "null"], "minimum": 0}
@@ -75,6 +76,7 @@ def _run_schema(transports: list[str], fault_kinds: list[str]) -> dict[str, Any]
             "spurious_retransmits": _COUNT, "false_ev_events": _COUNT, "packets_sent": _COUNT,
             "pcap": {"type": ["string", "null"]},
             "capture": _CAPTURE,
+            "base_rtt": {"type": ["object", "null"], "required": ["ns", "source", "summary"]},  # measured for NSCC
             "emulation": {"type": "object", "required": ["verdict", "reasons", "workers", "time_dilation", "loop_lag_us",
                                                          "cpu_busy", "packets_per_s", "kernel_drops"],
                           "properties": {"verdict": {"enum": ["faithful", "emulator-bound"]}}},
@@ -292,6 +294,9 @@ def markdown(results: dict[str, Any]) -> str:
               "and 10 ms is back at 90 % of the 50 ms before the fault" + _band_text(results) + ".", ""]
     for note in results["notes"]:
         lines.append(f"- {note}")
+    for transport, run in results["runs"].items():
+        if run.get("base_rtt"):
+            lines.append(f"- NSCC's base RTT ({transport}): {run['base_rtt']['summary']}.")
     if flows := flow_rows(results):
         lines += ["", "## Flows", "", "| " + " | ".join(flows[0]) + " |", "|" + "---|" * len(flows[0])]
         lines += ["| " + " | ".join(r) + " |" for r in flows[1:]]

@@ -32,11 +32,12 @@ from ...fabric.running import Fabric
 from ...io.clock import Clock, Horizon
 from ...topology import Topology
 from ...topology.evs import EvFormat
-from ...transport.cc.nscc import max_wnd_for
 from ...transport.config import QpConfig
 from ...transport.multipath.evpaths import ProfileQpPaths, profile_paths
 from ...transport.multipath.paths import QpPaths, qp_paths
 from ..analysis import emulation
+from . import base_rtt as idle_loop
+from .base_rtt import BaseRtt, cc_options_for
 from .controller import ControlRecord, LiveControl, post_run_events, qp_evs
 from .endpoint_ops import EndpointOps
 from .errors import TransferError
@@ -111,6 +112,7 @@ class TransferResult:
     ledger: dict[str, Any] = field(default_factory=dict)  # the requester's progress gaps and loss repairs (ns since start)
     ev_ops: list[dict[str, Any]] = field(default_factory=list)  # the controller's changes: time_ms, deny, allow, per-EV sent
     ev_profile: str | None = None  # the EV profile file the QP's EVs came from (EV = its slot), if any
+    base_rtt: dict[str, Any] | None = None  # what its CC was told: {"ns": base RTT or None (unknown), "source"}
 
     @property
     def verified(self) -> bool:
@@ -205,6 +207,7 @@ def run_transfers(fabric: Fabric, specs: list[TransferSpec], control: Control | 
         check_fabric(fabric)
     specs = [_with_profile(s) for s in specs]
     plans = [_plan(fabric.topology, spec) for spec in specs]
+    measured: BaseRtt | None = None
     address_of = {s.src: p.src_address for s, p in zip(specs, plans)} | {s.dst: p.dst_address for s, p in zip(specs, plans)}
     kernel_before = emulation.softnet()
     shaped = _shape_for_dilation(fabric, dilation)
@@ -214,6 +217,8 @@ def run_transfers(fabric: Fabric, specs: list[TransferSpec], control: Control | 
         _shape_for_dilation(fabric, 1.0, shaped)
         raise
     try:
+        # NSCC QPs told no base RTT get the fabric's idle loop, measured now, before any QP exists
+        specs, measured = idle_loop.for_specs(fabric.topology, specs, plans, control.endpoint, pool.of, address_of)
         deferred: list[tuple[float, Child, int]] = []
         for key, (spec, paths) in enumerate(zip(specs, plans)):
             qpn_req, qpn_resp = next(_qpns) << 8 | os.getpid() & 0xFF, next(_qpns) << 8 | os.getpid() & 0xFF
@@ -258,11 +263,12 @@ def run_transfers(fabric: Fabric, specs: list[TransferSpec], control: Control | 
         _shape_for_dilation(fabric, 1.0, shaped)
         control.finished.set()
     by_host = {h: f for f in finals for h in f.hosts}
-    results = [_result(spec, plans[key], by_host[spec.src].requesters[key], by_host[spec.dst], key, placed[key])
+    results = [_result(spec, plans[key], by_host[spec.src].requesters[key], by_host[spec.dst], key, placed[key],
+                       idle_loop.source_of(fabric.topology, spec, measured))
                for key, spec in enumerate(specs)]
     post_run_events(live.record, finals, {a: h for h, a in address_of.items()})
     report = emulation.assess(finals, results, kernel_before, emulation.softnet(), dilation)
-    return Run(results, report, pool.clock, finals)
+    return Run(results, report, pool.clock, finals, measured)
 
 
 def _with_profile(spec: TransferSpec) -> TransferSpec:
@@ -283,14 +289,16 @@ def _plan(topo: Topology, spec: TransferSpec) -> QpPaths:
 
 class Run(list):
     """The results of a run, in the order of its specs (a list), with its emulation report, the
-    workers' Final reports and the run's transport clock."""
+    workers' Final reports, the run's transport clock and the base RTT it measured for NSCC
+    (None: no QP needed one)."""
 
     def __init__(self, results: list[TransferResult], report: emulation.Report, clock: Clock,
-                 finals: list[Final]) -> None:
+                 finals: list[Final], base_rtt: BaseRtt | None = None) -> None:
         super().__init__(results)
         self.emulation = report
         self.clock = clock
         self.finals = finals
+        self.base_rtt = base_rtt
 
     def transport_time(self, monotonic_ns: int) -> int:
         """A CLOCK_MONOTONIC time (a fault agent's) on the transport's clock of this run."""
@@ -377,7 +385,8 @@ class _Watch:
         return healed or now - self.done_at >= self.linger_s
 
 
-def _result(spec: TransferSpec, paths: QpPaths, req: dict, dst: Final, key: int, placed: str) -> TransferResult:
+def _result(spec: TransferSpec, paths: QpPaths, req: dict, dst: Final, key: int, placed: str,
+            base_rtt: dict[str, Any]) -> TransferResult:
     ok = req["error"] is None and req["completed_ns"] is not None
     elapsed = req["completed_ns"] - req["start_ns"] if ok else None
     packets = -(-spec.size // spec.config.mtu)
@@ -401,22 +410,8 @@ def _result(spec: TransferSpec, paths: QpPaths, req: dict, dst: Final, key: int,
         per_ev=per_ev, ev_events=req["ev_events"], timeline=req["timeline"],
         imm_completions=resp["imm_completions"], label=spec.label, ev_timeline=req["ev_timeline"],
         ledger=req["ledger"], ev_ops=req["ev_ops"],
-        ev_profile=paths.profile if isinstance(paths, ProfileQpPaths) else None,
+        ev_profile=paths.profile if isinstance(paths, ProfileQpPaths) else None, base_rtt=base_rtt,
     )
-
-
-def cc_options_for(cc: str, topo: Topology) -> dict | None:
-    """What a QP's CC profile is configured with on this fabric, beyond its link rate and base RTT.
-
-    NSCC gets its MaxWnd configured (1.5 BDP of the topology's link rate and base RTT), so that
-    it stays put when RTT samples fall under that base RTT. UEC rescales MaxWnd to a new base RTT
-    (and leaves a configured one open, NSCC.md), but here the samples are the network's alone (the
-    responder's service time taken off): 10-60 us at time dilation 4, while the topology's base
-    RTT (1 ms by default) is what the endpoints need to close their loop; a window rescaled to
-    the samples was one packet, and four senders filled half the bottleneck."""
-    if cc != "nscc" or not topo.link_rate_bps:
-        return None
-    return {"max_cwnd": max_wnd_for(topo.link_rate_bps, topo.ports.base_rtt_ns)}
 
 
 def send(fabric: Fabric, src: str, dst: str, size: int, evs: list[int] | None = None, cc: str = "nscc",
@@ -427,15 +422,19 @@ def send(fabric: Fabric, src: str, dst: str, size: int, evs: list[int] | None = 
          ev_profile: ProfileFile | str | None = None) -> TransferResult:
     """WRITE `size` random bytes from host `src` to a buffer registered at host `dst` (over the EVs of
     `ev_profile` if given: an SRV6 GEN/EXP profile, loaded or its file, see evpaths.py). Without a
-    `config`, the QP learns the fabric's link rate and base RTT (its CC's BDP) from the topology,
-    and a DCQCN QP's responder answers CE marks with CNPs."""
+    `config`, the QP learns the fabric's link rate and base RTT (its CC's BDP) from the topology
+    (NSCC: its `base_rtt` if it gives one, else the idle loop measured before the WRITE), and a
+    DCQCN QP's responder answers CE marks with CNPs."""
     if config is None:
         topo = fabric.topology
-        config = QpConfig(mtu=mtu, link_rate_bps=topo.link_rate_bps, base_rtt_ns=topo.ports.base_rtt_ns,
-                          cnp=cc == "dcqcn", cc_options=cc_options_for(cc, topo))
+        base_rtt = topo.ports.base_rtt_ns if cc != "nscc" or topo.ports.base_rtt_given else None
+        config = QpConfig(mtu=mtu, link_rate_bps=topo.link_rate_bps, base_rtt_ns=base_rtt,
+                          cnp=cc == "dcqcn", cc_options=cc_options_for(cc, topo.link_rate_bps, base_rtt))
     spec = TransferSpec(src, dst, size, evs, ev_format, config, cc, ev_min_active, imm, recvs=recvs,
                         ev_profile=ev_profile)
     run = run_transfers(fabric, [spec], control, on_progress, linger_s, workers=workers, dilation=dilation)
     result = run[0]
     result.emulation = run.emulation.to_dict()
+    if run.base_rtt is not None and result.base_rtt["source"] == run.base_rtt.source:
+        result.base_rtt = run.base_rtt.to_dict()  # measured for it: how
     return result

@@ -309,6 +309,8 @@ def _summarise(transport: Transport, results: Run, runs: list[FaultRun], pcap: s
         "packets_sent": sum(t["requester"]["stats"].get("packets_sent", 0) for t in transfers),
         "false_ev_events": sum(t["false_ev_events"] for t in transfers),
         "emulation": _with_false_events(results.emulation.to_dict(), sum(t["false_ev_events"] for t in transfers)),
+        # NSCC's base RTT, when the run measured it (the topology gives none): runtime/base_rtt.py
+        "base_rtt": None if results.base_rtt is None else results.base_rtt.to_dict(),
     }
 
 

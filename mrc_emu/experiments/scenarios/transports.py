@@ -12,7 +12,8 @@ from enum import Enum
 from ...topology import Topology
 from ...topology.evs import EvFormat
 from ...transport.config import QpConfig
-from ..runtime.transfer import TransferSpec, cc_options_for
+from ..runtime.base_rtt import cc_options_for
+from ..runtime.transfer import TransferSpec
 
 
 class Transport(str, Enum):
@@ -26,16 +27,23 @@ class Transport(str, Enum):
         """One WRITE of this transport (`evs`: MRC's EVs to spray over; the baseline has its one path).
 
         MRC runs UEC's NSCC; the baseline runs DCQCN, as RoCEv2 is deployed, with its responder
-        answering CE marks with CNPs. Both learn the fabric's link rate and base RTT from
-        `topology` (the emulated ones: under time dilation the topology's rate, not the shaped one)."""
-        fabric = {} if topology is None else {"link_rate_bps": topology.link_rate_bps,
-                                              "base_rtt_ns": topology.ports.base_rtt_ns}
+        answering CE marks with CNPs. Both learn the fabric's link rate from `topology` (the
+        emulated one: under time dilation the topology's rate, not the shaped one); the baseline
+        its base RTT too, NSCC only a `base_rtt` the topology gives (else the run measures the
+        fabric's idle loop for it: runtime/base_rtt.py)."""
+        if topology is None:
+            rate = base_rtt = None
+        else:
+            rate, base_rtt = topology.link_rate_bps, topology.ports.base_rtt_ns
         if self is Transport.BASELINE:
-            return TransferSpec(src, dst, size, [0], EvFormat.UDP, QpConfig.baseline(mtu=mtu, cnp=True, **fabric),
+            return TransferSpec(src, dst, size, [0], EvFormat.UDP,
+                                QpConfig.baseline(mtu=mtu, cnp=True, link_rate_bps=rate, base_rtt_ns=base_rtt),
                                 "dcqcn", label=label, start_at=start_at)
-        options = None if topology is None else cc_options_for("nscc", topology)
-        return TransferSpec(src, dst, size, evs, EvFormat.SRV6, QpConfig(mtu=mtu, cc_options=options, **fabric), "nscc",
-                            label=label, start_at=start_at)
+        if topology is not None and not topology.ports.base_rtt_given:
+            base_rtt = None
+        config = QpConfig(mtu=mtu, link_rate_bps=rate, base_rtt_ns=base_rtt,
+                          cc_options=cc_options_for("nscc", rate, base_rtt))
+        return TransferSpec(src, dst, size, evs, EvFormat.SRV6, config, "nscc", label=label, start_at=start_at)
 
     @property
     def linger_s(self) -> float:

@@ -5,7 +5,9 @@ Why it exists: MRC's window must follow the algorithm UEC specifies, with the pa
 other algorithm. The window reacts to the combination of ECN and queueing delay (the four-case
 table: delay alone grows it fairly, ECN alone leaves it to the EV logic, both cut it), grows in
 batches, cuts at most once per base RTT, and collapses to what was delivered (quick adapt) after
-a trim. docs/transport.md has the equations; ../shared/ref/NSCC.md the facts behind them.
+a trim. Where UEC's pseudo-code and UEC's own simulator (uet-htsim's uec.cpp) differ, it does what
+the simulator does, so that a result here compares with the simulator's; docs/transport.md has
+the equations and lists each such place, ../shared/ref/NSCC.md the facts behind them.
 
 What it must never do: keep its own clock or RTT estimator (time and samples come with each
 event; the requester has already taken the responder's service time out of the sample and
@@ -134,7 +136,8 @@ class Nscc(CongestionControl):
 
     def on_acked(self, now: int, ev: int, nbytes: int, rtt_ns: int | None, srtt_ns: float, ecn: bool, *,
                  rcv_cwnd_pend: int = 0, restore_cwnd: bool = False) -> None:
-        """OnACK (SPEC 3.6.13.5) for n = `nbytes`, M = `ecn`, delay = `rtt_ns` - base_rtt.
+        """OnACK (SPEC 3.6.13.5) for n = `nbytes`, M = `ecn`, delay = `rtt_ns` - base_rtt, or
+        avg_delay when `rtt_ns` is None (no valid sample: uet-htsim's rule; UEC's stops there).
         `rcv_cwnd_pend` (0..127) and `restore_cwnd`: the destination's flow-control penalty
         (MRC's ACKs carry none; kept for UEC's rule and its test vector)."""
         if self.last_adjust_time is None:
@@ -147,14 +150,17 @@ class Nscc(CongestionControl):
         self.achieved_bytes += n
         rcv_limit = (rcv_cwnd_pend or restore_cwnd) and self._apply_cwnd_penalty(n, rcv_cwnd_pend, restore_cwnd)
         if rtt_ns is None or rtt_ns <= 0:
-            return  # no valid sample: counters only
-        if rtt_ns < self.base_rtt:
-            self._update_base_rtt(rtt_ns)
-        delay = rtt_ns - self.base_rtt
-        self._update_delay(delay, n)
+            # no valid sample: UEC returns here; uet-htsim decides on the average instead (uec.cpp
+            # processAck), so a marked ACK without a sample can still cut and an unmarked one grow
+            delay = self.avg_delay
+        else:
+            if rtt_ns < self.base_rtt:
+                self._update_base_rtt(rtt_ns)
+            delay = rtt_ns - self.base_rtt
+            self._update_delay(delay, n)
         p = self.p
-        # (quick adapt is called only where it can act: its ignore phase, or the end of its period)
-        if (not p.disable_qa and ((ecn and self.bytes_ignored < self.bytes_to_ignore) or now >= self.qa_endtime)
+        # (quick adapt is called only where it can act: its ignore phase, or after its period)
+        if (not p.disable_qa and ((ecn and self.bytes_ignored < self.bytes_to_ignore) or now > self.qa_endtime)
                 and self._quick_adapt(now, False, ecn, delay)):
             return
         if not ecn:
@@ -235,7 +241,7 @@ class Nscc(CongestionControl):
         fired = False
         if self.bytes_ignored < self.bytes_to_ignore and ecn:
             fired = True  # the ignore phase: marks on what was in flight at the last quick adapt
-        elif now >= self.qa_endtime:
+        elif now > self.qa_endtime:  # uet-htsim's `>` (UEC's `>=`): an event at the period's end is in it
             if (self.qa_endtime != 0 and (self.trigger_qa or is_loss or qdelay > p.qa_threshold)
                     and self.achieved_bytes < self.max_wnd / (1 << p.qa_gate)):
                 self.cwnd = float(max(self.achieved_bytes, self.mtu))
@@ -267,6 +273,8 @@ class Nscc(CongestionControl):
             self.inc_bytes += self.alpha * n * (self.p.target_delay - delay)
 
     def _multiplicative_decrease(self, now: int) -> None:
+        """At most one cut per base_rtt, the current one (the smallest sample so far), as UEC and
+        uet-htsim (uec.cpp multiplicative_decrease: now - last_dec_time > _base_rtt) both say."""
         self.increase_mode = False
         self.fi_count = 0
         avg, target = self.avg_delay, self.p.target_delay
