@@ -279,3 +279,10 @@ def test_a_host_whose_port_is_down_cannot_send_on_that_plane():
                           config=QpConfig(ack_timeout_exp=10))
     assert result.verified and result.virtual["frames_refused"] > 0
     assert {e["ev"] for e in result.per_ev if e["state"] == "ASSUMED_BAD"} == {0, 1, 2, 3}  # every plane-0 EV
+
+
+def test_huge_is_modelled_whole_and_a_write_across_it_uses_all_64_evs():
+    """512 hosts, 1,088 nodes, 16,384 egress ports; h0 -> h511 crosses leaves of every plane."""
+    result = send_virtual(builtin("huge"), "h0", "h511", 1 << 20, seed=1)
+    assert result.verified and len(result.per_ev) == 64
+    assert all(e["packets_sent"] for e in result.per_ev) and result.virtual["fabric_drops"] == {}

@@ -200,12 +200,10 @@ class VirtualFabric:
             raise ValueError(f"no link between {node} and {peer}")
         return port
 
-    def path_rtt_ns(self, hops: tuple[str, ...], out_bytes: int, back_bytes: int) -> int:
-        """The unloaded round trip over `hops` (nodes in order): a frame of `out_bytes` on the wire
-        each way out, one of `back_bytes` back, serialised and propagated at every link."""
-        links = len(hops) - 1
-        per_link = 2 * self.link_delay_ns + (out_bytes + back_bytes) * NS_BITS // self.rate_bps
-        return links * per_link
+    def path_rtt_ns(self, links: int, out_bytes: int, back_bytes: int) -> int:
+        """The unloaded round trip over a path of `links` links: a frame of `out_bytes` on the wire
+        out, one of `back_bytes` back, each serialised and propagated at every link."""
+        return links * (2 * self.link_delay_ns + (out_bytes + back_bytes) * NS_BITS // self.rate_bps)
 
     def port_counters(self) -> dict[str, dict[str, dict[str, Any]]]:
         """Per node and interface, the counters of every port that carried a frame."""

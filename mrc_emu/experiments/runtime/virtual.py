@@ -58,11 +58,10 @@ class VirtualRun(list):
 def _unloaded_rtt(fabric: VirtualFabric, topo: Topology, spec: TransferSpec, plan: Any) -> int:
     """The model's round trip between the spec's hosts over their longest path: a full data
     packet out, its ACK back, serialised and propagated on every link."""
-    same_leaf = topo.leaf_of(spec.src, 0) == topo.leaf_of(spec.dst, 0)
-    hops = (spec.src, "leaf", spec.dst) if same_leaf else (spec.src, "leaf", "spine", "leaf", spec.dst)
+    links = 2 if topo.leaf_of(spec.src, 0) == topo.leaf_of(spec.dst, 0) else 4  # turning at the leaf, or a spine
     out = max(len(p.template.encap.outer) for p in plan.forward.values()) + DATA_OVERHEAD + spec.config.mtu
     back = max(len(p.template.encap.outer) for p in plan.back.values()) + ACK_OVERHEAD
-    return fabric.path_rtt_ns(hops, out + ETH_LEN, back + ETH_LEN)
+    return fabric.path_rtt_ns(links, out + ETH_LEN, back + ETH_LEN)
 
 
 def _configured(spec: TransferSpec, fabric: VirtualFabric, rtt_ns: int) -> TransferSpec:
