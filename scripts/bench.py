@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Run every benchmark of the project and write one JSON with every figure and ratio.
 
-Usage: sudo .venv/bin/python scripts/bench.py [OUT.json] [--only fabric,wire,transport,scale,demo] [--demo-runs N]
+Usage: sudo .venv/bin/python scripts/bench.py [OUT.json] [--only fabric,wire,transport,scale,virtual,demo] [--demo-runs N]
                                               [--busy N]
 
 Each benchmark script runs in its own process, one after the other (they build fabrics and
@@ -33,6 +33,7 @@ SCRIPTS = {
     "wire": ["bench_wire.py"],
     "transport": ["bench_transport.py"],
     "scale": ["bench_scale.py"],
+    "virtual": ["bench_virtual.py", "64"],  # no root; docs/virtual.md
 }
 
 

@@ -19,7 +19,7 @@ import pytest
 from mrc_emu.fabric.datapath import ports
 from mrc_emu.io import port as io_port
 from mrc_emu.io import sockets
-from mrc_emu.topology import model
+from mrc_emu.topology import model, port_verdict
 from mrc_emu.topology import port as topo_port
 from mrc_emu.transport import config, responder, sent
 from mrc_emu.wire import format as fmt
@@ -27,7 +27,7 @@ from mrc_emu.wire import headers
 
 PKG = Path(__file__).resolve().parents[1] / "mrc_emu"
 PLACE, SPRAY, SOCKIO = "transport/_place.c", "transport/_spray.c", "io/_sockio.c"
-BPF, FLUID = "fabric/bpf/port.bpf.c", "fabric/bpf/fluid.h"
+BPF, FLUID, VERDICT = "fabric/bpf/port.bpf.c", "fabric/bpf/fluid.h", "fabric/bpf/verdict.h"
 
 # (C file, #define, the Python value it must equal)
 SHARED = [
@@ -56,10 +56,10 @@ SHARED = [
     (BPF, "ECN_CE", fmt.ECN_CE),
     (BPF, "HIST_BUCKETS", topo_port.HIST_BUCKETS),
     (BPF, "MAX_TRIM_BYTES", topo_port.MAX_TRIM_BYTES),
-    (BPF, "PORT_ENABLED", ports.PORT_ENABLED),
-    (BPF, "PORT_ECN", ports.PORT_ECN),
-    (BPF, "PORT_TRIM", ports.PORT_TRIM),
-    (BPF, "PORT_LASTHOP", ports.PORT_LASTHOP),
+    (VERDICT, "PORT_ENABLED", port_verdict.PORT_ENABLED),
+    (VERDICT, "PORT_ECN", port_verdict.PORT_ECN),
+    (VERDICT, "PORT_TRIM", port_verdict.PORT_TRIM),
+    (VERDICT, "PORT_LASTHOP", port_verdict.PORT_LASTHOP),
 ]
 
 # (C file, #define, what its value must hold against the Python side, the Python value)

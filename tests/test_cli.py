@@ -162,3 +162,45 @@ def test_send_ev_profile_broken_file_is_one_line_naming_file_and_field(tmp_path,
     assert result.output.strip() == (f"mrc-emu: error: {bad}: profile.fields[1].max_val: 40 does not fit the mask's 5 "
                                      "bit(s) (at most 31)")
     assert "no fabric" in run("send", "h0", "h2", "--ev-profile", GEN_PROFILE, *NOFAB).output  # a good file: on to the fabric
+
+
+def test_send_in_virtual_time_needs_no_fabric_and_says_so(state_dir):
+    result = run("send", "h0", "h2", "--size", "1MiB", "--clock", "virtual", "--seed", "3",
+                 "--fault", "blackhole p0l0 p0s1 at 0.3")
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert "MATCH" in out and "goodput" in out and "EV  plane spine" in out
+    assert "fault blackhole p0l0-p0s1 at 30%: in force at" in out
+    assert "virtual time:" in out and "(seed 3)" in out and "packet-hops/s" in out
+    assert "EV 1: GOOD -> ASSUMED_BAD" in out
+    assert not state_dir.exists()  # no fabric, no journal
+
+
+def test_send_in_virtual_time_as_json_is_the_results_schema(state_dir):
+    import json
+
+    result = run("send", "h0", "h3", "--size", "256k", "--clock", "virtual", "-t", "fourplane", "--json")
+    data = json.loads(result.output)
+    assert data["verified"] and data["emulation"] is None and data["virtual"]["topology"] == "four"
+    assert len(data["per_ev"]) == 16 and data["virtual"]["clock"] == "virtual"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--clock", "virtual", "--workers", "2"], "--workers: no meaning in virtual time"),
+    (["--clock", "virtual", "--time-dilation", "3"], "--time-dilation: no meaning in virtual time"),
+    (["--seed", "4"], "--seed needs --clock virtual"),
+    (["--fault", "blackhole p0l0 p0s1 at 0.3"], "--fault needs --clock virtual (on a running fabric"),
+    (["--clock", "virtual", "--fault", "blackhole p0l0 at 0.3"], "name the link as 'A B'"),
+    (["--clock", "virtual", "--link-delay", "fast"], "'fast' is not a duration"),
+])
+def test_send_options_of_the_other_clock_are_usage_errors(args, message, state_dir):
+    result = run("send", "h0", "h2", "--size", "4k", *args)
+    assert result.exit_code == 2 and message in result.output, result.output
+
+
+def test_send_in_virtual_time_on_no_such_link_or_host_is_one_line(state_dir):
+    result = run("send", "h0", "h2", "--size", "4k", "--clock", "virtual", "--fault", "down p0l0 p1s0 at 0.5")
+    assert result.exit_code == 1 and result.output.strip() == (
+        "mrc-emu: error: down p0l0-p1s0 at 50%: no link between p0l0 and p1s0")
+    result = run("send", "h0", "h99", "--size", "4k", "--clock", "virtual")
+    assert result.exit_code == 1 and "no node 'h99'" in result.output and "\n" not in result.output.strip()

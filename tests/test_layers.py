@@ -13,6 +13,9 @@ import mrc_emu
 PACKAGE = Path(mrc_emu.__file__).parent
 TRANSPORT = sorted((PACKAGE / "transport").rglob("*.py"))
 FORBIDDEN_IN_TRANSPORT = {"socket", "select", "time", "random", "os"}  # sockets, clocks, randomness
+VFABRIC = sorted((PACKAGE / "vfabric").rglob("*.py"))
+# the virtual fabric's time is its engine's, its randomness a generator passed in, and it touches no system
+FORBIDDEN_IN_VFABRIC = FORBIDDEN_IN_TRANSPORT | {"threading", "subprocess", "datetime"}
 MAX_LINES, MAX_MODULES = 450, 14  # what a reader holds at once: a module, a folder
 
 
@@ -57,11 +60,19 @@ def test_transport_touches_no_socket_clock_or_randomness(path):
 
 @pytest.mark.parametrize("path", TRANSPORT, ids=lambda p: str(p.relative_to(PACKAGE)))
 def test_transport_imports_neither_the_fabric_nor_the_drivers(path):
-    above = sorted(m for m in imports_of(path) if m.startswith(("mrc_emu.fabric", "mrc_emu.io", "mrc_emu.experiments", "mrc_emu.cli")))
+    above = sorted(m for m in imports_of(path) if m.startswith(("mrc_emu.fabric", "mrc_emu.io", "mrc_emu.vfabric",
+                                                                 "mrc_emu.experiments", "mrc_emu.cli")))
     assert not above, f"{path.name} imports {above}"
 
 
-@pytest.mark.parametrize("package", ["topology", "wire", "api", "fabric", "transport", "io", "experiments", "cli"])
+@pytest.mark.parametrize("path", VFABRIC, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_the_virtual_fabric_reads_no_clock_and_draws_no_global_randomness(path):
+    top_level = {name.split(".")[0] for name in imports_of(path)}
+    assert not top_level & FORBIDDEN_IN_VFABRIC, f"{path.name} imports {sorted(top_level & FORBIDDEN_IN_VFABRIC)}"
+
+
+@pytest.mark.parametrize("package", ["topology", "wire", "api", "fabric", "transport", "io", "vfabric", "experiments",
+                                     "cli"])
 def test_no_module_over_450_lines(package):
     sizes = {str(p.relative_to(PACKAGE)): len(p.read_text().splitlines()) for p in (PACKAGE / package).rglob("*.py")}
     assert sizes and max(sizes.values()) <= MAX_LINES, {k: v for k, v in sizes.items() if v > MAX_LINES}
@@ -113,14 +124,15 @@ ALLOWED = {
     "fabric": {"topology"},  # kernel, datapath and faults, and the fabric's own modules, among themselves
     "transport": {"topology", "wire", "api"},  # cc and multipath, and the transport's own modules
     "io": {"topology", "wire", "api", "transport"},
+    "vfabric": {"topology", "wire", "api", "transport", "io"},  # the virtual fabric: a driver beside io, never the fabric
     "topologies": set(),  # the shipped topology and scenario files: data, no code
     "experiments": set(),
     "experiments.analysis": {"topology", "wire", "api", "transport", "io"},
-    "experiments.runtime": {"topology", "wire", "api", "fabric", "transport", "io", "experiments.analysis"},
-    "experiments.scenarios": {"topology", "wire", "api", "fabric", "transport", "io", "experiments.analysis",
+    "experiments.runtime": {"topology", "wire", "api", "fabric", "transport", "io", "vfabric", "experiments.analysis"},
+    "experiments.scenarios": {"topology", "wire", "api", "fabric", "transport", "io", "vfabric", "experiments.analysis",
                               "experiments.runtime"},
-    "cli": {"topology", "wire", "api", "fabric", "transport", "io", "experiments.analysis", "experiments.runtime",
-            "experiments.scenarios"},
+    "cli": {"topology", "wire", "api", "fabric", "transport", "io", "vfabric", "experiments.analysis",
+            "experiments.runtime", "experiments.scenarios"},
 }
 # inside a layer: what a subpackage may import of its layer beside itself
 INSIDE = {
@@ -167,7 +179,7 @@ def test_topology_never_touches_the_system():
 
 
 def test_no_layer_below_imports_the_experiments():
-    for name in ("topology", "fabric", "transport", "wire", "io", "api"):
+    for name in ("topology", "fabric", "transport", "wire", "io", "vfabric", "api"):
         for path in (PACKAGE / name).rglob("*.py"):
             assert not any(m.startswith("mrc_emu.experiments") for m in _mrc_imports(path)), path.relative_to(PACKAGE)
 

@@ -14,6 +14,7 @@ import pytest
 from mrc_emu.fabric.datapath import ports
 from mrc_emu.topology import TopologyError, builtin, from_dict
 from mrc_emu.topology.port import HIST_BUCKETS, plane_bdp, tbf_shape
+from mrc_emu.topology.port_verdict import PORT_ECN, PORT_ENABLED, PORT_LASTHOP, PORT_TRIM
 from mrc_emu.topology.units import parse_duration_ns
 
 BASE = {**builtin().to_dict(), "link_rate": "400mbit"}
@@ -115,7 +116,7 @@ def test_config_values_pack_to_the_c_struct():
     raw = ports._cfg_bytes(port, 400e6, 9000, epoch=7)
     fields = ports._CFG.unpack(raw)
     assert fields[0] == 50_000_000 and fields[2] == 50_000  # the virtual queue drains at TBF's rate; its bucket
-    assert fields[1] == ports.PORT_ENABLED | ports.PORT_ECN | ports.PORT_TRIM | ports.PORT_LASTHOP
+    assert fields[1] == PORT_ENABLED | PORT_ECN | PORT_TRIM | PORT_LASTHOP
     assert fields[6] == 0xFFFFFFFF and fields[-1] == 7  # pmax 1: every draw of a u32 but the largest marks at kmax
     assert ports._CFG.size == 48 and ports._STATE.size == 8 + 8 * (9 + HIST_BUCKETS)
 

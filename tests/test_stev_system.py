@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from mrc_emu.experiments.runtime import stev
-from mrc_emu.experiments.runtime.errors import TransferError
+from mrc_emu.experiments.runtime.spec import TransferError
 from mrc_emu.experiments.runtime.transfer import send
 from mrc_emu.fabric import config, static_routes
 from mrc_emu.topology.evs import EvFormat

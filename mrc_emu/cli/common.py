@@ -21,7 +21,7 @@ JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="Machine-read
 
 
 def _known_errors() -> tuple[type[BaseException], ...]:
-    from ..experiments.runtime.errors import TransferError
+    from ..experiments.runtime.spec import TransferError
     from ..fabric.kernel.netlink import NetlinkError
     from ..fabric.kernel.waiting import WaitTimeout
     from ..fabric.nodes import FabricSetupError

@@ -92,7 +92,25 @@ def _transfer_text(r) -> str:
     lines.append(f"sha256 placed {r.sha256_placed}  {'MATCH' if r.verified else 'MISMATCH'}")
     if r.emulation is not None:
         lines.append(Report(**r.emulation).line())
+    if r.virtual is not None:
+        lines += _virtual_lines(r.virtual)
     return "\n".join(lines)
+
+
+def _virtual_lines(v: dict) -> list[str]:
+    """What a virtual-time run's block says: the model, its faults, and this machine's speed."""
+    lines = [f"fault {f['fault']}: in force at {f['applied_ns'] / 1e6:.3f} ms"
+             + (f", undone at {f['reverted_ns'] / 1e6:.3f} ms" if f["reverted_ns"] is not None else "")
+             for f in v["faults"]]
+    busiest = v["busiest_port"]
+    lines.append(f"virtual time: {v['virtual_ns'] / 1e6:.3f} ms on {v['topology']} (seed {v['seed']}), links "
+                 f"{v['link_rate_bps'] / 1e9:g} Gbit/s ({v['link_rate_from']}), {v['link_delay_ns'] / 1e3:g} us each; "
+                 f"busiest port {busiest['node']} {busiest['ifname']} (queue up to {busiest['max_queue']:,} B)"
+                 + (f"; fabric drops {v['fabric_drops']}" if v["fabric_drops"] else ""))
+    wall = v["wall"]
+    lines.append(f"wall time {wall['seconds']:.2f} s: {v['events']:,} events, {v['packet_hops']:,} packet-hops "
+                 f"({wall['packet_hops_per_s'] or 0:,} packet-hops/s)")
+    return lines
 
 
 @click.command()
@@ -127,19 +145,33 @@ def _transfer_text(r) -> str:
 @click.option("--time-dilation", "dilation", type=click.FloatRange(1.0, 10_000.0), default=1.0, show_default=True,
               help="K: the transport's clock runs K times slower than wall time (link rates shaped to rate/K); "
                    "times and rates are reported in emulated time.")
+@click.option("--clock", type=click.Choice(["emulated", "virtual"]), default="emulated", show_default=True,
+              help="emulated: on a running fabric, in wall time (root). virtual: the same transport over a model of "
+                   "the topology in virtual time, no fabric and no root needed (docs/virtual.md).")
+@click.option("--topology", "-t", default=None, help="Virtual clock: the topology, a file or a built-in name "
+              "(default: default).")
+@click.option("--seed", type=int, default=None, help="Virtual clock: the seed of every random choice (default 0): "
+              "the same seed gives the same run.")
+@click.option("--fault", "faults", multiple=True, metavar="'KIND LINK [VALUE] at WHEN [for D]'",
+              help="Virtual clock: a fault on a link, e.g. 'blackhole p0l0 p0s1 at 0.3', 'loss p0l0->p0s1 5% at 1ms', "
+                   "'degrade p0l1 p0s0 0.25 at 0.3', 'delay p0l0 p0s1 50us at 0.5', 'down h0 p0l0 at 2ms for 1ms' "
+                   "(WHEN: a fraction of the bytes acknowledged, or a virtual time). Repeatable.")
+@click.option("--link-delay", default=None, help="Virtual clock: each link's propagation delay (default 1us).")
 @NAME_OPTION
 @JSON_OPTION
 @friendly
 def send(src: str, dst: str, size: int, evs: str | None, ev_profile: str | None, cc: str, mtu: int, ev_format: str,
          ev_min_active: int, imm: int | None, recvs: int | None, ack_timeout_exp: int, retry_exp: int,
-         workers: int | None, dilation: float, name: str, as_json: bool) -> None:
+         workers: int | None, dilation: float, clock: str, topology: str | None, seed: int | None,
+         faults: tuple[str, ...], link_delay: str | None, name: str, as_json: bool) -> None:
     """RDMA WRITE from SRC to a buffer at DST, sprayed over the EVs; verify by SHA-256.
 
-    Starts the responder in DST's namespace and the requester in SRC's, on a running fabric.
+    Starts the responder in DST's namespace and the requester in SRC's, on a running fabric; with
+    --clock virtual, both over a model of the topology in virtual time instead (no root).
     Exit code 1 if the transfer fails or the placed bytes differ from the source.
     """
     from ..api.files import load as load_profile
-    from ..experiments.runtime.errors import TransferError
+    from ..experiments.runtime.spec import TransferError
     from ..experiments.runtime.transfer import send as run_send
     from ..fabric import routing, static_routes
     from ..fabric.running import Fabric
@@ -156,6 +188,24 @@ def send(src: str, dst: str, size: int, evs: str | None, ev_profile: str | None,
         loaded = load_profile(ev_profile)  # before the fabric: a bad file is one line naming it and the field
     if problem := memory_problem(size, available_memory()):
         raise TransferError(problem)  # up front: short of memory, a worker fails or is killed mid-run
+    virtual_only = [f"--{o.replace('_', '-')}" for o in ("topology", "seed", "faults", "link_delay")
+                    if source(o) is not click.core.ParameterSource.DEFAULT]
+    if clock == "virtual":
+        emulated_only = [f"--{o}" for o in ("workers", "dilation", "name")
+                         if source(o) is not click.core.ParameterSource.DEFAULT]
+        if emulated_only:
+            raise click.UsageError(f"{', '.join(emulated_only).replace('dilation', 'time-dilation')}: no meaning in "
+                                   f"virtual time (--clock virtual runs no fabric and no workers)")
+        config = QpConfig(mtu=mtu, ack_timeout_exp=ack_timeout_exp, retry_exp=retry_exp, cnp=cc == "dcqcn")
+        result = _send_virtual(src, dst, size, evs, cc, ev_format, ev_min_active, imm, recvs, config, topology,
+                               seed or 0, faults, link_delay, loaded if ev_profile is not None else None, as_json)
+        emit(result.to_dict(), as_json, _transfer_text(result))
+        if not result.verified:
+            fail(f"{src} -> {dst} not verified: {result.error or 'the placed bytes differ from the source (SHA-256)'}")
+        return
+    if virtual_only:
+        hint = " (on a running fabric, faults are 'mrc-emu fault ...')" if "--faults" in virtual_only else ""
+        raise click.UsageError(f"{', '.join(virtual_only).replace('--faults', '--fault')} needs --clock virtual{hint}")
     with Fabric.open(name) as fabric:
         count = len(evs_between(fabric.topology, src, dst))
         if ev_format in ("UDP", "STEV") and not (routing.running(fabric) or static_routes.installed(fabric)):
@@ -180,6 +230,39 @@ def send(src: str, dst: str, size: int, evs: str | None, ev_profile: str | None,
     emit(result.to_dict(), as_json, _transfer_text(result))
     if not result.verified:
         fail(f"{src} -> {dst} not verified: {result.error or 'the placed bytes differ from the source (SHA-256)'}")
+
+
+def _send_virtual(src: str, dst: str, size: int, evs: str | None, cc: str, ev_format: str, ev_min_active: int,
+                  imm: int | None, recvs: int | None, config, topology: str | None, seed: int, faults: tuple[str, ...],
+                  link_delay: str | None, profile, as_json: bool):
+    """The WRITE in virtual time over the topology's model (experiments/runtime/virtual.py)."""
+    from ..experiments.runtime.virtual import send_virtual
+    from ..topology import resolve
+    from ..topology.evs import EvFormat
+    from ..topology.units import parse_duration_ns
+    from ..vfabric.fabric import DEFAULT_LINK_DELAY_NS
+    from ..vfabric.faults import FaultError, parse
+
+    topo = resolve(topology)
+    selection = _ev_selection(evs, len(evs_between(topo, src, dst)))
+    if imm is not None and not 0 <= imm <= 0xFFFFFFFF:
+        raise click.BadParameter("--imm must fit in 32 bits")
+    try:
+        delay = DEFAULT_LINK_DELAY_NS if link_delay is None else parse_duration_ns(link_delay)
+        parsed = [parse(line) for line in faults]
+    except (FaultError, ValueError) as exc:
+        raise click.BadParameter(str(exc)) from None
+    show_bar = not as_json and sys.stderr.isatty()
+    with click.progressbar(length=size, label=f"{src} -> {dst} (virtual time)", file=sys.stderr, show_pos=False,
+                           hidden=not show_bar) as bar:
+        done = [0]
+
+        def progress(acked: int, total: int) -> None:
+            bar.update(acked - done[0])
+            done[0] = acked
+
+        return send_virtual(topo, src, dst, size, selection, cc, EvFormat(ev_format), ev_min_active, imm, config, recvs,
+                            profile, seed, parsed, delay, on_progress=progress)
 
 
 COMMANDS = [send]

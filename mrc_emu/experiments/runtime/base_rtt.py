@@ -33,11 +33,11 @@ from ...fabric.kernel.waiting import WaitTimeout, until
 from ...stats import percentile
 from ...topology import Topology
 from ...topology.evs import EvFormat, evs_between
-from ...transport.cc.nscc import max_wnd_for
 from ...transport.multipath.paths import QpPaths
 from ...transport.requester import DATA_OVERHEAD
 from ...wire import format as fmt
 from .endpoint_ops import EndpointOps
+from .spec import cc_options
 
 Spec = Any  # a transfer.TransferSpec (which imports this module): its cc, config, src, dst and ev_format
 
@@ -157,7 +157,7 @@ def for_specs(topo: Topology, specs: Sequence[Spec], plans: Sequence[QpPaths], o
     out = []
     for spec in specs:
         if measures(spec):
-            options = {**(cc_options_for("nscc", spec.config.link_rate_bps, found.ns) or {}), **(spec.config.cc_options or {})}
+            options = {**(cc_options("nscc", spec.config.link_rate_bps, found.ns) or {}), **(spec.config.cc_options or {})}
             spec = replace(spec, config=replace(spec.config, base_rtt_ns=found.ns, cc_options=options or None))
         out.append(spec)
     return out, found
@@ -183,16 +183,3 @@ def source_of(topo: Topology, spec: Spec, measured: BaseRtt | None) -> dict[str,
     return {"ns": ns, "source": source}
 
 
-def cc_options_for(cc: str, link_rate_bps: float | None, base_rtt_ns: int | None) -> dict | None:
-    """What a QP's CC profile is configured with, beyond its link rate and base RTT (None: nothing).
-
-    NSCC gets its MaxWnd configured (1.5 BDP of its link rate and base RTT), so that it stays put
-    when RTT samples fall under that base RTT. UEC rescales MaxWnd to a new base RTT (and leaves a
-    configured one open, NSCC.md), but here the samples are the network's alone (the responder's
-    service time taken off): 10-60 us at time dilation 4, while the base RTT (the idle loop with
-    the endpoints' answering in it, or the topology's) is what the endpoints need to close their
-    loop; a window rescaled to the samples was one packet, and four senders filled half the
-    bottleneck."""
-    if cc != "nscc" or not link_rate_bps or base_rtt_ns is None:
-        return None
-    return {"max_cwnd": max_wnd_for(link_rate_bps, base_rtt_ns)}

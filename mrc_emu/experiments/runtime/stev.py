@@ -25,7 +25,7 @@ from ...topology import Role
 from ...topology.evs import default_stev
 from ...transport.multipath.paths import stev_paths
 from ...wire.format import DataPacket
-from .errors import TransferError
+from .spec import TransferError
 
 PAYLOAD = bytes(64)
 PROBE_QP = 0xFFFFFF  # no responder listens for it: the frames are counted, not placed

@@ -19,11 +19,9 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass, field
 
 from ...api.files import ProfileFile
-from ...api.files import load as load_profile
 from ...fabric import build
 from ...fabric.faults import fault_ops
 from ...fabric.kernel.waiting import WaitTimeout, until
@@ -33,14 +31,12 @@ from ...io.clock import Clock, Horizon
 from ...topology import Topology
 from ...topology.evs import EvFormat
 from ...transport.config import QpConfig
-from ...transport.multipath.evpaths import ProfileQpPaths, profile_paths
-from ...transport.multipath.paths import QpPaths, qp_paths
 from ..analysis import emulation
 from . import base_rtt as idle_loop
-from .base_rtt import BaseRtt, cc_options_for
+from .base_rtt import BaseRtt
 from .controller import ControlRecord, LiveControl, post_run_events, qp_evs
 from .endpoint_ops import EndpointOps
-from .errors import TransferError
+from .spec import TransferError, TransferResult, TransferSpec, cc_options, plan_paths, prepared_specs, result_of
 from .stev import check_fabric
 from .worker import Accept, Accepted, Final, Hash, Hashed, HostSpec, JobProgress, Prepare, Prepared, Progress, Start, Started, serve_hosts
 
@@ -60,70 +56,6 @@ class Control:
     hooks: list[tuple[float, Callable[[], object]]] = field(default_factory=list)
     # EV_PROBE batches and port status on the run's hosts, from any thread (endpoint_ops.py)
     endpoint: EndpointOps = field(default_factory=EndpointOps)
-
-
-@dataclass
-class TransferSpec:
-    src: str
-    dst: str
-    size: int
-    evs: list[int] | None = None
-    ev_format: EvFormat = EvFormat.SRV6
-    config: QpConfig = field(default_factory=QpConfig)
-    cc: str = "nscc"
-    ev_min_active: int = 1
-    imm: int | None = None
-    label: str = ""
-    start_at: float | None = None  # start when the other transfers reach this progress (competing flows)
-    recvs: int | None = None  # receives the destination posts first (None: one for a WRITE_WITH_IMM, else none)
-    # an OCP SRV6 EV profile (loaded, or its file) whose EVs the QP sprays over instead of `evs` and
-    # `ev_format`; its ev_min_active is the QP's (evpaths.py)
-    ev_profile: ProfileFile | str | None = None
-    stev_values: list[int | tuple[int, int]] | None = None  # EvFormat.STEV: EV i's value [, port] (paths.stev_paths)
-
-
-@dataclass
-class TransferResult:
-    ok: bool
-    error: str | None
-    src: str
-    dst: str
-    size: int
-    mtu: int
-    ev_format: str
-    cc: str
-    evs: list[int]
-    start_ns: int
-    end_ns: int
-    completion_ms: float | None
-    goodput_gbps: float | None
-    goodput_pps: float | None
-    sha256_source: str
-    sha256_placed: str | None
-    requester: dict[str, Any]
-    responder: dict[str, Any]
-    per_ev: list[dict[str, Any]]
-    ev_events: list[dict[str, Any]]
-    timeline: list[tuple[int, int]]  # (ns since start, bytes acknowledged so far), every ~1 ms
-    imm_completions: list[dict[str, Any]] = field(default_factory=list)
-    label: str = ""
-    ev_timeline: list[tuple[int, list[int], list[int]]] = field(default_factory=list)  # (ns, sent, delivered per EV)
-    emulation: dict[str, Any] | None = None  # the run's emulation report (send), see emulation.py
-    ledger: dict[str, Any] = field(default_factory=dict)  # the requester's progress gaps and loss repairs (ns since start)
-    ev_ops: list[dict[str, Any]] = field(default_factory=list)  # the controller's changes: time_ms, deny, allow, per-EV sent
-    ev_profile: str | None = None  # the EV profile file the QP's EVs came from (EV = its slot), if any
-    base_rtt: dict[str, Any] | None = None  # what its CC was told: {"ns": base RTT or None (unknown), "source"}
-
-    @property
-    def verified(self) -> bool:
-        return self.ok and self.sha256_placed == self.sha256_source
-
-    def to_dict(self, timeline: bool = False) -> dict[str, Any]:
-        out = {k: v for k, v in self.__dict__.items() if k not in ("timeline", "ev_timeline", "ledger")}
-        out["verified"] = self.verified
-        if timeline:
-            out["timeline"] = [[round(t / 1e6, 3), b] for t, b in self.timeline]
-        return out
 
 
 _qpns = itertools.count(0x100)
@@ -191,22 +123,13 @@ def run_transfers(fabric: Fabric, specs: list[TransferSpec], control: Control | 
     (the transport's clock runs K times slower than wall time). `on_prepare(done, total)`
     follows the making of the source bytes, before any WRITE starts.
     """
-    for spec in specs:
-        if spec.size <= 0:
-            raise TransferError(f"size must be at least one byte, not {spec.size}")
-    if all(s.start_at is not None for s in specs):
-        raise TransferError("at least one transfer must start at once")
     if workers is not None and workers < 1:
         raise TransferError(f"--workers {workers}: at least one worker")
     control = control or Control()
-    # a UDP EV is whatever path the fabric's ECMP hash picks: no EV states, no probes (the
-    # caller's specs stay as they were)
-    specs = [replace(s, config=replace(s.config, path_avoidance=False)) if s.ev_format is EvFormat.UDP else s
-             for s in specs]
+    specs = prepared_specs(specs)
     if any(s.ev_format is EvFormat.STEV for s in specs):
         check_fabric(fabric)
-    specs = [_with_profile(s) for s in specs]
-    plans = [_plan(fabric.topology, spec) for spec in specs]
+    plans = [plan_paths(fabric.topology, spec) for spec in specs]
     measured: BaseRtt | None = None
     address_of = {s.src: p.src_address for s, p in zip(specs, plans)} | {s.dst: p.dst_address for s, p in zip(specs, plans)}
     kernel_before = emulation.softnet()
@@ -263,28 +186,13 @@ def run_transfers(fabric: Fabric, specs: list[TransferSpec], control: Control | 
         _shape_for_dilation(fabric, 1.0, shaped)
         control.finished.set()
     by_host = {h: f for f in finals for h in f.hosts}
-    results = [_result(spec, plans[key], by_host[spec.src].requesters[key], by_host[spec.dst], key, placed[key],
-                       idle_loop.source_of(fabric.topology, spec, measured))
+    results = [result_of(spec, plans[key], by_host[spec.src].requesters[key], by_host[spec.dst].responders[key],
+                         by_host[spec.dst].kernel_udp[spec.dst], by_host[spec.dst].unknown_qp[spec.dst], placed[key],
+                         idle_loop.source_of(fabric.topology, spec, measured))
                for key, spec in enumerate(specs)]
     post_run_events(live.record, finals, {a: h for h, a in address_of.items()})
     report = emulation.assess(finals, results, kernel_before, emulation.softnet(), dilation)
     return Run(results, report, pool.clock, finals, measured)
-
-
-def _with_profile(spec: TransferSpec) -> TransferSpec:
-    """A spec on an EV profile: the profile loaded, its ev_min_active the QP's, the format its carriers'."""
-    if spec.ev_profile is None:
-        return spec
-    if spec.evs is not None:
-        raise TransferError("an EV profile names the EVs itself: give it or a selection of EVs, not both")
-    profile = load_profile(spec.ev_profile) if isinstance(spec.ev_profile, str) else spec.ev_profile
-    return replace(spec, ev_profile=profile, ev_format=EvFormat.SRV6_USID, ev_min_active=profile.profile.ev_min_active)
-
-
-def _plan(topo: Topology, spec: TransferSpec) -> QpPaths:
-    if isinstance(spec.ev_profile, ProfileFile):
-        return profile_paths(topo, spec.ev_profile, spec.src, spec.dst, spec.config.trimmable)
-    return qp_paths(topo, spec.src, spec.dst, spec.ev_format, spec.evs, spec.config.trimmable, spec.stev_values)
 
 
 class Run(list):
@@ -385,35 +293,6 @@ class _Watch:
         return healed or now - self.done_at >= self.linger_s
 
 
-def _result(spec: TransferSpec, paths: QpPaths, req: dict, dst: Final, key: int, placed: str,
-            base_rtt: dict[str, Any]) -> TransferResult:
-    ok = req["error"] is None and req["completed_ns"] is not None
-    elapsed = req["completed_ns"] - req["start_ns"] if ok else None
-    packets = -(-spec.size // spec.config.mtu)
-    per_ev = []
-    for entry in req["per_ev"]:
-        ev = next(e for e in paths.evs if e.index == entry["ev"])
-        per_ev.append({**entry, "plane": ev.plane, "spine": ev.spine, "first_hop": paths.forward[ev.index].first_hop})
-    resp = dst.responders[key]
-    return TransferResult(
-        ok=ok, error=req["error"] or (None if ok else "the transfer was stopped before it completed"),
-        src=spec.src, dst=spec.dst, size=spec.size, mtu=spec.config.mtu, ev_format=spec.ev_format.value, cc=req["cc"],
-        evs=sorted(paths.forward), start_ns=req["start_ns"], end_ns=req["end_ns"],
-        completion_ms=round(elapsed / 1e6, 3) if elapsed else None,
-        goodput_gbps=round(spec.size * 8 / elapsed, 3) if elapsed else None,
-        goodput_pps=round(packets / (elapsed / 1e9)) if elapsed else None,
-        sha256_source=req["sha256_source"], sha256_placed=placed,
-        requester={"stats": req["stats"], "drops": req["drops"]},
-        responder={"stats": resp["stats"], "drops": resp["drops"], "reorder": resp["reorder"],
-                   "kernel_udp": dst.kernel_udp[spec.dst],
-                   "unknown_qp": dst.unknown_qp[spec.dst]},
-        per_ev=per_ev, ev_events=req["ev_events"], timeline=req["timeline"],
-        imm_completions=resp["imm_completions"], label=spec.label, ev_timeline=req["ev_timeline"],
-        ledger=req["ledger"], ev_ops=req["ev_ops"],
-        ev_profile=paths.profile if isinstance(paths, ProfileQpPaths) else None, base_rtt=base_rtt,
-    )
-
-
 def send(fabric: Fabric, src: str, dst: str, size: int, evs: list[int] | None = None, cc: str = "nscc",
          mtu: int = 4096, ev_format: EvFormat = EvFormat.SRV6, ev_min_active: int = 1,
          imm: int | None = None, config: QpConfig | None = None, control: Control | None = None,
@@ -429,7 +308,7 @@ def send(fabric: Fabric, src: str, dst: str, size: int, evs: list[int] | None = 
         topo = fabric.topology
         base_rtt = topo.ports.base_rtt_ns if cc != "nscc" or topo.ports.base_rtt_given else None
         config = QpConfig(mtu=mtu, link_rate_bps=topo.link_rate_bps, base_rtt_ns=base_rtt,
-                          cnp=cc == "dcqcn", cc_options=cc_options_for(cc, topo.link_rate_bps, base_rtt))
+                          cnp=cc == "dcqcn", cc_options=cc_options(cc, topo.link_rate_bps, base_rtt))
     spec = TransferSpec(src, dst, size, evs, ev_format, config, cc, ev_min_active, imm, recvs=recvs,
                         ev_profile=ev_profile)
     run = run_transfers(fabric, [spec], control, on_progress, linger_s, workers=workers, dilation=dilation)

@@ -27,37 +27,22 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...api.qp import WrOpcode
 from ...fabric.kernel import netns
 from ...fabric.procs import Parent, Stop
 from ...io.loop import Clock, EventLoop, Horizon, Port
 from ...io.sockets import udp_receiver
-from ...transport.cc.registry import make_cc
 from ...transport.config import QpConfig
 from ...transport.endpoint import HostEndpoint
 from ...transport.multipath.paths import Path
 from ...transport.mux import HostMux
-from ...transport.requester import Requester
 from ...transport.responder import Responder
 from .endpoint_ops import SetPortStatus, WorkerOps
 from .hostctl import HostControl
+from .qps import TIMELINE_TICK_NS, WriteJob, accept_write, prepare_write, responder_report
 
-TIMELINE_TICK_NS = 1_000_000  # goodput timeline resolution (transport time)
 REPORT_NS = 10_000_000  # progress reports to the parent
-EV_TIMELINE_EVERY = 5  # per-EV packet counters every 5 timeline ticks
-EV_TIMELINE_JOBS = 4  # ... of the first few WRITEs only (the report plots the first)
 RECV_BUFFER = 256 * 1024 * 1024  # a host's receive socket: an incast of 64 windows must fit, or the kernel drops
 KERNEL_UDP = ("Udp6InErrors", "Udp6RcvbufErrors", "Udp6InCsumErrors", "Udp6NoPorts")
-
-
-def _since(ledger: dict, start_ns: int) -> dict:
-    """A requester's ledger (transport/ledger.py) with its times made relative to the job's start,
-    as its timeline and EV events are (EVs stay as they are: the first field of each repair)."""
-    last = ledger["last_progress"]
-    return {"gaps": [[a - start_ns, b - start_ns] for a, b in ledger["gaps"]],
-            "last_progress": None if last is None else last - start_ns,
-            "repairs": [[ev, *(t - start_ns for t in rest)] for ev, *rest in ledger["repairs"]],
-            "unrepaired": [[ev, *(t - start_ns for t in rest)] for ev, *rest in ledger["unrepaired"]]}
 
 
 # ---- messages: parent -> worker -------------------------------------------------------------
@@ -209,23 +194,6 @@ def _host_sockets(spec: HostSpec) -> tuple[socket.socket, socket.socket, dict[st
         return raw, recv, kernel_udp_counters(), ports
 
 
-@dataclass
-class _Job:
-    key: int
-    requester: Requester
-    port: Port
-    data: bytes
-    region: dict[str, Any]
-    imm: int | None
-    sha256_source: str
-    start_ns: int = 0
-    timeline: list[tuple[int, int]] = field(default_factory=list)
-    ev_timeline: list[tuple[int, list[int], list[int]]] = field(default_factory=list)
-    ev_ops: list[dict[str, Any]] = field(default_factory=list)  # the controller's changes, with per-EV packets sent then
-    api_qp: Any = None  # its api.Qp (hostctl.py): RTS, the WRs posted on it counted against max_wimm
-    end_ns: int | None = None
-
-
 class _Worker:
     """What one worker holds while it runs: its hosts' ports, QPs, buffers and WRITEs."""
 
@@ -237,8 +205,8 @@ class _Worker:
         self.ports = ports
         self.responders: dict[int, Responder] = {}
         self.regions: dict[int, Any] = {}
-        self.jobs: dict[int, _Job] = {}
-        self.running: list[_Job] = []  # started, not done
+        self.jobs: dict[int, WriteJob] = {}
+        self.running: list[WriteJob] = []  # started, not done
         self.stopped = False
         self.next_report = 0
         self.ctl = {name: HostControl(name, max(1, len(spec.ports))) for name, spec in hosts.items()}  # OCP controllers
@@ -253,33 +221,18 @@ class _Worker:
 
     def accept(self, msg: Accept) -> None:
         port = self.ports[msg.host]
-        responder = Responder(port.mux.address, msg.config, random_bits=secrets.randbits)
-        mr = responder.register(bytearray(msg.size), va=0x1000_0000 + (msg.key << 36), pd=msg.key)
-        responder.accept(msg.qpn, msg.peer_qpn, msg.start_psn, msg.back,
-                         peer=socket.inet_pton(socket.AF_INET6, msg.peer), pd=msg.key)
-        self.ctl[msg.host].responder_qp(msg.peer, msg.back, msg.config, msg.recvs)  # INIT -> RTR, receives posted
-        responder.post_recv(msg.qpn, msg.recvs)
+        responder, mr = accept_write(port.mux, self.ctl[msg.host], msg.key, msg.size, msg.qpn, msg.peer_qpn,
+                                     msg.start_psn, msg.back, msg.peer, msg.config, msg.recvs, secrets.randbits)
         self.responders[msg.key], self.regions[msg.key] = responder, mr
-        port.mux.add(msg.qpn, responder)
         self.loop.add_endpoint(responder, port, first=True)
         self.parent.send(Accepted(msg.key, mr.to_dict()))
 
     def prepare(self, msg: Prepare) -> None:
-        port = self.ports[msg.host]
         data = os.urandom(msg.size)
         digest = hashlib.sha256(data).hexdigest()  # before the clock starts: hashing is not the transfer
-        # the QP takes its EV and CC profiles by id and goes RST -> INIT -> RTR -> RTS (hostctl.py);
-        # its EV states are its EV profile's, shared with the host's other QPs towards that peer
-        hc = self.ctl[msg.host]
-        profile, api_qp, config = hc.requester_qp(next(iter(msg.forward.values())).template.ends.dst, msg.forward,
-                                             msg.config, msg.cc, msg.ev_min_active)
-        requester = Requester(port.mux.address, msg.qpn, msg.dest_qp, msg.forward, config,
-                              make_cc(msg.cc, config.mtu, config.link_rate_bps, config.base_rtt_ns,
-                                      **(config.cc_options or {})), start_psn=msg.start_psn,
-                              random_bits=secrets.randbits, probe_budget=port.mux.probe_budget,
-                              ev_profile=profile, ev_events=hc.ctl.events)
-        self.jobs[msg.key] = _Job(msg.key, requester, port, data, msg.region, msg.imm, digest, api_qp=api_qp)
-        port.mux.add(msg.qpn, requester)
+        self.jobs[msg.key] = prepare_write(self.ports[msg.host].mux, self.ctl[msg.host], msg.key, msg.host, msg.qpn,
+                                           msg.dest_qp, msg.forward, msg.config, msg.cc, msg.ev_min_active,
+                                           msg.start_psn, msg.region, data, digest, msg.imm, secrets.randbits)
         self.parent.send(Prepared(msg.key))
 
     def start(self, msg: Start) -> None:
@@ -287,10 +240,8 @@ class _Worker:
         now = self.clock.now()
         for key in msg.keys:
             job = self.jobs[key]
-            job.start_ns = now
-            job.api_qp.post_send(WrOpcode.RDMA_WRITE if job.imm is None else WrOpcode.RDMA_WRITE_WITH_IMM)  # max_wimm
-            job.requester.post_write(job.data, job.region["va"], job.region["rkey"], job.imm, now=now)
-            self.loop.add_endpoint(job.requester, job.port)
+            job.post(now)
+            self.loop.add_endpoint(job.requester, self.ports[job.host])
             self.running.append(job)
         self.parent.send(Started(msg.keys, now))
 
@@ -308,7 +259,7 @@ class _Worker:
         """A host's port-status mask (endpoint_ops), and, for the report, what it did to each of the
         host's QPs: the EVs it took out of use or gave back, with the per-EV counters then."""
         before = {key: self._port_excluded(job, self.ports[msg.host].mux.endpoint.status.local)
-                  for key, job in self.jobs.items() if job.port is self.ports[msg.host]}
+                  for key, job in self.jobs.items() if job.host == msg.host}
         self.ops.port_status(msg)
         now = self.clock.now()
         for key, was in before.items():
@@ -322,7 +273,7 @@ class _Worker:
                                "sent": {str(ev): s.packets_sent for ev, s in job.requester.profile.evs.items()}})
 
     @staticmethod
-    def _port_excluded(job: _Job, mask: int) -> set[int]:
+    def _port_excluded(job: WriteJob, mask: int) -> set[int]:
         return {ev for ev, path in job.requester.paths.items() if not mask >> ((path.plane or 0) + 1) & 1}
 
     def hash(self, msg: Hash) -> None:
@@ -334,21 +285,7 @@ class _Worker:
 
     def tick(self, now: int) -> None:
         self.ops.tick(now)
-        still = []
-        for job in self.running:
-            r = job.requester
-            # a WRITE's last sample is at its completion, not at the tick that noticed it
-            at = min(now, r.completions[-1].time_ns) if r.done and r.completions and r.error is None else now
-            job.timeline.append((at - job.start_ns, r.bytes_acked))
-            if job.key < EV_TIMELINE_JOBS and len(job.timeline) % EV_TIMELINE_EVERY == 1:
-                evs = job.requester.profile.evs.values()
-                job.ev_timeline.append((now - job.start_ns, [e.packets_sent for e in evs],
-                                        [e.packets_delivered for e in evs]))
-            if job.requester.done:
-                job.end_ns = now
-            else:
-                still.append(job)
-        self.running = still
+        self.running = [job for job in self.running if not job.sample(now)]
         if now >= self.next_report and self.jobs:
             self.next_report = now + REPORT_NS
             self.parent.send(Progress({
@@ -363,26 +300,8 @@ class _Worker:
             with netns.entered(spec.ns_path):
                 after = kernel_udp_counters()
             kernel[host] = {k: after[k] - before[host].get(k, 0) for k in after}
-        requesters = {}
-        for key, job in self.jobs.items():
-            r = job.requester
-            done_ns = r.completions[-1].time_ns if r.completions and r.error is None else None
-            share = r.profile.share()
-            per_ev = [{**stats.to_dict(), "share": round(share[ev], 4), "bytes_in_flight": r.ev_bytes_in_flight(ev)}
-                      for ev, stats in r.profile.evs.items()]
-            requesters[key] = {
-                "error": r.error, "start_ns": job.start_ns, "end_ns": job.end_ns or self.clock.now(),
-                "completed_ns": done_ns, "sha256_source": job.sha256_source, "stats": r.summary(), "drops": r.drops,
-                "per_ev": per_ev, "ev_events": [e.to_dict(job.start_ns) for e in r.ev_events],
-                "timeline": job.timeline, "ev_timeline": job.ev_timeline, "cc": r.cc.name,
-                "ledger": _since(r.recovery.ledger.to_dict(), job.start_ns),
-                "ev_ops": [{k: v for k, v in op.items() if k != "time_ns"} | {"time_ms": round((op["time_ns"] - job.start_ns) / 1e6, 3)}
-                           for op in job.ev_ops],
-            }
-        responders = {key: {"stats": resp.stats, "drops": resp.drops, "reorder": resp.reorder(),
-                            "imm_completions": [{"psn": c.psn, "imm": c.imm, "time_ns": c.time_ns}
-                                                for c in resp.completions]}
-                      for key, resp in self.responders.items()}
+        requesters = {key: job.report(self.clock.now()) for key, job in self.jobs.items()}
+        responders = {key: responder_report(resp) for key, resp in self.responders.items()}
         loop_stats["send_errors"] = {h: p.errors for h, p in self.ports.items() if p.errors}
         return Final(requesters, responders, kernel, {h: p.mux.unknown_qp for h, p in self.ports.items()},
                      loop_stats, sorted(self.ports), {h: hc.take_events() for h, hc in self.ctl.items()})

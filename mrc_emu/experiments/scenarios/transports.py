@@ -12,7 +12,7 @@ from enum import Enum
 from ...topology import Topology
 from ...topology.evs import EvFormat
 from ...transport.config import QpConfig
-from ..runtime.base_rtt import cc_options_for
+from ..runtime.spec import cc_options
 from ..runtime.transfer import TransferSpec
 
 
@@ -42,7 +42,7 @@ class Transport(str, Enum):
         if topology is not None and not topology.ports.base_rtt_given:
             base_rtt = None
         config = QpConfig(mtu=mtu, link_rate_bps=rate, base_rtt_ns=base_rtt,
-                          cc_options=cc_options_for("nscc", rate, base_rtt))
+                          cc_options=cc_options("nscc", rate, base_rtt))
         return TransferSpec(src, dst, size, evs, EvFormat.SRV6, config, "nscc", label=label, start_at=start_at)
 
     @property

@@ -12,7 +12,8 @@
  * RDMA WRITE ONLY / WITH IMMEDIATE) it marks CE with RED-style probability between kmin and kmax
  * (in the outer and the inner traffic class), trims a packet that would take the queue over the
  * trim threshold to its headers + trim_bytes of UDP payload (DSCP TRIMMED / TRIMMED_LASTHOP, every
- * length and the UDP checksum fixed), and drops any packet above the buffer. Control packets are
+ * length and the UDP checksum fixed), and drops any packet above the buffer (that rule is
+ * verdict.h's, which the virtual fabric shares). Control packets are
  * never marked or trimmed; they and trimmed headers are queued ahead of data (skb->priority picks
  * the class of the HTB under TBF). One program serves every port of a fabric: ports are told apart by
  * interface index, which cabling.py makes unique across the fabric. Python (fabric/ports.py) sizes
@@ -26,6 +27,7 @@
 #include <bpf/bpf_helpers.h>
 
 #include "fluid.h"
+#include "verdict.h"
 
 /* numbers Python has too (wire/format.py, fabric/ports.py, topology/port.py): tests/test_c_constants.py
  * holds each equal to its Python constant, and the map values' layouts to ports.py's */
@@ -51,11 +53,6 @@
 #define HIST_BUCKETS 64
 #define MAX_TRIM_BYTES 256
 #define PSEUDO_LEN 40            /* source, destination, UDP length, next header */
-
-#define PORT_ENABLED 1
-#define PORT_ECN 2
-#define PORT_TRIM 4
-#define PORT_LASTHOP 8           /* faces a host: a trim here is a last-hop trim */
 
 struct port_cfg {                /* written by Python at attach (and when the rate changes) */
 	__u64 rate;              /* bytes per second the port drains: TBF's rate */
@@ -112,8 +109,6 @@ struct pkt {
 	__u8 trim_ok;            /* DSCP_TRIMMABLE: may be trimmed (RoCEv2's DSCP_NO_TRIM is dropped instead) */
 	__u8 ect;
 };
-
-enum verdict { PASS, MARK, TRIM, DROP };
 
 static __always_inline __u8 tclass(const __u8 *ip6)
 {
@@ -260,9 +255,7 @@ int port_egress(struct __sk_buff *skb)
 	__u32 random = bpf_get_prandom_u32(), epoch = cfg->epoch;
 	__u64 burst = cfg->burst, buffer = cfg->buffer, kmin = cfg->kmin, kmax = cfg->kmax;
 	__u64 pmax = cfg->pmax, threshold = cfg->trim_threshold;
-	int trimmable = p.data && p.trim_ok && (flags & PORT_TRIM) && trim_len < len;
-	int markable = p.data && p.ect && (flags & PORT_ECN);
-	enum verdict verdict = PASS;
+	enum verdict verdict;
 
 	bpf_spin_lock(&st->lock);
 	if (st->epoch != epoch) {
@@ -297,22 +290,15 @@ int port_egress(struct __sk_buff *skb)
 	slot &= HIST_BUCKETS - 1;
 	st->hist[slot] += 1;
 
-	if (trimmable && queue + len > threshold) {
-		verdict = TRIM;
-		len = trim_len;
-	}
-	if (queue + len > buffer) {
-		verdict = DROP;
+	/* the rule itself (verdict.h), shared with the virtual fabric's ports */
+	verdict = port_verdict(queue, &len, trim_len, p.data, p.trim_ok, p.ect, flags, threshold, buffer, kmin, kmax,
+			       pmax, random);
+	if (verdict == DROP) {
 		st->dropped += 1;
 	} else {
-		if (verdict == TRIM) {
+		if (verdict == TRIM)
 			st->trimmed += 1;
-		} else if (markable && queue > kmin) {
-			/* pmax < 2^32 and queue < 2^32 (it grows only up to buffer, a __u32): the product fits */
-			if (queue > kmax || kmax <= kmin || random < pmax * (queue - kmin) / (kmax - kmin))
-				verdict = MARK;
-		}
-		if (verdict == MARK)
+		else if (verdict == MARK)
 			st->ce_marked += 1;
 		__u64 spent = queue == 0 ? (st->tokens < len ? st->tokens : len) : 0;
 		st->tokens -= spent;

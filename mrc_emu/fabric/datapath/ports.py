@@ -27,6 +27,7 @@ from typing import Any
 from ...stats import histogram_percentile
 from ...topology import Topology
 from ...topology.port import HIST_BUCKETS, PortConfig, tbf_limit, tbf_shape
+from ...topology.port_verdict import PORT_ENABLED, PORT_LASTHOP, pmax_fixed, port_flags
 from .. import cabling
 from ..kernel import bpfobj, netlink, netns
 from ..kernel.netlink import NLM_F_CREATE, NLM_F_EXCL, Batch, _nla
@@ -45,7 +46,6 @@ PROGRAM = "port_egress"
 CFG_MAP, STATE_MAP = "ports_cfg", "ports_state"  # the program's maps of struct port_cfg and struct port_state
 FILTER_NAME = "mrc-port"
 
-PORT_ENABLED, PORT_ECN, PORT_TRIM, PORT_LASTHOP = 1, 2, 4, 8
 _CFG = struct.Struct("<Q10I")  # struct port_cfg
 _STATE = struct.Struct(f"<IIQQQ6Q{HIST_BUCKETS}Q")  # struct port_state
 COUNTERS = ("packets", "bytes", "max_queue", "ce_marked", "trimmed", "dropped")
@@ -154,10 +154,9 @@ def _cfg_bytes(port: PortConfig, rate_bps: float, mtu: int, epoch: int = 0) -> b
     if port.model == "red":
         flags, buffer = PORT_ENABLED | (PORT_LASTHOP if port.lasthop else 0), tbf_limit(rate_bps, mtu)
     else:
-        flags = PORT_ENABLED | (PORT_ECN if port.ecn else 0) | (PORT_TRIM if port.trim else 0) \
-            | (PORT_LASTHOP if port.lasthop else 0)
+        flags = port_flags(port)
         buffer = port.buffer
-    return _CFG.pack(rate, flags, burst, buffer, port.kmin, port.kmax, min(0xFFFFFFFF, round(port.pmax * 2**32)),
+    return _CFG.pack(rate, flags, burst, buffer, port.kmin, port.kmax, pmax_fixed(port.pmax),
                      port.trim_threshold, port.trim_bytes, port.hist_width, epoch)
 
 
