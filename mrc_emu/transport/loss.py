@@ -7,12 +7,11 @@ says whether a packet is lost. These rules are RACK (RFC 8985) per path and acro
 threshold taken from the EVs' own RTT estimators:
 
 - **later acknowledged** (on every ACK): packet P on EV e is lost once a delivered packet sent
-  more than the allowance after it arrived: on the same EV, e's reorder window (a quarter of its
-  smallest RTT or twice its variation, whichever is more); on another EV d, the two EVs' RTT
-  difference and e's window, but only while e is quiet (absent from the QP's last two
-  delivering ACKs): an EV heard in every ACK is draining a queue that may have grown faster
-  than its RTT estimate, and only its own later packets judge it. It reads send times only,
-  not the time now: an ACK the emulator read late does not make P look later.
+  on the same EV more than e's reorder window after P arrived: a path that delivered a packet
+  sent that much later did not merely reorder P. The window is a quarter of e's smallest RTT or
+  twice its variation, whichever is more. It reads send times only, not the time now: an ACK the
+  emulator read late does not make P look later. Only the same EV: across EVs the queues differ
+  and change faster than an RTT estimate follows.
 - **in time** (a timer, across EVs): P, sent before the newest delivered packet on any EV, is
   lost once its own EV's srtt and four of its RTT variations (TCP's RTO; at least its window)
   and the responder's ACK delay passed since it left, or since its EV last delivered anything,
@@ -34,7 +33,7 @@ as soon as it passes.
 
 What it must never do: read a clock or change an EV's state itself (losses go to
 `Recovery.lose`, which tells the EV profile, whose own rule marks a failing path), or judge a
-packet by another EV's send times while its own EV still delivers (their queues are not its).
+packet by another EV's send times (their queues are not its queue).
 """
 
 from __future__ import annotations
@@ -52,23 +51,20 @@ class Recovery(Protocol):
     config: QpConfig
     profile: EvProfile
     sent: SentPackets
-    rack_sent_ns: int  # the latest send time of any packet known delivered ...
-    rack_ev: int  # ... and its EV
-    delivering_acks: int  # how many ACKs delivered something
+    rack_sent_ns: int  # the latest send time of any packet known delivered
 
     def decide_at(self, now: int) -> int: ...
     def put_off(self, deadline: int, now: int) -> None: ...
     def lose(self, pkt: PyPkt, now: int, why: str) -> None: ...
     def largest_srtt(self) -> float: ...
 
-LATER_ACKED = "packets sent after it were acknowledged"
+LATER_ACKED = "packets sent after it on its EV were acknowledged"
 NOT_IN_TIME = "not acknowledged within its EV's RTT while later packets were"
 TAIL = "nothing sent after it was acknowledged (tail)"
 REORDER_RTT_FRACTION = 4  # the reorder window: a quarter of the EV's smallest RTT (RACK's reo_wnd) ...
 REORDER_RTTVAR = 2  # ... or twice its RTT variation, whichever is larger
 NO_SAMPLE_FACTOR = 2  # an EV without an RTT sample is taken as this many times the largest one known
 TAIL_RTTS = 2  # the tail timer: this many of the QP's largest RTTs, and the responder's ACK delay
-QUIET_ACKS = 2  # an EV absent from this many delivering ACKs in a row has gone quiet
 TIMER_RTTVAR = 4  # rule 2: an EV's srtt and this many of its RTT variations (TCP's RTO), or its window
 
 
@@ -88,43 +84,21 @@ def expected_rtt(rec: Recovery, ev: int) -> float | None:
     return NO_SAMPLE_FACTOR * largest if largest else None
 
 
-def quiet(rec: Recovery, stats: EvStats) -> bool:
-    """Whether an EV delivered nothing in the QP's last QUIET_ACKS delivering ACKs: a dead path, or
-    one the spray gives few packets; an EV draining a queue is heard in every ACK."""
-    return rec.delivering_acks - stats.heard_at_ack >= QUIET_ACKS
-
-
-def allowance(rec: Recovery, ev: int, acked_ev: int) -> float | None:
-    """How much later than a packet on `ev` a packet on `acked_ev` may have left and still arrive
-    first without the first being lost: the two EVs' RTT difference and `ev`'s reorder window
-    (None: no RTT known yet, no such judgement)."""
-    mine = expected_rtt(rec, ev)
-    if mine is None:
-        return None
-    theirs = rec.profile.evs[acked_ev].rtt.srtt_ns if acked_ev in rec.profile.evs else 0.0
-    return max(0.0, mine - theirs) + window(rec.profile.evs[ev], rec.config.reorder_floor_ns)
-
-
 def later_acked(rec: Recovery, now: int) -> None:
-    """Rule 1, on every ACK: each EV's oldest packets that a packet sent more than the allowance
-    later has passed: on the same EV, always (its reorder window); on another EV, only while this
-    EV is quiet. An EV that is heard in every ACK is draining a queue that may have grown faster
-    than its RTT estimate, and judging its packets by another EV's deliveries declared hundreds of
-    queued packets lost (pairs-nofault: 3,636 spurious resends of 11,941 packets, 344 false EV
-    events); a quiet one (dead, blackholed) is judged at once, as RACK would."""
-    sent, rack, rack_ev = rec.sent, rec.rack_sent_ns, rec.rack_ev
+    """Rule 1, on every ACK: each EV's oldest packets that a packet sent on the same EV more than
+    its reorder window later passed. Only the same EV: across EVs the queues differ and change
+    faster than any RTT estimate follows (an incast's ports fill in a few packets' time), and
+    judging one EV's packets by another's deliveries declared hundreds of queued packets lost
+    (pairs-nofault: 3,636 spurious resends of 11,941 packets, 344 false EV events); across EVs
+    the timer (rule 2) judges, by each EV's own RTT and variation."""
+    sent = rec.sent
     floor = rec.config.reorder_floor_ns
     for ev, stats in rec.profile.evs.items():
-        if ev not in sent.by_ev:
+        delivered = stats.last_delivered_sent_ns
+        if delivered < 0 or ev not in sent.by_ev:
             continue
-        own = stats.last_delivered_sent_ns
         limit = window(stats, floor)
-        other = allowance(rec, ev, rack_ev) if rack >= 0 and quiet(rec, stats) else None
-        while (pkt := sent.front(ev)) is not None:
-            if own - pkt.sent_ns > limit:
-                pass
-            elif other is None or rack - pkt.sent_ns <= other:
-                break
+        while (pkt := sent.front(ev)) is not None and delivered - pkt.sent_ns > limit:
             sent.by_ev[ev].popleft()
             rec.lose(pkt, now, LATER_ACKED)
 

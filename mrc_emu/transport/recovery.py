@@ -56,9 +56,7 @@ class Recovery:
         self.una = start_psn  # lowest PSN not known delivered (the responder's expected PSN)
         self.next_psn = start_psn  # the next new PSN (the sender advances it)
         self.sacked = 0  # bit (W-1-i) <=> PSN una+i known delivered
-        self.rack_sent_ns = -1  # latest send time of any packet known delivered (RACK's reference) ...
-        self.rack_ev = -1  # ... and the EV it went on
-        self.delivering_acks = 0  # ACKs that delivered something (an EV absent from the latest ones is quiet)
+        self.rack_sent_ns = -1  # latest send time of any packet known delivered (RACK's reference)
         self.bytes_acked = 0
         self.timeouts = 0
         self.lost_by: dict[str, int] = {}  # packets declared lost, by the rule that found them (ACK_TIMEOUT too)
@@ -215,16 +213,14 @@ class Recovery:
         (a slow QP among many) thus samples the EVs at the end of each burst, not the old ones."""
         profile, cc = self.profile, self.cc
         evs = profile.evs
-        if seen:
-            self.delivering_acks += 1
         for ev, (count, latest_sent, latest_tx, nbytes, latest_left) in seen.items():
             profile.on_delivered(ev, latest_sent, count)
-            evs[ev].last_heard_ns, evs[ev].heard_at_ack = now, self.delivering_acks
+            evs[ev].last_heard_ns = now
             marked = ce.get(ev, 0) if ce else 0
             if marked or evs[ev].ecn:
                 profile.on_ecn(ev, marked, count)
             if latest_sent > self.rack_sent_ns:
-                self.rack_sent_ns, self.rack_ev = latest_sent, ev
+                self.rack_sent_ns = latest_sent
             sample = None
             if ev == sampled:
                 sample = rtt

@@ -64,7 +64,6 @@ class EvStats:
     consecutive_losses: int = 0  # lost packets sent after the latest-sent one it delivered (len(lost_after))
     last_delivered_sent_ns: int = -1  # send time of the latest-sent packet known delivered on this EV
     last_heard_ns: int = -1  # when an ACK last said a packet of this EV arrived (it is alive, if queued)
-    heard_at_ack: int = 0  # the QP's count of delivering ACKs when this EV last delivered (loss.quiet)
     lost_after: list[int] = field(default_factory=list, repr=False)  # their send times
     probe_due_ns: int = 0
     probes_sent: int = 0
