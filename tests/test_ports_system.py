@@ -274,7 +274,7 @@ def test_stats_command(fabric_name):
         data = json.loads(shown.output)
         assert set(data) == {"p0l1"} and all("ce_marked" in c and "queue_p99" in c for c in data["p0l1"].values())
         table = runner.invoke(main, ["stats", "--name", fabric_name])
-        assert table.exit_code == 0 and "p0s1" in table.output and "trim 75000" in table.output
+        assert table.exit_code == 0 and "p0s1" in table.output and "trim 50000" in table.output  # last hop at 1 BDP too
         host = runner.invoke(main, ["stats", "h0", "--name", fabric_name])
         assert host.exit_code == 1 and "hosts: on" in host.output
     build.down(fabric_name)
