@@ -6,6 +6,7 @@ it turns them into one `experiments.runtime.transfer.send` call and its result i
 
 from __future__ import annotations
 
+import contextlib
 import sys
 
 import click
@@ -212,24 +213,35 @@ def send(src: str, dst: str, size: int, evs: str | None, ev_profile: str | None,
             raise click.UsageError(f"--format {ev_format} needs plain IPv6 routing: bring the fabric up with 'mrc-emu up "
                                    f"--routing static' (or --routing bgp) (fabric {name!r} has neither)")
         selection = _ev_selection(evs, count)
-        if imm is not None and not 0 <= imm <= 0xFFFFFFFF:
-            raise click.BadParameter("--imm must fit in 32 bits")
+        _check_imm(imm)
         config = QpConfig(mtu=mtu, ack_timeout_exp=ack_timeout_exp, retry_exp=retry_exp)
-        show_bar = not as_json and sys.stderr.isatty()
-        with click.progressbar(length=size, label=f"{src} -> {dst}", file=sys.stderr, show_pos=False,
-                               hidden=not show_bar) as bar:
-            done = [0]
-
-            def progress(acked: int, total: int) -> None:
-                bar.update(acked - done[0])
-                done[0] = acked
-
+        with _progress_bar(size, f"{src} -> {dst}", as_json) as progress:
             result = run_send(fabric, src, dst, size, selection, cc, mtu, EvFormat(ev_format), ev_min_active, imm,
                               config, on_progress=progress, workers=workers, dilation=dilation, recvs=recvs,
                               ev_profile=loaded if ev_profile is not None else None)
     emit(result.to_dict(), as_json, _transfer_text(result))
     if not result.verified:
         fail(f"{src} -> {dst} not verified: {result.error or 'the placed bytes differ from the source (SHA-256)'}")
+
+
+def _check_imm(imm: int | None) -> None:
+    if imm is not None and not 0 <= imm <= 0xFFFFFFFF:
+        raise click.BadParameter("--imm must fit in 32 bits")
+
+
+@contextlib.contextmanager
+def _progress_bar(size: int, label: str, as_json: bool):
+    """A progress bar on stderr (shown on a terminal, never with --json); yields the
+    `on_progress(acked, total)` a transfer calls as bytes are acknowledged."""
+    with click.progressbar(length=size, label=label, file=sys.stderr, show_pos=False,
+                           hidden=as_json or not sys.stderr.isatty()) as bar:
+        done = [0]
+
+        def progress(acked: int, total: int) -> None:
+            bar.update(acked - done[0])
+            done[0] = acked
+
+        yield progress
 
 
 def _send_virtual(src: str, dst: str, size: int, evs: str | None, cc: str, ev_format: str, ev_min_active: int,
@@ -245,22 +257,13 @@ def _send_virtual(src: str, dst: str, size: int, evs: str | None, cc: str, ev_fo
 
     topo = resolve(topology)
     selection = _ev_selection(evs, len(evs_between(topo, src, dst)))
-    if imm is not None and not 0 <= imm <= 0xFFFFFFFF:
-        raise click.BadParameter("--imm must fit in 32 bits")
+    _check_imm(imm)
     try:
         delay = DEFAULT_LINK_DELAY_NS if link_delay is None else parse_duration_ns(link_delay)
         parsed = [parse(line) for line in faults]
     except (FaultError, ValueError) as exc:
         raise click.BadParameter(str(exc)) from None
-    show_bar = not as_json and sys.stderr.isatty()
-    with click.progressbar(length=size, label=f"{src} -> {dst} (virtual time)", file=sys.stderr, show_pos=False,
-                           hidden=not show_bar) as bar:
-        done = [0]
-
-        def progress(acked: int, total: int) -> None:
-            bar.update(acked - done[0])
-            done[0] = acked
-
+    with _progress_bar(size, f"{src} -> {dst} (virtual time)", as_json) as progress:
         return send_virtual(topo, src, dst, size, selection, cc, EvFormat(ev_format), ev_min_active, imm, config, recvs,
                             profile, seed, parsed, delay, on_progress=progress)
 
