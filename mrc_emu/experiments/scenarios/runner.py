@@ -276,6 +276,7 @@ def _summarise(transport: Transport, results: Run, runs: list[FaultRun], pcap: s
     unrecovered = any(t["recovery"] and t["recovery"]["recovery_ms"] is None for t in main)
     completions = [t["completion_ms"] for t in main if t["completion_ms"] is not None]
     total_bytes = sum(t["size"] for t in main)
+    false_events = sum(t["false_ev_events"] for t in transfers)
     span = max(completions) if completions and len(completions) == len(main) else None
     hit = [t["fault_figures"] for t in main if t["fault_figures"]]
     fault = None
@@ -307,8 +308,8 @@ def _summarise(transport: Transport, results: Run, runs: list[FaultRun], pcap: s
         "flows": congestion.flows(list(results)),  # per-flow figures: FCT percentiles, fairness, timeouts
         "spurious_retransmits": sum(t["spurious_retransmits"] for t in transfers),
         "packets_sent": sum(t["requester"]["stats"].get("packets_sent", 0) for t in transfers),
-        "false_ev_events": sum(t["false_ev_events"] for t in transfers),
-        "emulation": _with_false_events(results.emulation.to_dict(), sum(t["false_ev_events"] for t in transfers)),
+        "false_ev_events": false_events,
+        "emulation": _with_false_events(results.emulation.to_dict(), false_events),
         # NSCC's base RTT, when the run measured it (the topology gives none): runtime/base_rtt.py
         "base_rtt": None if results.base_rtt is None else results.base_rtt.to_dict(),
     }
