@@ -1,4 +1,4 @@
-"""Refuse a checkout whose C code is not all built: setup.py's extensions and the port program.
+"""Refuse a checkout whose C code is not all built: setup.py's extensions and the BPF programs.
 
 Why it exists: every C extension is optional (setup.py), so that a machine without a compiler
 still installs and runs the pure-Python paths, and the tests that compare a C path with its
@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-PORT_PROGRAM = REPO / "mrc_emu" / "fabric" / "bpf" / "port.bpf.c"  # compiled by install.sh into port.bpf.o
+BPF_DIR = REPO / "mrc_emu" / "fabric" / "bpf"  # every *.bpf.c there is compiled by install.sh into its *.bpf.o
 ELF_MAGIC = b"\x7fELF"
 EM_BPF = 247  # the ELF machine of a BPF object (e_machine, at offset 18)
 _LOCAL_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)
@@ -77,19 +77,21 @@ def extension_problems(setup_py: Path = REPO / "setup.py") -> list[str]:
 
 
 def bpf_problems() -> list[str]:
-    """What is wrong with the compiled port program, if anything (one phrase naming it)."""
+    """What is wrong with the compiled BPF programs (the port program, the SRv6 endpoint
+    program), if anything: one phrase naming each."""
     out = []
-    program = PORT_PROGRAM.with_suffix(".o")
-    name = program.relative_to(REPO)
-    if not program.exists():
-        out.append(f"{name} (not compiled)")
-    else:
+    for source in sorted(BPF_DIR.glob("*.bpf.c")):
+        program = source.with_suffix(".o")
+        name = program.relative_to(REPO)
+        if not program.exists():
+            out.append(f"{name} (not compiled)")
+            continue
         with program.open("rb") as f:
             head = f.read(20)
         order = "big" if head[5:6] == b"\x02" else "little"  # EI_DATA: the object's byte order
         if head[:4] != ELF_MAGIC or int.from_bytes(head[18:20], order) != EM_BPF:
             out.append(f"{name} (not a BPF object)")
-        elif (changed := _stale(program, local_headers(PORT_PROGRAM))) is not None:
+        elif (changed := _stale(program, local_headers(source))) is not None:
             out.append(f"{name} (compiled before {changed.relative_to(REPO)} last changed)")
     return out
 

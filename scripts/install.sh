@@ -51,14 +51,16 @@ fi
 # The C code, built again whenever scripts/check_native.py finds it missing or older than a
 # source or header it is made from (a checkout that changed one, or a build that failed).
 check_native=("$venv/bin/python" "$repo/scripts/check_native.py")
-# The switch port program: a tc egress BPF object compiled for this machine's headers. Without it,
-# `up` of a topology with a link_rate says to run this script. A failed compile stops here.
-bpf_src="$repo/mrc_emu/fabric/bpf/port.bpf.c"
-bpf_obj="${bpf_src%.c}.o"
+# The BPF programs (mrc_emu/fabric/bpf/*.bpf.c: the switch port program, the SRv6 endpoint
+# program for kernels without seg6local), compiled for this machine's headers. Without them,
+# `up` of a topology that needs one says to run this script. A failed compile stops here.
 if ! "${check_native[@]}" bpf 2>/dev/null; then
-    echo "install.sh: compiling $bpf_obj"
-    rm -f "$bpf_obj"  # never the old object beside a new source
-    clang -O2 -g -Wall -target bpf -I"/usr/include/$(uname -m)-linux-gnu" -c "$bpf_src" -o "$bpf_obj"
+    for bpf_src in "$repo"/mrc_emu/fabric/bpf/*.bpf.c; do
+        bpf_obj="${bpf_src%.c}.o"
+        echo "install.sh: compiling $bpf_obj"
+        rm -f "$bpf_obj"  # never the old object beside a new source
+        clang -O2 -g -Wall -target bpf -I"/usr/include/$(uname -m)-linux-gnu" -c "$bpf_src" -o "$bpf_obj"
+    done
 fi
 # The C extensions of setup.py, in place (the editable install imports them from the tree). Each
 # is optional: one that does not compile leaves its Python path, a warning here, and

@@ -13,6 +13,10 @@ def system_skip_reason() -> str | None:
         return "needs root (network namespaces): run the suite with sudo, as CI does"
     if not os.path.exists("/proc/sys/net/ipv6/conf/all/seg6_enabled"):
         return "kernel has no SRv6 support"
+    from mrc_emu.fabric.datapath import srv6  # no seg6local: the fabric's SIDs are the BPF endpoint program's
+
+    if srv6.mode() == "bpf" and (reason := srv6.missing_object()):
+        return f"this kernel has no seg6local ({srv6.kernel_problem()}) and {reason}"
     return None
 
 

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from mrc_emu.fabric.datapath import ports
+from mrc_emu.fabric.datapath import ports, srv6
 from mrc_emu.io import port as io_port
 from mrc_emu.io import sockets
-from mrc_emu.topology import model, port_verdict
+from mrc_emu.topology import addressing, model, port_verdict
 from mrc_emu.topology import port as topo_port
 from mrc_emu.transport import config, responder, sent
 from mrc_emu.wire import format as fmt
@@ -28,6 +28,7 @@ from mrc_emu.wire import headers
 PKG = Path(__file__).resolve().parents[1] / "mrc_emu"
 PLACE, SPRAY, SOCKIO = "transport/_place.c", "transport/_spray.c", "io/_sockio.c"
 BPF, FLUID, VERDICT = "fabric/bpf/port.bpf.c", "fabric/bpf/fluid.h", "fabric/bpf/verdict.h"
+SRV6 = "fabric/bpf/srv6.bpf.c"
 
 # (C file, #define, the Python value it must equal)
 SHARED = [
@@ -60,6 +61,14 @@ SHARED = [
     (VERDICT, "PORT_ECN", port_verdict.PORT_ECN),
     (VERDICT, "PORT_TRIM", port_verdict.PORT_TRIM),
     (VERDICT, "PORT_LASTHOP", port_verdict.PORT_LASTHOP),
+    (SRV6, "IP6_LEN", fmt.IPV6_LEN),
+    (SRV6, "NH_ROUTING", headers.NH_ROUTING),
+    (SRV6, "SRH_FIXED_LEN", fmt.SRH_FIXED_LEN),
+    (SRV6, "USID_BLOCK", addressing.USID_BLOCK),
+    (SRV6, "DECAP_FUNCTION", addressing.USID_DECAP_FUNCTION),
+    (SRV6, "ENDX_BASE", addressing.ENDX_FUNCTION_BASE),
+    (SRV6, "MAX_PORTS", srv6.MAX_PORTS),
+    (SRV6, "NODE_HOST", srv6.NODE_HOST),
 ]
 
 # (C file, #define, what its value must hold against the Python side, the Python value)
@@ -79,6 +88,10 @@ C_ONLY = {
     (BPF, "ETH_LEN"): "the Ethernet header the program sees; Python never builds one",
     (BPF, "TRIMMED_HERE"): "the skb mark of a packet the program trimmed and sent round again",
     (BPF, "PSEUDO_LEN"): "the UDP pseudo header the program sums",
+    (SRV6, "ETH_LEN"): "the Ethernet header the program sees; Python never builds one",
+    (SRV6, "SRH_TYPE"): "the SRH's routing type (RFC 8754), which the wire layer writes as a literal",
+    (SRV6, "DA_OFF"): "where the outer destination lies in the frame",
+    (SRV6, "SRH_OFF"): "where the SRH lies in the frame",
     (FLUID, "NS_PER_S"): "the unit of the fluid arithmetic",
     (FLUID, "FLUID_RESET_NS"): "how long a port idles before it starts empty",
     ("wire/crc32.h", "HAVE_CLMUL"): "a build switch",
@@ -180,10 +193,19 @@ def test_the_port_programs_map_values_have_pythons_layout(c_name, python):
 
 
 def test_the_names_python_loads_are_the_programs():
-    text = (PKG / BPF).read_text()
-    assert re.search(rf'SEC\("tc"\)\s*int {ports.PROGRAM}\(', text)
-    for name in (ports.CFG_MAP, ports.STATE_MAP):
-        assert re.search(rf"\}} {name} SEC\(\"\.maps\"\);", text), name
+    for path, program, maps in ((BPF, ports.PROGRAM, (ports.CFG_MAP, ports.STATE_MAP)), (SRV6, srv6.PROGRAM, (srv6.MAP,))):
+        text = (PKG / path).read_text()
+        assert re.search(rf'SEC\("tc"\)\s*int {program}\(', text)
+        for name in maps:
+            assert re.search(rf"\}} {name} SEC\(\"\.maps\"\);", text), name
+
+
+def test_the_srv6_programs_map_value_has_pythons_layout():
+    """struct srv6_node: node_id, flags (two __u32), then MAX_PORTS / 8 bytes of End.X ports."""
+    body = re.search(r"struct srv6_node \{(.*?)\n\};", (PKG / SRV6).read_text(), re.S)[1]
+    fields = re.findall(r"^\s*(__u32|__u8) (\w+)(?:\[([^\]]+)\])?;", _COMMENT.sub("", body), re.M)
+    assert [(t, n) for t, n, _ in fields] == [("__u32", "node_id"), ("__u32", "flags"), ("__u8", "endx")]
+    assert fields[2][2] == "MAX_PORTS / 8" and srv6._NODE.format == f"<II{srv6.MAX_PORTS // 8}s"
 
 
 def test_the_c_records_have_the_fields_of_their_python_twins():

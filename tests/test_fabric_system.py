@@ -17,7 +17,8 @@ from scapy.utils import rdpcap
 
 from mrc_emu.experiments.runtime.probes import probe_evs
 from mrc_emu.fabric import build, limits, links, ops, registry
-from mrc_emu.fabric.kernel import netns
+from mrc_emu.fabric.datapath import srv6
+from mrc_emu.fabric.kernel import netns, seg6local
 from mrc_emu.fabric.running import Fabric
 from mrc_emu.topology import addressing as ad
 from mrc_emu.topology import builtin, evs_between
@@ -203,9 +204,14 @@ def test_cli_status_paths_probe_json(default_fabric):
     single = json.loads(subprocess.run(CLI + ["probe", "h1", "h3", "--ev", "3", "--name", name, "--json"],
                                        capture_output=True, text=True, check=True).stdout)
     assert [e["ev"] for e in single["evs"]] == [3]
-    out = subprocess.run(CLI + ["exec", "--name", name, "p0s0", "--", "ip", "-6", "route"], capture_output=True,
-                         text=True, check=True).stdout
-    assert "seg6local" in out
+    if seg6local.mode() == "kernel":  # the SIDs as the kernel's seg6local routes
+        out = subprocess.run(CLI + ["exec", "--name", name, "p0s0", "--", "ip", "-6", "route"], capture_output=True,
+                             text=True, check=True).stdout
+        assert "seg6local" in out
+    else:  # or the BPF endpoint program on every port's ingress (datapath/srv6.py)
+        out = subprocess.run(CLI + ["exec", "--name", name, "p0s0", "--", "tc", "filter", "show", "dev", "p0s0-eth0",
+                                    "ingress"], capture_output=True, text=True, check=True).stdout
+        assert srv6.FILTER_NAME in out
 
 
 @pytest.mark.slow
@@ -221,7 +227,8 @@ def test_large_comes_up_and_goes_down(fabric_name):
         build.down(fabric_name)
     assert leftovers(fabric_name) == []
     # the phases are consecutive parts of the build
-    assert set(result.phases) == {"nodes", "links", "routes", "carrier"}
+    srv6_phase = {"srv6"} if seg6local.mode() == "bpf" else set()  # the SRv6 endpoint program, without seg6local
+    assert set(result.phases) == {"nodes", "links", "routes", "carrier"} | srv6_phase
     assert sum(result.phases.values()) <= result.seconds
 
 

@@ -77,7 +77,7 @@ def test_the_decap_program_on_every_host_port_breaks_nothing(fabric_name, at_a_d
             batches: dict = {}
             fd = ecn_decap.load()
             try:
-                red.decap_requests(topo, batches, fd, set())
+                red.decap_requests(topo, batches, fd)
                 for node, batch in batches.items():
                     with netns.entered(fabric.netns(node)):
                         batch.send()

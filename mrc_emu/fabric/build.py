@@ -18,8 +18,8 @@ from pyroute2 import IPRoute
 from ..topology import Topology
 from ..topology.port import TBF_LATENCY_US, tbf_limit, tbf_shape
 from . import cabling, config, limits, links, registry
-from .datapath import ports, red
-from .kernel import namespaces, netns
+from .datapath import ports, red, srv6
+from .kernel import namespaces, netns, seg6local
 from .nodes import check_prerequisites
 from .running import Fabric
 
@@ -85,6 +85,11 @@ def up(topo: Topology, name: str = "mrc", progress: Progress | None = None) -> U
                 count = red.attach(fabric)
                 progress(f"RED with ECN on {count} egress ports")
             phases["ports"] = time.monotonic() - mark
+
+        if seg6local.mode() == "bpf":  # no seg6local in this kernel (or MRC_EMU_SRV6=bpf): the SIDs in BPF
+            mark = time.monotonic()
+            progress(f"SRv6 endpoint program on {srv6.attach(fabric)} interfaces (no seg6local here)")
+            phases["srv6"] = time.monotonic() - mark
 
         mark = time.monotonic()
         progress("configuring addresses, SIDs and routes")

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from ..topology import Role, Topology
 from ..topology import addressing as ad
-from .kernel import netns
+from .kernel import netns, seg6local
 from .kernel.netlink import Batch, Seg6Local
 
 NEXT_CSID = (ad.USID_BLOCK_BITS, ad.USID_BITS)
@@ -212,8 +212,12 @@ def batch(node_plan: NodePlan, indexes: dict[str, int], skip: frozenset[str] = f
 
 def add_routes(out: Batch, routes: list[Route], indexes: dict[str, int], skip: frozenset[str] = frozenset()) -> None:
     """Create-or-replace requests for `routes`; nexthops over interfaces in `skip` are left out
-    (the kernel refuses a route over a device that is down)."""
+    (the kernel refuses a route over a device that is down); so are the SIDs' seg6local routes
+    on a kernel that refuses them (the BPF endpoint program does their work: datapath/srv6.py)."""
+    kernel_sids = seg6local.kernel_problem() is None
     for route in routes:
+        if route.seg6local is not None and not kernel_sids:
+            continue
         if route.multipath is not None:
             hops = [(indexes[intf], gw) for intf, gw in route.multipath if intf not in skip]
             if hops:

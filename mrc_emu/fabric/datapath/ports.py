@@ -56,6 +56,7 @@ TC_LINKLAYER_ETHERNET = 1  # a rate spec with a link layer needs no rate table (
 PSCHED_NS_PER_TICK = 64  # HTB's buffers are in psched ticks (PSCHED_SHIFT 6)
 _RATESPEC = struct.Struct("=BBHhHI")  # struct tc_ratespec: cell_log, linklayer, overhead, cell_align, mpu, rate
 TCA_KIND, TCA_OPTIONS = 1, 2
+NLM_F_REPLACE = 0x100
 TCA_BPF_FD, TCA_BPF_NAME, TCA_BPF_FLAGS = 6, 7, 8
 TCA_BPF_FLAG_ACT_DIRECT = 1
 TC_H_CLSACT, CLSACT_HANDLE, CLSACT_INGRESS, CLSACT_EGRESS = 0xFFFFFFF1, 0xFFFF0000, 0xFFFFFFF2, 0xFFFFFFF3
@@ -100,6 +101,12 @@ class TcBatch(Batch):
         body = struct.pack("=BxxxiIII", socket.AF_UNSPEC, index, CLSACT_HANDLE, TC_H_CLSACT, 0)
         self._add(RTM_NEWQDISC, NLM_F_CREATE | NLM_F_EXCL, body + _nla(TCA_KIND, b"clsact\0"), f"clsact on {index}")
 
+    def clsact_shared(self, index: int) -> None:
+        """A clsact on `index`, or the one already there (create-or-replace: the port program's,
+        the SRv6 endpoint program's and the ECN decapsulation program's filters share it)."""
+        body = struct.pack("=BxxxiIII", socket.AF_UNSPEC, index, CLSACT_HANDLE, TC_H_CLSACT, 0)
+        self._add(RTM_NEWQDISC, NLM_F_CREATE | NLM_F_REPLACE, body + _nla(TCA_KIND, b"clsact\0"), f"clsact on {index}")
+
     def order_classes(self, index: int, rate: int, limit: int, mtu: int) -> None:
         """The HTB under a shaped port's TBF (its class 1:1) that only orders, never shapes: class
         2:1 (CLASS_AHEAD, prio 0) served before 2:2 (CLASS_DATA, prio 1, the default), both at 16x
@@ -125,8 +132,9 @@ class TcBatch(Batch):
                       _tcmsg(index, leaf, classid) + _nla(TCA_KIND, b"pfifo\0")
                       + _nla(TCA_OPTIONS, struct.pack("=I", leaf_limit(limit))), f"pfifo under {classid:#x} on {index}")
 
-    def bpf_egress(self, index: int, prog_fd: int, parent: int = CLSACT_EGRESS, name: str = FILTER_NAME) -> None:
-        info = (1 << 16) | socket.htons(ETH_P_ALL)  # priority 1, every protocol
+    def bpf_egress(self, index: int, prog_fd: int, parent: int = CLSACT_EGRESS, name: str = FILTER_NAME,
+                   prio: int = 1) -> None:
+        info = (prio << 16) | socket.htons(ETH_P_ALL)  # every protocol
         body = struct.pack("=BxxxiIII", socket.AF_UNSPEC, index, 1, parent, info)
         options = (_nla(TCA_BPF_FD, struct.pack("=I", prog_fd)) + _nla(TCA_BPF_NAME, name.encode() + b"\0")
                    + _nla(TCA_BPF_FLAGS, struct.pack("=I", TCA_BPF_FLAG_ACT_DIRECT)))

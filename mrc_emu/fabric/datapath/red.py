@@ -221,7 +221,7 @@ def attach(fabric: Fabric) -> int:
             count += 1
     prog_fd = ecn_decap.load()
     try:
-        decap_requests(topo, batches, prog_fd, set(by_node))
+        decap_requests(topo, batches, prog_fd)
         for node, batch in batches.items():
             with netns.entered(fabric.netns(node)):
                 batch.send()
@@ -230,17 +230,16 @@ def attach(fabric: Fabric) -> int:
     return count
 
 
-def decap_requests(topo, batches: dict[str, RedBatch], prog_fd: int, with_clsact: set[str]) -> None:
+def decap_requests(topo, batches: dict[str, RedBatch], prog_fd: int) -> None:
     """Add to `batches` (per node) the requests that put the ECN decapsulation program on every
-    host port's ingress; `with_clsact`: nodes whose ports already have a clsact (ports.attach
-    made one on the ports it serves: hosts too with `port: {hosts: on}`)."""
+    host port's ingress, on the port's clsact (made here, or shared with the port program's and the
+    SRv6 endpoint program's filters)."""
     for host in topo.hosts:
         batch = batches.setdefault(host.name, RedBatch())
         for link in topo.links_of(host.name):
             _, intf, _ = topo.peer(link, host.name)
             index = ports.index_of(topo, host.name, intf)
-            if host.name not in with_clsact:
-                batch.clsact(index)
+            batch.clsact_shared(index)  # the port program's or the SRv6 program's, or a new one
             batch.bpf_egress(index, prog_fd, ports.CLSACT_INGRESS, DECAP_FILTER)
 
 

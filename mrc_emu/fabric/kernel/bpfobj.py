@@ -141,12 +141,24 @@ def _libbpf() -> ctypes.CDLL:
     lib.bpf_program__pin.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
     lib.bpf_map__pin.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
     lib.bpf_program__fd.argtypes = [ctypes.c_void_p]
+    lib.bpf_map__fd.argtypes = [ctypes.c_void_p]
     return lib
 
 
 def load_and_pin(obj_path: Path, program: str, maps: dict[str, int], pin_dir: Path) -> int:
     """Load `obj_path` with each named map resized to its max_entries, pin the program as
     pin_dir/prog and each map as pin_dir/<map>; return an fd for the program (caller closes it)."""
+    return _load(obj_path, program, maps, pin_dir)[0]
+
+
+def load(obj_path: Path, program: str, maps: dict[str, int]) -> tuple[int, dict[str, int]]:
+    """Load `obj_path` as load_and_pin does, pinning nothing: fds for the program and for each
+    named map (the caller closes them). What the kernel holds lives as long as something uses
+    it: a program attached to interfaces goes with the last of them."""
+    return _load(obj_path, program, maps, None)
+
+
+def _load(obj_path: Path, program: str, maps: dict[str, int], pin_dir: Path | None) -> tuple[int, dict[str, int]]:
     lib = _libbpf()
     obj = lib.bpf_object__open_file(str(obj_path).encode(), None)
     if not obj:
@@ -164,12 +176,14 @@ def load_and_pin(obj_path: Path, program: str, maps: dict[str, int], pin_dir: Pa
         err = lib.bpf_object__load(obj)
         if err:
             raise BpfError(-err, f"the kernel refused {obj_path}: {os.strerror(-err)} (libbpf printed the verifier's log)")
-        pin_dir.mkdir(parents=True, exist_ok=True)
-        if lib.bpf_program__pin(prog, str(pin_dir / "prog").encode()):
-            raise BpfError(ctypes.get_errno(), f"cannot pin the program under {pin_dir}")
-        for name, handle in handles.items():
-            if lib.bpf_map__pin(handle, str(pin_dir / name).encode()):
-                raise BpfError(ctypes.get_errno(), f"cannot pin map {name} under {pin_dir}")
-        return os.dup(lib.bpf_program__fd(prog))
+        if pin_dir is not None:
+            pin_dir.mkdir(parents=True, exist_ok=True)
+            if lib.bpf_program__pin(prog, str(pin_dir / "prog").encode()):
+                raise BpfError(ctypes.get_errno(), f"cannot pin the program under {pin_dir}")
+            for name, handle in handles.items():
+                if lib.bpf_map__pin(handle, str(pin_dir / name).encode()):
+                    raise BpfError(ctypes.get_errno(), f"cannot pin map {name} under {pin_dir}")
+            return os.dup(lib.bpf_program__fd(prog)), {}
+        return os.dup(lib.bpf_program__fd(prog)), {name: os.dup(lib.bpf_map__fd(h)) for name, h in handles.items()}
     finally:
         lib.bpf_object__close(obj)
