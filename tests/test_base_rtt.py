@@ -100,3 +100,30 @@ def test_no_answer_falls_back_to_the_topology_default_and_a_given_max_cwnd_stays
 def test_only_nscc_measures(cc):
     spec = Transport.MRC.spec("h4", "h0", 1 << 20, 4096, topology=INCAST)
     assert not base_rtt.measures(replace(spec, cc=cc))
+
+
+def test_each_hosts_endpoint_is_taught_a_peers_paths_once():
+    """Probe rounds after the first send no paths again: computing and sending them per request
+    took minutes of the parent's CPU when 128 hosts measured their base RTT (bench_scale.py)."""
+    from mrc_emu.experiments.runtime.endpoint_ops import EndpointOps, EpPaths, EpProbe
+
+    class Worker:
+        def __init__(self) -> None:
+            self.sent: list = []
+
+        def send(self, msg) -> None:
+            self.sent.append(msg)
+
+        def poll(self, _kind):
+            return None
+
+    worker = Worker()
+    ops = EndpointOps()
+    of = {"h4": worker, "h0": worker}
+    address_of = {"h4": "fc00:2:1::1", "h0": "fc00:2::1"}
+    for round_ in range(3):
+        ops.ev_probe("h4", [(2 * round_, "h0", 0), (2 * round_ + 1, "h0", 1)])
+        ops.step(of, address_of, INCAST)
+    paths = [(m.host, m.peer) for m in worker.sent if isinstance(m, EpPaths)]
+    assert sorted(paths) == [("h0", "fc00:2:1::1"), ("h4", "fc00:2::1")]
+    assert sum(isinstance(m, EpProbe) for m in worker.sent) == 3

@@ -85,6 +85,9 @@ class EndpointOps:
         self._batches: dict[int, EpBatch] = {}
         self._next = 1
         self.applied: list[PortStatusSet] = []  # what the workers reported, in order
+        # (host, peer) whose paths the host's endpoint was taught: paths are the topology's, so
+        # once is enough (computing and sending them per probe cost minutes on a 128-host run)
+        self._taught: set[tuple[str, str]] = set()
 
     def set_port_status(self, host: str, mask: int) -> None:
         self._asked.put(SetPortStatus(host, mask))
@@ -93,6 +96,11 @@ class EndpointOps:
         batch = EpBatch(host, list(requests), rsp_timeout_ns)
         self._asked.put(batch)
         return batch
+
+    def _teach(self, of: dict[str, Any], address_of: dict[str, str], topo: Topology, host: str, peer: str) -> None:
+        if (host, peer) not in self._taught:
+            self._taught.add((host, peer))
+            of[host].send(EpPaths(host, address_of[peer], qp_paths(topo, host, peer).forward))
 
     def step(self, of: dict[str, Any], address_of: dict[str, str], topo: Topology) -> None:
         """Send what was asked (to the worker of each host), take what the workers answered."""
@@ -116,8 +124,8 @@ class EndpointOps:
                 if dst == op.host or dst not in address_of:
                     continue  # no such peer in the run: never answered (the batch times out)
                 if dst in of:  # the destination answers along its paths back
-                    of[dst].send(EpPaths(dst, address_of[op.host], qp_paths(topo, dst, op.host).forward))
-                of[op.host].send(EpPaths(op.host, address_of[dst], qp_paths(topo, op.host, dst).forward))
+                    self._teach(of, address_of, topo, dst, op.host)
+                self._teach(of, address_of, topo, op.host, dst)
                 wire.append((req_id, address_of[dst], ev))
             of[op.host].send(EpProbe(op.host, ids, tuple(wire), op.rsp_timeout_ns))
         for worker in set(of.values()):
