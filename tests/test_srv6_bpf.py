@@ -7,7 +7,6 @@ says which node it is); needs root, no fabric."""
 
 from __future__ import annotations
 
-import ctypes
 import os
 import struct
 
@@ -34,21 +33,12 @@ class Program:
             pytest.fail(srv6.missing_object())
         self.prog, maps = srv6.bpfobj.load(srv6.OBJECT, srv6.PROGRAM, {srv6.MAP: 2})
         self.map = bpfobj.MapHandle(maps[srv6.MAP], srv6._NODE.size)
-        self.records = {}
-        for name in NODES:  # any interface of the node carries its record
-            link = TOPO.links_of(name)[0]
-            self.records[name] = srv6.node_records(TOPO)[srv6.cabling.index_of(link, name)]
+        records = srv6.node_records(TOPO)  # any interface of a node carries its record
+        self.records = {name: records[srv6.cabling.index_of(TOPO.links_of(name)[0], name)] for name in NODES}
 
     def run(self, node: str, frame: bytes) -> tuple[int, bytes]:
         self.map.put(1, self.records[node])
-        data_in = ctypes.create_string_buffer(frame, len(frame))
-        data_out = ctypes.create_string_buffer(len(frame) + 256)
-        attr = ctypes.create_string_buffer(80)
-        struct.pack_into("<IIIIQQII", attr, 0, self.prog, 0, len(frame), len(data_out), ctypes.addressof(data_in),
-                         ctypes.addressof(data_out), 1, 0)
-        bpfobj.bpf_syscall(10, attr)  # BPF_PROG_TEST_RUN
-        retval, _, size = struct.unpack_from("<III", attr, 4)
-        return retval, data_out.raw[:size]
+        return bpfobj.test_run(self.prog, frame)
 
     def close(self) -> None:
         self.map.close()

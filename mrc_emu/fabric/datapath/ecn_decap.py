@@ -18,14 +18,12 @@ needed), like xdp.py:
 
 from __future__ import annotations
 
-import ctypes
 import os
-import struct
 
-from ..kernel.bpfobj import BpfError, bpf_syscall, load_instructions
+from ..kernel import bpfobj
+from ..kernel.bpfobj import BpfError, load_instructions
 from .xdp import _insn
 
-BPF_PROG_TEST_RUN = 10
 BPF_PROG_TYPE_SCHED_CLS = 3
 TC_ACT_OK = 0
 SKB_DATA, SKB_DATA_END = 76, 80  # offsetof(struct __sk_buff, data), (..., data_end)
@@ -94,15 +92,7 @@ def load() -> int:
 def test_run(prog_fd: int, frame: bytes) -> tuple[int, bytes]:
     """(return value, frame out) of the program on one frame (BPF_PROG_TEST_RUN): how the unit of
     it is checked without a fabric."""
-    data_in = ctypes.create_string_buffer(frame, len(frame))
-    data_out = ctypes.create_string_buffer(len(frame) + 256)
-    attr = ctypes.create_string_buffer(80)
-    # union bpf_attr.test: prog_fd, retval, data_size_in, data_size_out, data_in, data_out, repeat, duration
-    struct.pack_into("<IIIIQQII", attr, 0, prog_fd, 0, len(frame), len(data_out), ctypes.addressof(data_in),
-                     ctypes.addressof(data_out), 1, 0)
-    bpf_syscall(BPF_PROG_TEST_RUN, attr, EcnDecapError)
-    retval, _, size_out = struct.unpack_from("<III", attr, 4)
-    return retval, data_out.raw[:size_out]
+    return bpfobj.test_run(prog_fd, frame, EcnDecapError)
 
 
 def close(fd: int) -> None:
