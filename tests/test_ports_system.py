@@ -161,6 +161,18 @@ def _port(fabric: Fabric, node: str, peer: str) -> dict:
     return ports.counters(fabric, node)[node][fabric.topology.peer(link, node)[1]]
 
 
+def _ce_marked_anywhere(fabric: Fabric) -> int:
+    """CE marks of every port the program serves: a burst a host's TBF lets out at line speed may
+    queue briefly at a spine's port too, which then marks some packets before the last hop does."""
+    return sum(c["ce_marked"] for by_port in ports.counters(fabric).values() for c in by_port.values())
+
+
+def _assert_ce_counted(last_hop: int, anywhere: int, seen: int) -> None:
+    """Every CE mark the last hop made reached the receiver, and every CE the receiver saw was
+    made by some port (one marked twice counts twice there)."""
+    assert last_hop <= seen <= anywhere, (last_hop, seen, anywhere)
+
+
 def test_a_queue_marks_ce_and_trims_to_dscp_lasthop_with_a_valid_checksum(fabric_name):
     with _burst_fabric(fabric_name) as fabric:
         udp, cap = _receiver(fabric)
@@ -169,6 +181,7 @@ def test_a_queue_marks_ce_and_trims_to_dscp_lasthop_with_a_valid_checksum(fabric
         got = _drain(udp, sent)
         frames = _captured(cap)
         port = _port(fabric, "p0l1", "h2")
+        anywhere = _ce_marked_anywhere(fabric)
     build.down(fabric_name)
 
     data = [(p, tc) for p, tc in got if p[0] != OP_ACK]
@@ -182,7 +195,8 @@ def test_a_queue_marks_ce_and_trims_to_dscp_lasthop_with_a_valid_checksum(fabric
     # control: an ACK's opcode in a data packet's class: the opcode decides
     assert len(control) == sent // 5 and all(tc == fmt.TCLASS_DATA and len(p) > 28 for p, tc in control), "control was touched"
     # the counters say what the receiver saw
-    assert port["ce_marked"] == len(ce) and port["trimmed"] == len(trimmed)
+    _assert_ce_counted(port["ce_marked"], anywhere, len(ce))
+    assert port["trimmed"] == len(trimmed)
     assert port["packets"] - len(got) in (0, 1, 2)  # a stray MLD report may pass the port too
     assert port["dropped"] == sent - len(got)
     assert port["max_queue"] <= port["config"]["buffer"]
@@ -227,11 +241,13 @@ def test_usid_frames_without_an_srh_are_marked_and_trimmed_too(fabric_name):
         sent = _burst(fabric, 60, ev_format=EvFormat.SRV6_USID)
         got = _drain(udp, sent)
         port = _port(fabric, "p0l1", "h2")
+        anywhere = _ce_marked_anywhere(fabric)
     build.down(fabric_name)
     ce = sum(1 for _, tc in got if tc == fmt.TCLASS_DATA | fmt.ECN_CE)
     trimmed = [p for p, tc in got if tc >> 2 == ports.DSCP_TRIMMED_LASTHOP]
     assert ce and trimmed and all(len(p) == 28 for p in trimmed)
-    assert (port["ce_marked"], port["trimmed"], port["dropped"]) == (ce, len(trimmed), sent - len(got))
+    _assert_ce_counted(port["ce_marked"], anywhere, ce)
+    assert (port["trimmed"], port["dropped"]) == (len(trimmed), sent - len(got))
 
 
 def test_ecn_off_and_trim_off_drop_above_the_buffer_and_down_removes_the_pins(fabric_name):
