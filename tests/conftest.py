@@ -14,9 +14,10 @@ def system_skip_reason() -> str | None:
     if not os.path.exists("/proc/sys/net/ipv6/conf/all/seg6_enabled"):
         return "kernel has no SRv6 support"
     from mrc_emu.fabric.datapath import srv6  # no seg6local: the fabric's SIDs are the BPF endpoint program's
+    from mrc_emu.fabric.kernel import seg6local
 
-    if srv6.mode() == "bpf" and (reason := srv6.missing_object()):
-        return f"this kernel has no seg6local ({srv6.kernel_problem()}) and {reason}"
+    if seg6local.mode() == "bpf" and (reason := srv6.missing_object()):
+        return f"this kernel has no seg6local ({seg6local.kernel_problem()}) and {reason}"
     return None
 
 

@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mrc_emu.fabric import cabling
 from mrc_emu.fabric.datapath import srv6
 from mrc_emu.fabric.kernel import bpfobj
 from mrc_emu.topology import addressing as ad
@@ -31,10 +32,10 @@ class Program:
     def __init__(self) -> None:
         if srv6.missing_object():
             pytest.fail(srv6.missing_object())
-        self.prog, maps = srv6.bpfobj.load(srv6.OBJECT, srv6.PROGRAM, {srv6.MAP: 2})
+        self.prog, maps = bpfobj.load(srv6.OBJECT, srv6.PROGRAM, {srv6.MAP: 2})
         self.map = bpfobj.MapHandle(maps[srv6.MAP], srv6._NODE.size)
         records = srv6.node_records(TOPO)  # any interface of a node carries its record
-        self.records = {name: records[srv6.cabling.index_of(TOPO.links_of(name)[0], name)] for name in NODES}
+        self.records = {name: records[cabling.index_of(TOPO.links_of(name)[0], name)] for name in NODES}
 
     def run(self, node: str, frame: bytes) -> tuple[int, bytes]:
         self.map.put(1, self.records[node])

@@ -30,7 +30,7 @@ from ...topology.port import HIST_BUCKETS, PortConfig, tbf_limit, tbf_shape
 from ...topology.port_verdict import PORT_ENABLED, PORT_LASTHOP, pmax_fixed, port_flags
 from .. import cabling
 from ..kernel import bpfobj, netlink, netns
-from ..kernel.netlink import NLM_F_CREATE, NLM_F_EXCL, Batch, _nla
+from ..kernel.netlink import NLM_F_CREATE, NLM_F_EXCL, NLM_F_REPLACE, Batch, _nla
 from ..nodes import FabricSetupError
 from ..running import Fabric
 
@@ -56,7 +56,6 @@ TC_LINKLAYER_ETHERNET = 1  # a rate spec with a link layer needs no rate table (
 PSCHED_NS_PER_TICK = 64  # HTB's buffers are in psched ticks (PSCHED_SHIFT 6)
 _RATESPEC = struct.Struct("=BBHhHI")  # struct tc_ratespec: cell_log, linklayer, overhead, cell_align, mpu, rate
 TCA_KIND, TCA_OPTIONS = 1, 2
-NLM_F_REPLACE = 0x100
 TCA_BPF_FD, TCA_BPF_NAME, TCA_BPF_FLAGS = 6, 7, 8
 TCA_BPF_FLAG_ACT_DIRECT = 1
 TC_H_CLSACT, CLSACT_HANDLE, CLSACT_INGRESS, CLSACT_EGRESS = 0xFFFFFFF1, 0xFFFF0000, 0xFFFFFFF2, 0xFFFFFFF3
@@ -97,15 +96,12 @@ class TcBatch(Batch):
     """The requests that put a direct-action BPF program on an interface's egress, and the HTB
     that orders a shaped port's two classes."""
 
-    def clsact(self, index: int) -> None:
+    def clsact(self, index: int, shared: bool = False) -> None:
+        """A clsact on `index`; `shared`: or the one already there (create-or-replace: the port
+        program's, the SRv6 endpoint program's and the ECN decapsulation program's filters share it)."""
         body = struct.pack("=BxxxiIII", socket.AF_UNSPEC, index, CLSACT_HANDLE, TC_H_CLSACT, 0)
-        self._add(RTM_NEWQDISC, NLM_F_CREATE | NLM_F_EXCL, body + _nla(TCA_KIND, b"clsact\0"), f"clsact on {index}")
-
-    def clsact_shared(self, index: int) -> None:
-        """A clsact on `index`, or the one already there (create-or-replace: the port program's,
-        the SRv6 endpoint program's and the ECN decapsulation program's filters share it)."""
-        body = struct.pack("=BxxxiIII", socket.AF_UNSPEC, index, CLSACT_HANDLE, TC_H_CLSACT, 0)
-        self._add(RTM_NEWQDISC, NLM_F_CREATE | NLM_F_REPLACE, body + _nla(TCA_KIND, b"clsact\0"), f"clsact on {index}")
+        flags = NLM_F_CREATE | (NLM_F_REPLACE if shared else NLM_F_EXCL)
+        self._add(RTM_NEWQDISC, flags, body + _nla(TCA_KIND, b"clsact\0"), f"clsact on {index}")
 
     def order_classes(self, index: int, rate: int, limit: int, mtu: int) -> None:
         """The HTB under a shaped port's TBF (its class 1:1) that only orders, never shapes: class

@@ -239,7 +239,7 @@ def decap_requests(topo, batches: dict[str, RedBatch], prog_fd: int) -> None:
         for link in topo.links_of(host.name):
             _, intf, _ = topo.peer(link, host.name)
             index = ports.index_of(topo, host.name, intf)
-            batch.clsact_shared(index)  # the port program's or the SRv6 program's, or a new one
+            batch.clsact(index, shared=True)  # the port program's or the SRv6 program's, or a new one
             batch.bpf_egress(index, prog_fd, ports.CLSACT_INGRESS, DECAP_FILTER)
 
 

@@ -8,7 +8,7 @@ bpf/srv6.bpf.c on the ingress of every fabric interface instead (tc clsact, dire
 rewrites a packet addressed to one of the node's SIDs as End or End.X would and hands it back to
 the kernel, which forwards it on its new destination (docs/fabric.md: "SRv6 without seg6local").
 
-Which one a fabric uses (`mode`): the kernel's, where it accepts a seg6local route (probed once
+Which one a fabric uses (`kernel/seg6local.py`, `mode`): the kernel's, where it accepts a seg6local route (probed once
 per process in a namespace of its own, `kernel_problem`), else the program; MRC_EMU_SRV6=bpf
 forces the program (to test it on a kernel that has both), =kernel the routes. The seg6local
 routes are installed wherever the kernel takes them (config.py), whichever mode: with the
@@ -28,7 +28,6 @@ from ...topology import Role, Topology
 from ...topology import addressing as ad
 from .. import cabling
 from ..kernel import bpfobj, netns
-from ..kernel.seg6local import MODE_ENV, kernel_problem, mode  # noqa: F401 (re-exported)
 from ..nodes import FabricSetupError
 from ..running import Fabric
 from .ports import CLSACT_INGRESS, TcBatch
@@ -101,7 +100,7 @@ def attach(fabric: Fabric) -> int:
             batch = TcBatch()
             for link in topo.links_of(name):
                 index = cabling.index_of(link, name)
-                batch.clsact_shared(index)
+                batch.clsact(index, shared=True)
                 batch.bpf_egress(index, prog_fd, CLSACT_INGRESS, FILTER_NAME, prio=FILTER_PRIO)
             with netns.entered(fabric.netns(name)):
                 batch.send()
