@@ -31,6 +31,7 @@ from .multipath.ev import EvProfile
 from .multipath.paths import Path, Send
 from .probing import EvProber, ProbeBudget
 from .recovery import Recovery
+from .witness import Witness
 
 try:  # the C send loop for first transmissions (optional; see _spray.c)
     from . import _spray
@@ -122,6 +123,8 @@ class Requester:
         self.recovery = Recovery(self.config, self.profile, self.cc, start_psn)
         self.sent = self.recovery.sent
         self.prober = EvProber(qpn, dest_qp, paths, self.profile, self.config.probe_interval_ns, random_bits, probe_budget)
+        # path failures decided by witness probes (witness.py) where the QP avoids paths
+        self.witness = Witness(self.recovery, self.prober, paths) if self.config.path_avoidance else None
         self.start_psn = start_psn
         self.queue: deque[WriteRequest] = deque()  # posted, not all packets sent yet
         self.active: deque[WriteRequest] = deque()  # posted, not completed (in order)
@@ -257,6 +260,8 @@ class Requester:
         self.error = self.recovery.on_timer(now)
         if self.error is not None:
             return
+        if self.witness is not None:
+            self.witness.pump(now, send, clock)
         if self.config.path_avoidance and self.prober.paths and self.profile.any_assumed_bad():
             self.prober.send_due(now, send)
         if self.profile.stalled:
@@ -409,6 +414,8 @@ class Requester:
             wakes.append(deadline)
         if self.config.path_avoidance and (probe := self.prober.next_wakeup()) is not None:
             wakes.append(probe)
+        if self.witness is not None and (witness := self.witness.next_wakeup(self._last_now)) is not None:
+            wakes.append(witness)
         return min(wakes) if wakes else None
 
     # ---- reports -------------------------------------------------------------------------
@@ -433,6 +440,7 @@ class Requester:
                 "probes_sent": self.prober.probes_sent,
                 "probes_returned": self.prober.probes_returned, "probes_paced": self.prober.probes_paced,
                 "probe_answers": {ev: a.to_dict() for ev, a in sorted(self.prober.answers.items())},
+                "witness": None if self.witness is None else self.witness.summary(),
                 "cwnd": int(self.cc.cwnd), "cc_decreases": self.cc.decreases, "stalled": self.stalled, "timers_deferred": rec.deferred,
                 "psns_sent": rec.next_psn - self.start_psn, "psns_acked": rec.una - self.start_psn}
 
