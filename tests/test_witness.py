@@ -6,14 +6,14 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+from test_recovery import RecordingCc, send, settled
+
 from mrc_emu.transport import witness as witness_module
 from mrc_emu.transport.config import QpConfig
 from mrc_emu.transport.multipath.ev import EvProfile
 from mrc_emu.transport.recovery import ACK_TIMEOUT, Recovery
 from mrc_emu.transport.witness import Witness
 from mrc_emu.wire.format import AckPacket, Syndrome
-
-from test_recovery import RecordingCc, send, settled
 
 US = 1000
 

@@ -35,7 +35,8 @@ Like loss.py it reads no clock: time comes in as `now`, probes go out through th
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ..api.events import EvState
 from .multipath.paths import Path, Send
