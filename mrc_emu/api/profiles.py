@@ -131,6 +131,9 @@ class EvProfile:
         # where they read their spray schedule, so a change reaches them at no cost while nothing changes
         self.state_version = 0
         self.state_setters: dict[int, str] = {}  # slot -> who set its state last: "controller" or "device"
+        # bumped whenever an EV's value or port may have changed (REPLACE_EV, new fields, mode or count): the
+        # requesters bound to the profile rebuild the frames of the slots whose value moved (multipath/evvalues.py)
+        self.values_version = 0
 
     def modify(self, *, state: ProfileState | None = None, cur_state: ProfileState | None = None,
                mode: EvProfileMode | str | None = None, fmt: EvFormatProfile | None = None, ev_count: int | None = None,
@@ -178,6 +181,8 @@ class EvProfile:
         elif new["mode"] != EvProfileMode.EXP and given & {"mode", "fmt", "ev_count", "fields"}:
             self.ev_states = []  # generated EVs from new fields are new EVs: their states start afresh
             self.states_reset()
+        if given & {"mode", "fmt", "ev_count", "fields"}:
+            self.values_version += 1
         if target == ProfileState.INIT:
             self._reset()
 

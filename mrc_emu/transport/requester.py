@@ -19,7 +19,6 @@ from dataclasses import dataclass
 
 from ..api.events import EvEventQueue
 from ..api.profiles import EvProfile as ApiEvProfile
-from ..stats import percentile
 from ..wire import format as fmt
 from ..wire.decoder import decode_udp
 from ..wire.encoder import payload_sums
@@ -27,7 +26,9 @@ from ..wire.format import AckPacket, CnpPacket, DropReason, ProbeResponsePacket,
 from .cc.base import CongestionControl
 from .cc.registry import make_cc
 from .config import QpConfig, RandomBits
+from .ledger import trim_repair
 from .multipath.ev import EvProfile
+from .multipath.evvalues import ValuePaths, wire_slots
 from .multipath.paths import Path, Send
 from .probing import EvProber, ProbeBudget
 from .recovery import Recovery
@@ -50,26 +51,6 @@ _FATAL_NAKS = {
     Syndrome.NAK_REMOTE_OPERATIONAL: "remote operational error (a WRITE_WITH_IMM found no receive posted at the "
                                      "responder: MRC has no RNR, so the QP is in error; post receives in advance)",
 }
-
-
-def trim_repair(repairs: list[tuple[int, float, int]]) -> dict | None:
-    """How fast trimmed packets were repaired: from the trimmed copy's send until the resent one
-    was acknowledged (p50/p99/max, us), split at the TRIM NACK (`nack_p50_us`: send -> NACK
-    heard; `after_nack_p50_us`: NACK -> acknowledged), and, of those whose RTT was known when the
-    TRIM NACK came (the trimmed EV's srtt, else the QP's longest), the share repaired within two
-    of it; `before_rtt`: trims that came before any RTT sample. None: no trim."""
-    if not repairs:
-        return None
-    times = [t for t, _, _ in repairs]
-    nacks = [n for _, _, n in repairs]
-    after = [t - n for t, _, n in repairs]
-    known = [(t, rtt) for t, rtt, _ in repairs if rtt]
-    within = sum(1 for t, rtt in known if t <= 2 * rtt)
-    return {"count": len(times), "p50_us": round(percentile(times, 50) / 1e3, 1),
-            "p99_us": round(percentile(times, 99) / 1e3, 1), "max_us": round(max(times) / 1e3, 1),
-            "nack_p50_us": round(percentile(nacks, 50) / 1e3, 1),
-            "after_nack_p50_us": round(percentile(after, 50) / 1e3, 1), "before_rtt": len(repairs) - len(known),
-            "within_2_rtt": round(within / len(known), 4) if known else None}
 
 
 @dataclass
@@ -106,9 +87,12 @@ class Requester:
     def __init__(self, address: bytes, qpn: int, dest_qp: int, paths: dict[int, Path], config: QpConfig | None = None,
                  cc: CongestionControl | None = None, start_psn: int = 0, ev_min_active: int = 1,
                  c_loop: bool = True, *, random_bits: RandomBits, probe_budget: ProbeBudget | None = None,
-                 ev_profile: ApiEvProfile | None = None, ev_events: EvEventQueue | None = None) -> None:
+                 ev_profile: ApiEvProfile | None = None, ev_events: EvEventQueue | None = None,
+                 value_paths: ValuePaths | None = None) -> None:
         """`ev_profile`: an ONLINE api EV profile (slot i = EV i) holding the EV states, shared with its other
-        QPs, and its ev_min_active (else a private one); `ev_events`: the queue for this QP's EV events."""
+        QPs, and its ev_min_active (else a private one); `ev_events`: the queue for this QP's EV events;
+        `value_paths`: how an EV value of that profile becomes a path: given, each EV's frames follow the value
+        its slot holds (a REPLACE_EV re-paths it at the next pump; multipath/evvalues.py)."""
         if not paths:
             raise ValueError("a requester needs at least one path (EV)")
         self.address = address
@@ -149,6 +133,10 @@ class Requester:
         self._pace_tokens = math.inf  # inf: not paced
         self._pace_at = 0
         self._pace_rate: float | None = None
+        self.value_paths = value_paths
+        self.repaths: list[tuple[int, int, str, int]] = []  # (time, EV, new value hex, port): values followed
+        self._values_seen = self.profile.api.values_version
+        self._built = self._slots() if value_paths is not None else {}  # EV -> the (value, port) its path carries
 
     # ---- API -----------------------------------------------------------------------------
 
@@ -251,6 +239,8 @@ class Requester:
         each burst, and `next_wakeup` says when the next packet may go."""
         self._last_now = now
         self.profile.sync(now)  # what the QPs sharing its EV profile, or the controller, changed since
+        if self.value_paths is not None and self.profile.api.values_version != self._values_seen:
+            self._follow_values(now)
         self.recovery.horizon = horizon
         if self.error is not None:
             return
@@ -353,6 +343,25 @@ class Requester:
         self._pace_tokens = tokens
         if sent:
             rec.ledger.started(now)
+
+    def _slots(self) -> dict[int, tuple[bytes, int]]:
+        return dict(zip(self.paths, map(wire_slots(self.profile.api).__getitem__, self.paths)))
+
+    def _follow_values(self, now: int) -> None:
+        """Rebuild the path of every EV whose value or port changed, the C loop's heads and writers with it."""
+        self._values_seen = self.profile.api.values_version
+        for ev, slot in self._slots().items():
+            if slot == self._built[ev]:
+                continue
+            old = self.paths[ev]
+            path = self.value_paths.path(ev, slot[0], slot[1] or (old.plane or 0) + 1, old.template.ends.sport)
+            self.paths[ev] = path  # the prober's dict too: probes of this EV take the new value
+            if self._native:
+                self._writers[ev] = path.template.writer(self.dest_qp, self.config.mtu, self.config.pkey)
+                self._heads[ev] = path.template.head(self.dest_qp, self.config.mtu, self.config.pkey)
+            self._built[ev] = slot
+            self.repaths.append((now, ev, slot[0].rstrip(bytes(1)).hex(), slot[1]))
+        self._frame_overhead = DATA_OVERHEAD + max(len(p.template.encap.outer) for p in self.paths.values())
 
     def _refill(self, now: int) -> float:
         """The pacing bucket at `now` (inf when the CC profile does not pace)."""

@@ -18,8 +18,9 @@ the latest deny/allow that matches it is a deny. The record never acts on the fa
 from __future__ import annotations
 
 import json
+import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +29,11 @@ from ...fabric.faults.fault_record import append_line
 from ...fabric.running import Fabric
 from ...topology import Role, Topology, TopologyError, evs_between
 from ...topology.evs import Ev
-from .worker import SetEvStates
+from .worker import Progress, ReplaceEv, SetEvStates
 
 RECORD = "record"
 DENY, ALLOW, PORT, EVENTS, POLLED = "deny", "allow", "port", "events", "polled"
+REPLACE, REPLACED = "replace", "replaced"  # REPLACE_EV asked for; what a running QP made of it
 
 
 def directory(name: str) -> Path:
@@ -110,6 +112,9 @@ class State:
     ports: dict[tuple[str, int], bool]  # (host, plane) -> enabled; absent: enabled
     events: dict[str, list[dict[str, Any]]]  # host -> EV events not yet polled, oldest first
     dropped: dict[str, int]  # host -> events dropped since the last poll
+    # (src, dst, EV) -> (value, port or None, the asking line's id): the latest REPLACE_EV of each EV
+    values: dict[tuple[str, str, int], tuple[bytes, int | None, str]] = field(default_factory=dict)
+    replaced: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # asking id -> what the QPs said
 
     def denied_by(self, ev: Ev) -> str | None:
         """What denies this EV now (the selector, described, and by whom), or None: it may carry data."""
@@ -161,6 +166,24 @@ class ControlRecord:
             raise ValueError(f"plane {plane}: {topo.name} has planes 0..{topo.planes - 1} (ports 1..{topo.planes})")
         self._append({"op": PORT, "host": host, "plane": plane, "enabled": enabled, "by": by})
 
+    def replace(self, src: str, dst: str, ev: int, value: bytes, port: int | None, by: str = "cli") -> str:
+        """REPLACE_EV of EV `ev` from `src` to `dst` (its QPs' EV profile slot `ev`): `value` on `port`
+        (None: the EV's own). Running QPs take it at once, later ones start with it. The line's id."""
+        topo = self.fabric.topology
+        Selector(ev=(src, dst, ev)).check(topo)
+        if not value or len(value) > 32 or not any(value):
+            raise ValueError(f"an EV value is 1..32 bytes, not all zero (got {len(value)} bytes)")
+        if port is not None and not 1 <= port <= topo.planes:
+            raise ValueError(f"port {port}: {src} has ports 1..{topo.planes}")
+        ident = f"{os.getpid()}-{time.monotonic_ns()}"
+        self._append({"op": REPLACE, "src": src, "dst": dst, "ev": ev, "value": value.hex(), "port": port, "id": ident,
+                      "by": by})
+        return ident
+
+    def replaced(self, ident: str) -> list[dict[str, Any]]:
+        """What running QPs reported of the REPLACE_EV `ident`: [{"key", "error"}] (empty: none yet)."""
+        return self.state().replaced.get(ident, [])
+
     def post_events(self, host: str, events: list[dict[str, Any]]) -> None:
         """EV events a run's QPs of `host` posted (already filtered by their profile's event mask)."""
         if events:
@@ -196,6 +219,12 @@ class ControlRecord:
                     if over > 0:
                         del queue[:over]
                         state.dropped[line["host"]] = state.dropped.get(line["host"], 0) + over
+                elif op == REPLACE:
+                    port = line.get("port")
+                    state.values[(line["src"], line["dst"], int(line["ev"]))] = (
+                        bytes.fromhex(line["value"]), None if port is None else int(port), line.get("id", ""))
+                elif op == REPLACED:
+                    state.replaced.setdefault(line["id"], []).append({"key": line.get("key"), "error": line.get("error")})
                 elif op == POLLED:
                     del state.events.setdefault(line["host"], [])[:int(line["count"])]
                     state.dropped.pop(line["host"], None)
@@ -238,6 +267,9 @@ class LiveControl:
         self.size = -1
         self.denied: dict[int, set[int]] = {key: set() for key in evs_by_key}
         self.ports: dict[tuple[str, int], bool] = {}
+        self.values: dict[tuple[int, int], str] = {}  # (key, EV) -> the REPLACE_EV id last pushed to it
+        self.replaces: list[tuple[int, str, ReplaceEv]] = []  # found by `changes`, sent by `push`
+        self.asked: dict[tuple[int, int], str] = {}  # (key, EV) -> REPLACE_EV id sent, its answer awaited
 
     def changes(self) -> tuple[list[tuple[int, str, tuple[int, ...], tuple[int, ...], str]], dict[str, int]]:
         """([(key, host, EVs to deny, EVs to allow, why)], {host: its port-status mask}) since the
@@ -259,6 +291,12 @@ class LiveControl:
                 why = "; ".join(sorted({reasons[i] for i in deny})) or "allowed"
                 ev_changes.append((key, host, deny, allow, why))
             self.denied[key] = now
+        for key, (host, evs) in self.evs_by_key.items():
+            for index, ev in evs.items():
+                value = state.values.get((host, ev.dst, index))
+                if value is not None and self.values.get((key, index)) != value[2]:
+                    self.values[(key, index)] = value[2]
+                    self.replaces.append((key, host, ReplaceEv(key, index, value[0], value[1], value[2])))
         masks = {}
         hosts = {host for host, _ in self.evs_by_key.values()}
         for (host, plane), enabled in state.ports.items():
@@ -279,7 +317,22 @@ class LiveControl:
             worker_of[host].send(SetEvStates(key, deny, allow, why))
         for host, mask in port_masks.items():
             endpoint.set_port_status(host, mask)
+        for key, host, message in self.replaces:
+            worker_of[host].send(message)
+            self.asked[(key, message.ev)] = message.reason
+        self.replaces = []
         endpoint.step(worker_of, address_of, topo)
+
+    def report(self, progress: Progress, host_of: dict[str, str]) -> None:
+        """A worker's progress report: its hosts' EV events go on the record as they happen (`ev events
+        --follow`), and what each QP made of a REPLACE_EV (done, or why not) is written for the asker."""
+        if self.record is None:
+            return
+        post_host_events(self.record, progress.ev_queues, host_of)
+        for key, ev, error in progress.replaced:
+            ident = self.asked.pop((key, ev), None)
+            if ident:
+                self.record._append({"op": REPLACED, "id": ident, "key": key, "ev": ev, "error": error or None})
 
 
 def qp_evs(paths: Any) -> dict[int, Ev]:
@@ -296,9 +349,15 @@ def post_run_events(record: ControlRecord, finals: list, host_of: dict[str, str]
     QPs' devices posted, by their profiles' ev_event_mask, so GOOD and ASSUMED_BAD only, never
     DENIED) on the fabric's record, for `mrc-emu ev events`. `host_of`: address -> host name."""
     for final in finals:
-        for host, (events, dropped) in getattr(final, "ev_queues", {}).items():
-            if events:
-                named = [{**e, "dst": host_of.get(e["peer"], e["peer"])} for e in events]
-                if dropped:
-                    named[0]["drop_count"] = dropped
-                record.post_events(host, named)
+        post_host_events(record, getattr(final, "ev_queues", {}), host_of)
+
+
+def post_host_events(record: ControlRecord, queues: dict[str, tuple[list[dict[str, Any]], int]],
+                     host_of: dict[str, str]) -> None:
+    """Queue hosts' EV events (host -> (events, drops before them)) on the record, each named by its peer host."""
+    for host, (events, dropped) in queues.items():
+        if events:
+            named = [{**e, "dst": host_of.get(e["peer"], e["peer"])} for e in events]
+            if dropped:
+                named[0]["drop_count"] = dropped
+            record.post_events(host, named)

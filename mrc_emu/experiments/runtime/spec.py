@@ -21,6 +21,7 @@ from ...topology.evs import EvFormat
 from ...transport.cc.nscc import max_wnd_for
 from ...transport.config import QpConfig
 from ...transport.multipath.evpaths import ProfileQpPaths, profile_paths
+from ...transport.multipath.evvalues import ValuePaths, value_paths
 from ...transport.multipath.paths import QpPaths, qp_paths
 
 
@@ -48,6 +49,8 @@ class TransferSpec:
     # `ev_format`; its ev_min_active is the QP's (evpaths.py)
     ev_profile: ProfileFile | str | None = None
     stev_values: list[int | tuple[int, int]] | None = None  # EvFormat.STEV: EV i's value [, port] (paths.stev_paths)
+    # the QP's CC profile config (hostctl.py): NSCC's mrc_ctl_cc_nscc_cfg fields or DCQCN's parameters, by name
+    cc_config: dict[str, Any] | None = None
 
 
 @dataclass
@@ -124,6 +127,13 @@ def plan_paths(topo: Topology, spec: TransferSpec) -> QpPaths:
     if isinstance(spec.ev_profile, ProfileFile):
         return profile_paths(topo, spec.ev_profile, spec.src, spec.dst, spec.config.trimmable)
     return qp_paths(topo, spec.src, spec.dst, spec.ev_format, spec.evs, spec.config.trimmable, spec.stev_values)
+
+
+def plan_values(topo: Topology, spec: TransferSpec) -> ValuePaths:
+    """How the QP's requester makes a path of an EV value of its profile (evvalues.py): in its EV profile's
+    format mode, or its topology EV format's."""
+    mode = spec.ev_profile.fmt.mode if isinstance(spec.ev_profile, ProfileFile) else spec.ev_format
+    return value_paths(topo, spec.src, spec.dst, mode, spec.config.trimmable)
 
 
 def result_of(spec: TransferSpec, paths: QpPaths, req: dict, resp: dict, kernel_udp: dict[str, int], unknown_qp: int,

@@ -36,7 +36,7 @@ from . import base_rtt as idle_loop
 from .base_rtt import BaseRtt
 from .controller import ControlRecord, LiveControl, post_run_events, qp_evs
 from .endpoint_ops import EndpointOps
-from .spec import TransferError, TransferResult, TransferSpec, cc_options, plan_paths, prepared_specs, result_of
+from .spec import TransferError, TransferResult, TransferSpec, cc_options, plan_paths, plan_values, prepared_specs, result_of
 from .stev import check_fabric
 from .worker import Accept, Accepted, Final, Hash, Hashed, HostSpec, JobProgress, Prepare, Prepared, Progress, Start, Started, serve_hosts
 
@@ -148,11 +148,12 @@ def run_transfers(fabric: Fabric, specs: list[TransferSpec], control: Control | 
             start_psn = int.from_bytes(os.urandom(3), "big")
             dst, src = pool.of[spec.dst], pool.of[spec.src]
             recvs = spec.recvs if spec.recvs is not None else int(spec.imm is not None)
+            values = plan_values(fabric.topology, spec)
             dst.send(Accept(key, spec.dst, spec.size, qpn_resp, qpn_req, start_psn, paths.back, paths.src_address,
-                            spec.config, recvs))
+                            spec.config, recvs, values.mode))
             region = _expect_key(dst, Accepted, key).region
             src.send(Prepare(key, spec.src, qpn_req, qpn_resp, paths.forward, spec.config, spec.cc,
-                             spec.ev_min_active, start_psn, region, spec.size, spec.imm))
+                             spec.ev_min_active, start_psn, region, spec.size, spec.imm, values, spec.cc_config))
         for key, spec in enumerate(specs):
             _expect_key(pool.of[spec.src], Prepared, key, timeout=120.0)
             if on_prepare is not None:
@@ -172,8 +173,10 @@ def run_transfers(fabric: Fabric, specs: list[TransferSpec], control: Control | 
             worker.send(Start(tuple(now_keys.get(worker, ()))))
         control.started_ns = min(s.start_ns for s in (w.expect(Started) for w in pool.workers) if s.keys)
         deferred.sort(key=lambda d: d[0])
+        host_of = {a: h for h, a in address_of.items()}
         _watch(pool.workers, specs, control, on_progress, linger_s, timeout_s, deferred,
-               lambda: live.push(pool.of, control.endpoint, address_of, fabric.topology))
+               lambda: live.push(pool.of, control.endpoint, address_of, fabric.topology),
+               lambda report: live.report(report, host_of))
         placed = {}
         for key, spec in enumerate(specs):
             pool.of[spec.dst].send(Hash(key))
@@ -190,7 +193,7 @@ def run_transfers(fabric: Fabric, specs: list[TransferSpec], control: Control | 
                          by_host[spec.dst].kernel_udp[spec.dst], by_host[spec.dst].unknown_qp[spec.dst], placed[key],
                          idle_loop.source_of(fabric.topology, spec, measured))
                for key, spec in enumerate(specs)]
-    post_run_events(live.record, finals, {a: h for h, a in address_of.items()})
+    post_run_events(live.record, finals, host_of)
     report = emulation.assess(finals, results, kernel_before, emulation.softnet(), dilation)
     return Run(results, report, pool.clock, finals, measured)
 
@@ -232,11 +235,12 @@ def _expect_key(worker: Child, kind: type, key: int, timeout: float = 30.0):
 
 def _watch(workers: list[Child], specs: list[TransferSpec], control: Control,
            on_progress: Callable[[int, int], None] | None, linger_s: float, timeout_s: float,
-           deferred: list[tuple[float, Child, int]], on_step: Callable[[], None]) -> None:
+           deferred: list[tuple[float, Child, int]], on_step: Callable[[], None],
+           on_report: Callable[[Progress], None] | None = None) -> None:
     """Follow the workers' progress reports until every transfer is done (and lingering ended);
     `on_step` runs at every step (after the hooks: the controller's changes and endpoint
-    operations go out at once)."""
-    watch = _Watch(workers, specs, control, on_progress, linger_s, deferred, on_step)
+    operations go out at once), `on_report` with each progress report (its EV events)."""
+    watch = _Watch(workers, specs, control, on_progress, linger_s, deferred, on_step, on_report)
     try:
         until(watch.step, timeout_s, "the transfers to finish", interval=0.05, wake=list(workers))
     except WaitTimeout:
@@ -248,9 +252,10 @@ class _Watch:
 
     def __init__(self, workers: list[Child], specs: list[TransferSpec], control: Control,
                  on_progress: Callable[[int, int], None] | None, linger_s: float,
-                 deferred: list[tuple[float, Child, int]], on_step: Callable[[], None]) -> None:
+                 deferred: list[tuple[float, Child, int]], on_step: Callable[[], None],
+                 on_report: Callable[[Progress], None] | None = None) -> None:
         self.workers, self.specs, self.control, self.on_progress = workers, specs, control, on_progress
-        self.on_step = on_step
+        self.on_step, self.on_report = on_step, on_report
         self.linger_s, self.deferred = linger_s, deferred
         self.primary = {k for k, s in enumerate(specs) if s.start_at is None}
         self.total = sum(s.size for k, s in enumerate(specs) if k in self.primary)
@@ -265,6 +270,8 @@ class _Watch:
         for worker in self.workers:
             while (report := worker.poll(Progress)) is not None:  # other answers wait for their expect
                 latest.update(report.jobs)
+                if self.on_report is not None:
+                    self.on_report(report)
         acked = sum(v.bytes_acked for k, v in latest.items() if k in self.primary)
         control.bytes_acked = acked
         control.progress = acked / self.total
