@@ -25,17 +25,18 @@ from ...api.files import ProfileFile
 from ...fabric import build
 from ...fabric.faults import fault_ops
 from ...fabric.kernel.waiting import WaitTimeout, until
-from ...fabric.procs import Child, Stop
+from ...fabric.procs import Child, ChildError, Stop
 from ...fabric.running import Fabric
 from ...io.clock import Clock, Horizon
 from ...topology import Topology
+from ...topology import addressing as ad
 from ...topology.evs import EvFormat
 from ...transport.config import QpConfig
 from ..analysis import emulation
 from . import base_rtt as idle_loop
 from .base_rtt import BaseRtt
 from .controller import ControlRecord, LiveControl, post_run_events, qp_evs
-from .endpoint_ops import EndpointOps
+from .endpoint_ops import EndpointOps, EpBatch
 from .spec import TransferError, TransferResult, TransferSpec, cc_options, plan_paths, plan_values, prepared_specs, result_of
 from .stev import check_fabric
 from .worker import Accept, Accepted, Final, Hash, Hashed, HostSpec, JobProgress, Prepare, Prepared, Progress, Start, Started, serve_hosts
@@ -196,6 +197,31 @@ def run_transfers(fabric: Fabric, specs: list[TransferSpec], control: Control | 
     post_run_events(live.record, finals, host_of)
     report = emulation.assess(finals, results, kernel_before, emulation.softnet(), dilation)
     return Run(results, report, pool.clock, finals, measured)
+
+
+def probe(fabric: Fabric, src: str, dst: str, requests: list[tuple], rsp_timeout_ns: int) -> EpBatch:
+    """One EV_PROBE batch from `src` to `dst` between no transfers: an endpoint worker serves both hosts
+    for as long as it takes (requests as EndpointOps.ev_probe takes them); the batch, answered or timed
+    out. A host serving a running transfer cannot be served twice (its port 4791 is taken): TransferError."""
+    topo = fabric.topology
+    address_of = {host: ad.host_address(topo, host) for host in (src, dst)}
+    try:
+        pool = _Pool(fabric, address_of, 1, 1.0)
+    except ChildError as exc:
+        raise TransferError(f"no endpoint could serve {src} and {dst} ({exc}); is a transfer running on them? "
+                            "Probe when it has ended") from None
+    try:
+        ops = EndpointOps()
+        batch = ops.ev_probe(src, requests, rsp_timeout_ns)
+
+        def answered() -> bool:
+            ops.step(pool.of, address_of, topo)
+            return batch.done.is_set()
+
+        until(answered, 30.0 + rsp_timeout_ns / 1e9, f"{src}'s EV probes", interval=0.001, wake=pool.workers)
+    finally:
+        pool.stop()
+    return batch
 
 
 class Run(list):
