@@ -301,6 +301,8 @@ def probe_cmd(src: str, dst: str, index: int | None, text: str | None, mode: str
     --value fc00:0:5:b:6:3:f0d6::"""
     if (index is None) == (text is None):
         raise click.UsageError("give --ev K or --value HEX")
+    import ipaddress
+
     from ..api.formats import EvFormatMode
     from ..experiments.runtime.transfer import probe
     from ..fabric.running import Fabric
@@ -322,7 +324,9 @@ def probe_cmd(src: str, dst: str, index: int | None, text: str | None, mode: str
             port = port or _value_port(topo, value, mode)
             sport = values.sport_of(value.ljust(4, b"\0")) or udp_sport(0)
             request = (1, dst, VALUE_PROBE_EV, values.path(VALUE_PROBE_EV, value.ljust(32, b"\0"), port, sport))
-            what = f"value 0x{value.hex()} ({mode}, port {port})"
+            shown = (",".join(str(ipaddress.IPv6Address(value.ljust(32, b"\0")[k:k + 16])) for k in (0, 16)
+                              if any(value[k:k + 16])) if mode == "SRV6" else f"0x{value.hex()}")
+            what = f"value {shown} ({mode}, port {port})"
         batch = probe(fabric, src, dst, [request], int(timeout_ms * 1e6))
     rsp = batch.responses[0] if batch.responses else None
     data = {"src": src, "dst": dst, "probed": what, "reachable": rsp is not None, "timeout_ms": timeout_ms}
