@@ -66,6 +66,7 @@ class HostControl:
                               ev_max_count=1 << 24, ev_free_count=1 << 24,
                               algorithms=(api_cc.NSCC, api_cc.DCQCN))
         self.ctl = Controller(host, planes, attrs=attrs, event_capacity=1024)
+        self.host = host
         self.planes = planes
         self._fmt: dict[EvFormatMode, int] = {}
         self._ev: dict[tuple, int] = {}

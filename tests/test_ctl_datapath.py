@@ -1,0 +1,105 @@
+"""The host controller's profiles are what the QP runs with (issue 27): the CC profile's config makes the
+QP's congestion control, the EV profile's format is the QP's own (never guessed from the values), and
+REPLACE_EV refuses what the responder could not follow. No root: the in-memory network."""
+
+from __future__ import annotations
+
+import ipaddress
+import random
+
+import pytest
+
+from mrc_emu.api.formats import EvFormatMode
+from mrc_emu.experiments.runtime.hostctl import HostControl
+from mrc_emu.experiments.runtime.qps import accept_write, prepare_write
+from mrc_emu.io.memory import MemoryHost, MemoryNetwork
+from mrc_emu.topology import builtin
+from mrc_emu.topology.evs import EvFormat, udp_sport
+from mrc_emu.transport.config import QpConfig
+from mrc_emu.transport.endpoint import HostEndpoint
+from mrc_emu.transport.multipath.evvalues import value_paths
+from mrc_emu.transport.multipath.paths import qp_paths, stev_paths
+from mrc_emu.transport.mux import HostMux
+
+TOPO = builtin()
+MTU = 1024
+
+
+def _write(cc: str, cc_config: dict | None, size: int = 256 * 1024):
+    """h0 writes `size` bytes to h2 over the in-memory network, its QP on a CC profile of `cc` with
+    `cc_config`; (the WriteJob, the most packets it had in flight at once, the responder's buffer)."""
+    paths = qp_paths(TOPO, "h0", "h2")
+    muxes, controls = {}, {}
+    for host, address in (("h0", paths.src_address), ("h2", paths.dst_address)):
+        muxes[host] = HostMux(ipaddress.IPv6Address(address).packed)
+        muxes[host].serve(HostEndpoint(muxes[host].address, muxes[host], None, TOPO.planes))
+        controls[host] = HostControl(host, TOPO.planes)
+    config = QpConfig(mtu=MTU, link_rate_bps=10e9, base_rtt_ns=20_000)
+    bits = random.Random(1).getrandbits
+    _, region = accept_write(muxes["h2"], controls["h2"], 0, size, 0x22, 0x11, 0, paths.back, paths.src_address,
+                             config, 0, bits, EvFormatMode.SRV6)
+    data = random.Random(2).randbytes(size)
+    job = prepare_write(muxes["h0"], controls["h0"], 0, "h0", 0x11, 0x22, paths.forward, config, cc, 1, 0,
+                        region.to_dict(), data, "", None, bits, value_paths(TOPO, "h0", "h2", EvFormat.SRV6), cc_config)
+    job.post(0)
+    net = MemoryNetwork(0)
+    for ev in paths.forward:
+        net.fault(ev).delay_ns = 10_000
+    most = [0]
+
+    def done() -> bool:
+        most[0] = max(most[0], len(job.requester.sent.flight))
+        return job.requester.done
+
+    assert net.run([MemoryHost(muxes["h0"]), MemoryHost(muxes["h2"])], done)
+    assert job.requester.error is None and bytes(region.buffer) == data
+    return job, most[0]
+
+
+def test_a_cc_profile_with_an_nscc_max_wnd_of_4_packets_keeps_4_packets_in_flight():
+    """The CC profile's NSCC config (mrc_ctl_cc_nscc_cfg's max_cwnd, by name) is what the QP's NSCC runs
+    with: MaxWnd 4 packets holds the QP to 4 packets in flight, where the derived MaxWnd lets it send more."""
+    job, most = _write("nscc", {"max_cwnd": 4 * MTU})
+    assert job.requester.cc.p.max_cwnd == 4 * MTU and most == 4
+    _, free = _write("nscc", None)
+    assert free > 4
+
+
+def test_a_dcqcn_cc_profile_config_reaches_the_qps_dcqcn():
+    job, _ = _write("dcqcn", {"window": 3 * MTU, "byte_counter": 50_000}, size=64 * 1024)
+    assert job.requester.cc.p.window == 3 * MTU and job.requester.cc.p.byte_counter == 50_000
+
+
+def test_a_stev_value_without_flow_label_bits_is_stev_and_a_mix_is_one_profile():
+    """The QP's format is given, not guessed: a STEV value whose high 16 bits are zero (it looks like a UDP
+    source port) stays STEV, beside STEV values that have some."""
+    values = [udp_sport(0), 0x1234 << 16 | udp_sport(1), udp_sport(2), 0xBEEF << 16 | udp_sport(3)]
+    paths = stev_paths(TOPO, "h0", "h2", values)
+    control = HostControl("h0", TOPO.planes)
+    pid = control.ev_profile("h2", paths.forward, 1, EvFormatMode.STEV)
+    profile = control.ctl.ev_profile(pid)
+    assert profile.fmt.mode == EvFormatMode.STEV
+    assert [int.from_bytes(v[:4], "big") for v in profile.explicit] == values
+
+
+def test_replace_ev_refuses_what_the_responder_could_not_follow():
+    """A STEV value keeps its low 16 bits (the responder knows the EV by its UDP source port), a UDP EV its
+    port number; an SRV6 EV takes any carrier, and the controller's REPLACE_EV reaches the profile."""
+    control = HostControl("h0", TOPO.planes)
+    stev = stev_paths(TOPO, "h0", "h2", [0x1111 << 16 | udp_sport(k) for k in range(4)])
+    pid = control.ev_profile("h2", stev.forward, 1, EvFormatMode.STEV)
+    with pytest.raises(ValueError, match="low 16 bits"):
+        control.replace_ev(pid, 1, (0x2222 << 16 | udp_sport(2)).to_bytes(4, "big"))
+    old = control.replace_ev(pid, 1, (0x2222 << 16 | udp_sport(1)).to_bytes(4, "big"), 1)
+    assert int.from_bytes(old[0][:4], "big") == 0x1111 << 16 | udp_sport(1)
+    udp = qp_paths(TOPO, "h0", "h2", EvFormat.UDP)
+    uid = control.ev_profile("h2", udp.forward, 1, EvFormatMode.UDP)
+    with pytest.raises(ValueError, match="source port"):
+        control.replace_ev(uid, 0, udp_sport(5).to_bytes(2, "big"))
+    with pytest.raises(ValueError, match="ports 1..2"):
+        control.replace_ev(uid, 0, udp_sport(0).to_bytes(2, "big"), 3)
+    srv6 = qp_paths(TOPO, "h0", "h2", EvFormat.SRV6_USID)
+    sid = control.ev_profile("h2", srv6.forward, 1, EvFormatMode.SRV6)
+    carrier = ipaddress.IPv6Address(srv6.evs[2].usid_carrier).packed
+    control.replace_ev(sid, 1, carrier)
+    assert control.ctl.ev_profile(sid).explicit[1][:16] == carrier
