@@ -127,6 +127,10 @@ def _virtual_lines(v: dict) -> list[str]:
                    "Example: mrc_emu/topologies/ev-profiles/default-h0-h2-gen.yaml.")
 @click.option("--cc", type=click.Choice(profile_names()), default="nscc", show_default=True,
               help="Congestion control profile.")
+@click.option("--cc-config", "cc_config", default=None, metavar="NAME=VALUE[,...]",
+              help="The QP's CC profile config, by the OCP field names: NSCC's mrc_ctl_cc_nscc_cfg (max_cwnd, "
+                   "base_rtt, target_delay, gamma, eta, fi, ...; bytes and ns), or DCQCN's parameters (window, "
+                   "byte_counter, ...). E.g. --cc-config max_cwnd=16384. Emulated clock.")
 @click.option("--mtu", type=int, default=4096, show_default=True, help="Payload bytes per packet (path MTU).")
 @click.option("--format", "ev_format", type=click.Choice(["SRV6", "SRV6_USID", "UDP", "STEV"]),
               default="SRV6", show_default=True,
@@ -161,7 +165,8 @@ def _virtual_lines(v: dict) -> list[str]:
 @NAME_OPTION
 @JSON_OPTION
 @friendly
-def send(src: str, dst: str, size: int, evs: str | None, ev_profile: str | None, cc: str, mtu: int, ev_format: str,
+def send(src: str, dst: str, size: int, evs: str | None, ev_profile: str | None, cc: str, cc_config: str | None,
+         mtu: int, ev_format: str,
          ev_min_active: int, imm: int | None, recvs: int | None, ack_timeout_exp: int, retry_exp: int,
          workers: int | None, dilation: float, clock: str, topology: str | None, seed: int | None,
          faults: tuple[str, ...], link_delay: str | None, name: str, as_json: bool) -> None:
@@ -187,16 +192,18 @@ def send(src: str, dst: str, size: int, evs: str | None, ev_profile: str | None,
             raise click.UsageError(f"--ev-profile names the EVs, their format and ev_min_active itself: not with "
                                    f"{', '.join(given).replace('--ev-format', '--format')}")
         loaded = load_profile(ev_profile)  # before the fabric: a bad file is one line naming it and the field
+    cc_fields = _cc_config(cc, cc_config) if cc_config is not None else None
     if problem := memory_problem(size, available_memory()):
         raise TransferError(problem)  # up front: short of memory, a worker fails or is killed mid-run
     virtual_only = [f"--{o.replace('_', '-')}" for o in ("topology", "seed", "faults", "link_delay")
                     if source(o) is not click.core.ParameterSource.DEFAULT]
     if clock == "virtual":
-        emulated_only = [f"--{o}" for o in ("workers", "dilation", "name")
+        emulated_only = [f"--{o}" for o in ("workers", "dilation", "name", "cc_config")
                          if source(o) is not click.core.ParameterSource.DEFAULT]
         if emulated_only:
-            raise click.UsageError(f"{', '.join(emulated_only).replace('dilation', 'time-dilation')}: no meaning in "
-                                   f"virtual time (--clock virtual runs no fabric and no workers)")
+            raise click.UsageError(f"{', '.join(emulated_only).replace('dilation', 'time-dilation').replace('_', '-')}: "
+                                   f"not in virtual time (--clock virtual runs no fabric and no workers, and takes no "
+                                   f"CC profile config yet)")
         config = QpConfig(mtu=mtu, ack_timeout_exp=ack_timeout_exp, retry_exp=retry_exp, cnp=cc == "dcqcn")
         result = _send_virtual(src, dst, size, evs, cc, ev_format, ev_min_active, imm, recvs, config, topology,
                                seed or 0, faults, link_delay, loaded if ev_profile is not None else None, as_json)
@@ -218,10 +225,31 @@ def send(src: str, dst: str, size: int, evs: str | None, ev_profile: str | None,
         with _progress_bar(size, f"{src} -> {dst}", as_json) as progress:
             result = run_send(fabric, src, dst, size, selection, cc, mtu, EvFormat(ev_format), ev_min_active, imm,
                               config, on_progress=progress, workers=workers, dilation=dilation, recvs=recvs,
-                              ev_profile=loaded if ev_profile is not None else None)
+                              ev_profile=loaded if ev_profile is not None else None, cc_config=cc_fields)
     emit(result.to_dict(), as_json, _transfer_text(result))
     if not result.verified:
         fail(f"{src} -> {dst} not verified: {result.error or 'the placed bytes differ from the source (SHA-256)'}")
+
+
+def _cc_config(cc: str, text: str) -> dict:
+    """--cc-config NAME=VALUE,...: the fields by name, numbers, checked against the CC's profile fields."""
+    from ..api import cc as api_cc
+    from ..api.errors import MrcApiError
+    from ..experiments.runtime.hostctl import ALGORITHM
+
+    fields = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, sep, value = item.partition("=")
+        try:
+            if not sep:
+                raise ValueError
+            fields[name.strip()] = int(value, 0) if value.strip().lstrip("-").isdigit() else float(value)
+        except ValueError:
+            raise click.BadParameter(f"{item!r} is not NAME=NUMBER", param_hint="--cc-config") from None
+    try:
+        return api_cc.check_config(ALGORITHM[cc], fields)
+    except MrcApiError as exc:
+        raise click.BadParameter(f"--cc {cc}: {exc}", param_hint="--cc-config") from None
 
 
 def _check_imm(imm: int | None) -> None:
