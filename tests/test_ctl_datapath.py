@@ -103,3 +103,17 @@ def test_replace_ev_refuses_what_the_responder_could_not_follow():
     carrier = ipaddress.IPv6Address(srv6.evs[2].usid_carrier).packed
     control.replace_ev(sid, 1, carrier)
     assert control.ctl.ev_profile(sid).explicit[1][:16] == carrier
+
+
+def test_the_api_port_admin_state_follows_the_runtime_port_status():
+    """`port disable h0 --plane 0` reaches the worker as a port-status mask without port 1: the host
+    controller's query_port reads DISABLED for it (and data_evs leaves its EVs out), ENABLED again after."""
+    from mrc_emu.api.evops import data_evs
+    from mrc_emu.api.ports import PortAdminState
+
+    control = HostControl("h0", TOPO.planes)
+    pid = control.ev_profile("h2", qp_paths(TOPO, "h0", "h2").forward, 1, EvFormatMode.SRV6)
+    assert control.follow_ports(0b100) == {1: "DISABLED", 2: "ENABLED"}
+    assert control.ctl.query_port(1) == PortAdminState.DISABLED
+    assert {port for _, port in data_evs(control.ctl.ev_profile(pid), control.ctl.ports)} == {2}
+    assert control.follow_ports(0b110) == {1: "ENABLED", 2: "ENABLED"}

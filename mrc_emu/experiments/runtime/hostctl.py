@@ -29,6 +29,7 @@ from ...api import CtlDeviceAttr, EvEventMask, EvField, EvFormatMode, EvOp, EvOp
 from ...api import cc as api_cc
 from ...api.controller import Controller, port_mask
 from ...api.evops import ev_slots
+from ...api.ports import PortAdminState
 from ...api.qp import QPCONFIG_KEYS, QpState
 from ...transport.config import QpConfig
 from ...transport.multipath.paths import Path
@@ -190,6 +191,15 @@ class HostControl:
         if recvs:
             qp.post_recv(recvs)
         return qp
+
+    def follow_ports(self, mask: int) -> dict[int, str]:
+        """The runtime's port-status mask (bit p: 1-based port p enabled, `port disable|enable`) as the api's
+        port admin state, so that query_port reads what the endpoint does; each port's state after it."""
+        for port in range(1, self.planes + 1):
+            state = PortAdminState.ENABLED if mask >> port & 1 else PortAdminState.DISABLED
+            if self.ctl.query_port(port) != state:
+                self.ctl.modify_port(port, state)
+        return {port: self.ctl.query_port(port).name for port in range(1, self.planes + 1)}
 
     def take_events(self) -> tuple[list[dict[str, Any]], int]:
         """The EV events queued on this host's controller (its QPs' device changes, by the profiles'

@@ -303,6 +303,7 @@ class _Worker:
         before = {key: self._port_excluded(job, self.ports[msg.host].mux.endpoint.status.local)
                   for key, job in self.jobs.items() if job.host == msg.host}
         self.ops.port_status(msg)
+        admin = self.ctl[msg.host].follow_ports(msg.mask)  # the api's port admin state is the endpoint's
         now = self.clock.now()
         for key, was in before.items():
             job = self.jobs[key]
@@ -311,7 +312,7 @@ class _Worker:
             disabled = sorted(p for p in ports if not msg.mask >> p & 1)
             job.ev_ops.append({"time_ns": now, "deny": sorted(off - was), "allow": sorted(was - off),
                                "reason": f"{msg.host} port(s) {', '.join(map(str, disabled))} disabled" if disabled
-                               else f"{msg.host} ports enabled",
+                               else f"{msg.host} ports enabled", "port_admin": admin,
                                "sent": {str(ev): s.packets_sent for ev, s in job.requester.profile.evs.items()}})
 
     @staticmethod
