@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import ipaddress
 import random
+from pathlib import Path
 
 import pytest
 
+import mrc_emu
 from mrc_emu.api.formats import EvFormatMode
 from mrc_emu.experiments.runtime.hostctl import HostControl
 from mrc_emu.experiments.runtime.qps import accept_write, prepare_write
@@ -17,6 +19,7 @@ from mrc_emu.topology import builtin
 from mrc_emu.topology.evs import EvFormat, udp_sport
 from mrc_emu.transport.config import QpConfig
 from mrc_emu.transport.endpoint import HostEndpoint
+from mrc_emu.transport.multipath.evpaths import profile_paths
 from mrc_emu.transport.multipath.evvalues import value_paths
 from mrc_emu.transport.multipath.paths import qp_paths, stev_paths
 from mrc_emu.transport.mux import HostMux
@@ -25,10 +28,11 @@ TOPO = builtin()
 MTU = 1024
 
 
-def _write(cc: str, cc_config: dict | None, size: int = 256 * 1024):
+def _write(cc: str, cc_config: dict | None, size: int = 256 * 1024, profile=None):
     """h0 writes `size` bytes to h2 over the in-memory network, its QP on a CC profile of `cc` with
-    `cc_config`; (the WriteJob, the most packets it had in flight at once, the responder's buffer)."""
-    paths = qp_paths(TOPO, "h0", "h2")
+    `cc_config` (and on the EV profile file `profile`, made on h0's controller and bound by id);
+    (the WriteJob, the most packets it had in flight at once)."""
+    paths = profile_paths(TOPO, profile, "h0", "h2") if profile is not None else qp_paths(TOPO, "h0", "h2")
     muxes, controls = {}, {}
     for host, address in (("h0", paths.src_address), ("h2", paths.dst_address)):
         muxes[host] = HostMux(ipaddress.IPv6Address(address).packed)
@@ -39,8 +43,11 @@ def _write(cc: str, cc_config: dict | None, size: int = 256 * 1024):
     _, region = accept_write(muxes["h2"], controls["h2"], 0, size, 0x22, 0x11, 0, paths.back, paths.src_address,
                              config, 0, bits, EvFormatMode.SRV6)
     data = random.Random(2).randbytes(size)
+    bound = None if profile is None else controls["h0"].load_profile(
+        profile, paths.dst_address, {ev: path.plane + 1 for ev, path in paths.forward.items()})
     job = prepare_write(muxes["h0"], controls["h0"], 0, "h0", 0x11, 0x22, paths.forward, config, cc, 1, 0,
-                        region.to_dict(), data, "", None, bits, value_paths(TOPO, "h0", "h2", EvFormat.SRV6), cc_config)
+                        region.to_dict(), data, "", None, bits, value_paths(TOPO, "h0", "h2", EvFormat.SRV6), cc_config,
+                        bound)
     job.post(0)
     net = MemoryNetwork(0)
     for ev in paths.forward:
@@ -117,3 +124,17 @@ def test_the_api_port_admin_state_follows_the_runtime_port_status():
     assert control.ctl.query_port(1) == PortAdminState.DISABLED
     assert {port for _, port in data_evs(control.ctl.ev_profile(pid), control.ctl.ports)} == {2}
     assert control.follow_ports(0b110) == {1: "ENABLED", 2: "ENABLED"}
+
+
+def test_a_gen_profile_file_is_made_on_the_host_controller_and_bound_by_id():
+    """`send --ev-profile` of the shipped GEN profile: h0's controller holds it as GEN (its fields, not
+    an expanded EXP copy), the QP binds it by id and sprays over its 8 generated EVs, every one used."""
+    from mrc_emu.api import files
+    from mrc_emu.api.profiles import EvProfileMode
+
+    loaded = files.load(Path(mrc_emu.__file__).parent / "topologies" / "ev-profiles" / "default-h0-h2-gen.yaml")
+    job, _ = _write("nscc", None, profile=loaded)
+    api = job.requester.profile.api
+    assert api.mode == EvProfileMode.GEN and api.ev_count == 8 and job.api_qp.attrs["ev_profile_id"] == api.profile_id
+    assert api.fields == loaded.profile.fields
+    assert all(stats.packets_sent > 0 for stats in job.requester.profile.evs.values())

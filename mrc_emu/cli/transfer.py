@@ -121,8 +121,9 @@ def _virtual_lines(v: dict) -> list[str]:
               help="Bytes to WRITE (4096, 100k, 64MiB, 1GiB).")
 @click.option("--evs", default=None, help="EVs to spray over: a count (first N) or a list like 0,3,5 (default: all).")
 @click.option("--ev-profile", "ev_profile", type=click.Path(dir_okay=False), default=None,
-              help="Spray over the EVs of this OCP EV profile file (SRV6 format, GEN or EXP; see 'mrc-emu ev expand'), "
-                   "EV i = its slot i, each carrier a path of the fabric from SRC to DST; its ev_min_active is the "
+              help="Spray over the EVs of this OCP EV profile file (SRV6, STEV or UDP format, GEN or EXP; see 'mrc-emu "
+                   "ev expand'), made on SRC's controller and bound by id: EV i = its slot i (SRV6: each carrier a "
+                   "path of the fabric from SRC to DST; STEV and UDP need --routing); its ev_min_active is the "
                    "QP's. Instead of --evs, --format and --ev-min-active. "
                    "Example: mrc_emu/topologies/ev-profiles/default-h0-h2-gen.yaml.")
 @click.option("--cc", type=click.Choice(profile_names()), default="nscc", show_default=True,
@@ -202,8 +203,8 @@ def send(src: str, dst: str, size: int, evs: str | None, ev_profile: str | None,
                          if source(o) is not click.core.ParameterSource.DEFAULT]
         if emulated_only:
             raise click.UsageError(f"{', '.join(emulated_only).replace('dilation', 'time-dilation').replace('_', '-')}: "
-                                   f"not in virtual time (--clock virtual runs no fabric and no workers, and takes no "
-                                   f"CC profile config yet)")
+                                   f"no meaning in virtual time (--clock virtual runs no fabric and no workers; its QPs "
+                                   f"take no CC profile config yet)")
         config = QpConfig(mtu=mtu, ack_timeout_exp=ack_timeout_exp, retry_exp=retry_exp, cnp=cc == "dcqcn")
         result = _send_virtual(src, dst, size, evs, cc, ev_format, ev_min_active, imm, recvs, config, topology,
                                seed or 0, faults, link_delay, loaded if ev_profile is not None else None, as_json)
@@ -216,8 +217,10 @@ def send(src: str, dst: str, size: int, evs: str | None, ev_profile: str | None,
         raise click.UsageError(f"{', '.join(virtual_only).replace('--faults', '--fault')} needs --clock virtual{hint}")
     with Fabric.open(name) as fabric:
         count = len(evs_between(fabric.topology, src, dst))
-        if ev_format in ("UDP", "STEV") and not (routing.running(fabric) or static_routes.installed(fabric)):
-            raise click.UsageError(f"--format {ev_format} needs plain IPv6 routing: bring the fabric up with 'mrc-emu up "
+        wire = loaded.fmt.mode.name if ev_profile is not None else ev_format
+        if wire in ("UDP", "STEV") and not (routing.running(fabric) or static_routes.installed(fabric)):
+            raise click.UsageError(f"{'a ' + wire + ' EV profile' if ev_profile else '--format ' + wire} needs plain "
+                                   f"IPv6 routing: bring the fabric up with 'mrc-emu up "
                                    f"--routing static' (or --routing bgp) (fabric {name!r} has neither)")
         selection = _ev_selection(evs, count)
         _check_imm(imm)

@@ -29,6 +29,7 @@ from ...api import CtlDeviceAttr, EvEventMask, EvField, EvFormatMode, EvOp, EvOp
 from ...api import cc as api_cc
 from ...api.controller import Controller, port_mask
 from ...api.evops import ev_slots
+from ...api.files import ProfileFile
 from ...api.ports import PortAdminState
 from ...api.qp import QPCONFIG_KEYS, QpState
 from ...transport.config import QpConfig
@@ -109,6 +110,30 @@ class HostControl:
         self._ev[key] = pid
         self._slots[pid] = (peer, {(e.ev_new.ljust(32, b"\0"), e.port_new): slot
                                    for slot, e in enumerate(entries) if slot in paths})
+        return pid
+
+    def load_profile(self, loaded: ProfileFile, peer: str, ports: dict[int, int]) -> int:
+        """The id of an EV profile made on this controller from a profile file (its format, mode, GEN fields
+        or EXP values on `ports`, slot -> 1-based port; ev_min_active and event mask), ONLINE, made once per
+        file and peer: the QP binds it by id as the file gave it (a GEN profile stays GEN)."""
+        key = ("file", loaded.path, peer)
+        if key in self._ev:
+            return self._ev[key]
+        fmt = self.ctl.create_ev_fmt_profile()
+        self.ctl.modify_ev_fmt_profile(fmt.profile_id, state=ProfileState.OFFLINE, mode=loaded.fmt.mode,
+                                       fields=list(loaded.fmt.fields))
+        self.ctl.modify_ev_fmt_profile(fmt.profile_id, state=ProfileState.ONLINE)
+        source = loaded.profile
+        pid = self.ctl.create_ev_profile().profile_id
+        self.ctl.modify_ev_profile(pid, fmt_id=fmt.profile_id, state=ProfileState.OFFLINE, mode=source.mode,
+                                   ev_count=source.ev_count, fields=list(source.fields))
+        if source.mode == EvProfileMode.EXP:
+            self.ctl.ev_op(pid, EvOp.REPLACE_EV, [EvOpEntry(ev_new=value, port_new=ports.get(slot, 1), state=EvState.GOOD)
+                                                  for slot, value in enumerate(source.explicit)])
+        self.ctl.modify_ev_profile(pid, state=ProfileState.ONLINE, ev_min_active=source.ev_min_active,
+                                   ev_event_mask=source.ev_event_mask)
+        self._ev[key] = pid
+        self._slots[pid] = (peer, {slot: k for k, slot in enumerate(ev_slots(self.ctl.ev_profile(pid)))})
         return pid
 
     def replace_ev(self, profile_id: int, slot: int, value: bytes, port: int | None = None) -> tuple[bytes, int]:

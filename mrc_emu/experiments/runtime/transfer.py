@@ -154,7 +154,8 @@ def run_transfers(fabric: Fabric, specs: list[TransferSpec], control: Control | 
                             spec.config, recvs, values.mode))
             region = _expect_key(dst, Accepted, key).region
             src.send(Prepare(key, spec.src, qpn_req, qpn_resp, paths.forward, spec.config, spec.cc,
-                             spec.ev_min_active, start_psn, region, spec.size, spec.imm, values, spec.cc_config))
+                             spec.ev_min_active, start_psn, region, spec.size, spec.imm, values, spec.cc_config,
+                             spec.ev_profile if isinstance(spec.ev_profile, ProfileFile) else None))
         for key, spec in enumerate(specs):
             _expect_key(pool.of[spec.src], Prepared, key, timeout=120.0)
             if on_prepare is not None:

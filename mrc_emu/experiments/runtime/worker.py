@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...api.errors import MrcApiError
+from ...api.files import ProfileFile
 from ...api.formats import EvFormatMode
 from ...fabric.kernel import netns
 from ...fabric.procs import Parent, Stop
@@ -97,6 +98,7 @@ class Prepare:
     imm: int | None
     values: ValuePaths | None = None  # how its EVs' values become paths: the requester follows its profile's
     cc_config: dict[str, Any] | None = None  # its CC profile's config
+    profile: ProfileFile | None = None  # the EV profile file its EVs come from: the host's controller holds it
 
 
 @dataclass(frozen=True)
@@ -251,12 +253,17 @@ class _Worker:
         self.parent.send(Accepted(msg.key, mr.to_dict()))
 
     def prepare(self, msg: Prepare) -> None:
+        profile_id = None
+        if msg.profile is not None:  # made on the host's controller as the file says, bound by id
+            ports = {ev: (path.plane or 0) + 1 for ev, path in msg.forward.items()}
+            peer = next(iter(msg.forward.values())).template.ends.dst
+            profile_id = self.ctl[msg.host].load_profile(msg.profile, peer, ports)
         data = os.urandom(msg.size)
         digest = hashlib.sha256(data).hexdigest()  # before the clock starts: hashing is not the transfer
         self.jobs[msg.key] = prepare_write(self.ports[msg.host].mux, self.ctl[msg.host], msg.key, msg.host, msg.qpn,
                                            msg.dest_qp, msg.forward, msg.config, msg.cc, msg.ev_min_active,
                                            msg.start_psn, msg.region, data, digest, msg.imm, secrets.randbits,
-                                           msg.values, msg.cc_config)
+                                           msg.values, msg.cc_config, profile_id)
         self.parent.send(Prepared(msg.key))
 
     def start(self, msg: Start) -> None:
