@@ -138,3 +138,43 @@ def test_a_gen_profile_file_is_made_on_the_host_controller_and_bound_by_id():
     assert api.mode == EvProfileMode.GEN and api.ev_count == 8 and job.api_qp.attrs["ev_profile_id"] == api.profile_id
     assert api.fields == loaded.profile.fields
     assert all(stats.packets_sent > 0 for stats in job.requester.profile.evs.values())
+
+
+def test_online_event_mask_and_fields_of_a_bound_gen_profile_reach_the_running_qp():
+    """EV_PROFILE_MODIFY_ONLINE as the device advertises it: with a QP bound, EVENT_MASK and MODIFY_FIELDS
+    change an ONLINE profile (anything else stays EBUSY), and the QP sends each EV's next packet on the
+    value the new fields generate (here the spine field's uSIDs moved by 0x20)."""
+    import errno
+
+    from mrc_emu.api import files
+    from mrc_emu.api.errors import MrcApiError
+    from mrc_emu.api.expansion import generated_evs
+    from mrc_emu.api.profiles import EvEventMask, EvField
+    from mrc_emu.api.qp import QpState
+    from mrc_emu.transport.requester import Requester
+
+    loaded = files.load(Path(mrc_emu.__file__).parent / "topologies" / "ev-profiles" / "default-h0-h2-gen.yaml")
+    paths = profile_paths(TOPO, loaded, "h0", "h2")
+    control = HostControl("h0", TOPO.planes)
+    pid = control.load_profile(loaded, paths.dst_address, {ev: p.plane + 1 for ev, p in paths.forward.items()})
+    qp = control.ctl.create_qp()
+    qp.modify(state=QpState.INIT, ev_profile_id=pid, cc_profile_id=control.cc_profile("fixed"))
+    requester = Requester(ipaddress.IPv6Address(paths.src_address).packed, 0x11, 0x22, paths.forward, QpConfig(mtu=MTU),
+                          random_bits=random.Random(1).getrandbits, ev_profile=control.ctl.ev_profile(pid),
+                          value_paths=value_paths(TOPO, "h0", "h2", EvFormatMode.SRV6))
+    with pytest.raises(MrcApiError) as busy:
+        control.ctl.modify_ev_profile(pid, ev_min_active=2)
+    assert busy.value.errno == errno.EBUSY
+    control.ctl.modify_ev_profile(pid, ev_event_mask=EvEventMask.ASSUMED_BAD)
+    fields = list(loaded.profile.fields)
+    fields[1] = EvField(16, init_val=0x20, mask=0x1F, min_val=9, max_val=16)
+    control.ctl.modify_ev_profile(pid, fields=fields)
+    profile = control.ctl.ev_profile(pid)
+    assert profile.ev_event_mask == EvEventMask.ASSUMED_BAD and profile.fields == tuple(fields)
+    requester.post_write(bytes(8 * MTU), 0x1000, 1)
+    sent = []
+    requester.pump(0, lambda frame, path: sent.append((path.ev, bytes(frame[24:40]))) or True)
+    new = {ev.index: ev.expanded[:16] for ev in generated_evs(profile)}
+    assert sorted(ev for ev, _ in sent) == list(range(8)) and all(da == new[ev] for ev, da in sent)
+    assert all(int.from_bytes(new[ev][4:6], "big") & 0x20 for ev in new)  # the spine uSIDs moved ...
+    assert all(new[ev] != ipaddress.IPv6Address(paths.forward[ev].first_hop).packed for ev in new)  # ... off the old

@@ -98,14 +98,14 @@ class Requester:
         self.address = address
         self.qpn = qpn
         self.dest_qp = dest_qp
-        self.paths = paths
+        self.paths = dict(paths)  # its own: a REPLACE_EV re-paths this QP's EVs, not the caller's dict
         self.config = config or QpConfig()
         self.cc = cc or make_cc("nscc", self.config.mtu, self.config.link_rate_bps, self.config.base_rtt_ns,
                                 **(self.config.cc_options or {}))
         self.profile = EvProfile(sorted(paths), ev_min_active=ev_min_active, shared=ev_profile, events=ev_events)
         self.recovery = Recovery(self.config, self.profile, self.cc, start_psn)
         self.sent = self.recovery.sent
-        self.prober = EvProber(qpn, dest_qp, paths, self.profile, self.config.probe_interval_ns, random_bits, probe_budget)
+        self.prober = EvProber(qpn, dest_qp, self.paths, self.profile, self.config.probe_interval_ns, random_bits, probe_budget)
         self.start_psn = start_psn
         self.queue: deque[WriteRequest] = deque()  # posted, not all packets sent yet
         self.active: deque[WriteRequest] = deque()  # posted, not completed (in order)

@@ -27,7 +27,7 @@ from typing import Any
 
 from ...api import CtlDeviceAttr, EvEventMask, EvField, EvFormatMode, EvOp, EvOpEntry, EvProfileMode, EvState, ProfileState, RetryCnt
 from ...api import cc as api_cc
-from ...api.controller import Controller, port_mask
+from ...api.controller import DEFAULT_OPT, Controller, OptAttr, port_mask
 from ...api.evops import ev_slots
 from ...api.files import ProfileFile
 from ...api.ports import PortAdminState
@@ -66,7 +66,10 @@ class HostControl:
     def __init__(self, host: str, planes: int) -> None:
         attrs = CtlDeviceAttr(phy_port_mask=port_mask(planes), ev_max_profiles=MAX_PROFILES,
                               ev_max_count=1 << 24, ev_free_count=1 << 24,
-                              algorithms=(api_cc.NSCC, api_cc.DCQCN))
+                              algorithms=(api_cc.NSCC, api_cc.DCQCN),
+                              # a QP's CC is made once from its profile: a CONFIG change online would not reach it,
+                              # so the device does not offer one (EV profiles' online changes do reach the QPs)
+                              opt_attr=DEFAULT_OPT & ~OptAttr.CC_PROFILE_MODIFY_ONLINE)
         self.ctl = Controller(host, planes, attrs=attrs, event_capacity=1024)
         self.host = host
         self.planes = planes
