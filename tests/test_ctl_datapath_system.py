@@ -36,7 +36,8 @@ def _towards(fabric, spine: str, leaf: str) -> str:
 def test_ev_replace_from_the_shell_moves_a_running_writes_ev_to_another_spine(default_fabric):
     """256 MiB h0 -> h2 on `default`: `ev replace h0 h2 --ev 1` with EV 2's carrier (spine p0s2) under
     traffic. From then on p0s1's port towards p0l1 (h0 -> h2's data through it) sends nothing, p0s2's
-    keeps sending, and the WRITE is verified."""
+    keeps sending, and the WRITE is verified; `ev probe` of the new value meanwhile is sent by the
+    running transfer's workers (asked through the controller record)."""
     fabric = default_fabric
     evs = evs_between(fabric.topology, "h0", "h2")
     assert evs[1].spine == "p0s1" and evs[2].spine == "p0s2"
@@ -51,6 +52,12 @@ def test_ev_replace_from_the_shell_moves_a_running_writes_ev_to_another_spine(de
     assert done.returncode == 0 and "taken by 1 running QP" in done.stdout, done.stdout + done.stderr
     taken_at = control.progress
     after = _tx_packets(fabric, "p0s1", p0s1), _tx_packets(fabric, "p0s2", p0s2)
+    # an EV probe of the new value while the WRITE runs: the run's workers serve h0 and h2, so it is asked of them
+    probed = subprocess.run(CLI + ["ev", "probe", "h0", "h2", "--value", evs[2].usid_carrier, "--json",
+                                   "--name", fabric.name], capture_output=True, text=True, timeout=60)
+    assert probed.returncode == 0, probed.stderr
+    answer = json.loads(probed.stdout)
+    assert answer["via"] == "run" and answer["reachable"] and answer["adjusted_rtt_ns"] <= answer["rtt_ns"], answer
     wait_for(lambda: control.progress > taken_at + 0.2 or control.finished.is_set(), 120, "more of the WRITE")
     later = _tx_packets(fabric, "p0s1", p0s1), _tx_packets(fabric, "p0s2", p0s2)
     print(f"p0s1 -> p0l1 tx packets: {before[0]} before, {after[0]} when taken, {later[0]} later; "

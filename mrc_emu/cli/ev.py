@@ -297,18 +297,19 @@ def probe_cmd(src: str, dst: str, index: int | None, text: str | None, mode: str
     """EV_PROBE from SRC to DST through the hosts' MRC endpoints (OCP's endpoint batch): of EV K, or of
     any EV value; prints whether it came back, its RTT corrected for DST's service time (the header's
     rtt, with adj_svc_time 1), the RTT as measured, and DST's port it arrived at. Needs no running
-    transfer on SRC or DST (their endpoints are served for the probe). Example: mrc-emu ev probe h0 h2
+    transfer: SRC's and DST's endpoints are served for the probe, or, while a transfer serves them, the
+    transfer's workers send it (asked through the controller record). Example: mrc-emu ev probe h0 h2
     --value fc00:0:5:b:6:3:f0d6::"""
     if (index is None) == (text is None):
         raise click.UsageError("give --ev K or --value HEX")
     import ipaddress
 
+    value = None
     from ..api.formats import EvFormatMode
-    from ..experiments.runtime.transfer import probe
+    from ..experiments.runtime.transfer import EndpointBusy, probe
     from ..fabric.running import Fabric
-    from ..topology.evs import evs_between, udp_sport
-    from ..transport.endpoint import VALUE_PROBE_EV
-    from ..transport.multipath.evvalues import value_paths
+    from ..topology.evs import evs_between
+    from ..transport.multipath.evvalues import VALUE_PROBE_EV, value_probe_path
 
     fabric = Fabric.open(name)
     with fabric:
@@ -320,16 +321,17 @@ def probe_cmd(src: str, dst: str, index: int | None, text: str | None, mode: str
             request, what = (1, dst, index), f"EV {index} ({' > '.join(evs[index].hops)})"
         else:
             value = _ev_value(text)
-            values = value_paths(topo, src, dst, EvFormatMode[mode])
-            port = port or _value_port(topo, value, mode)
-            sport = values.sport_of(value.ljust(4, b"\0")) or udp_sport(0)
-            request = (1, dst, VALUE_PROBE_EV, values.path(VALUE_PROBE_EV, value.ljust(32, b"\0"), port, sport))
+            path = value_probe_path(topo, src, dst, EvFormatMode[mode], value, port)
+            request = (1, dst, VALUE_PROBE_EV, path)
             shown = (",".join(str(ipaddress.IPv6Address(value.ljust(32, b"\0")[k:k + 16])) for k in (0, 16)
                               if any(value[k:k + 16])) if mode == "SRV6" else f"0x{value.hex()}")
-            what = f"value {shown} ({mode}, port {port})"
-        batch = probe(fabric, src, dst, [request], int(timeout_ms * 1e6))
-    rsp = batch.responses[0] if batch.responses else None
-    data = {"src": src, "dst": dst, "probed": what, "reachable": rsp is not None, "timeout_ms": timeout_ms}
+            what = f"value {shown} ({mode}, port {path.plane + 1})"
+        try:
+            responses, via = probe(fabric, src, dst, [request], int(timeout_ms * 1e6)).responses, "endpoint worker"
+        except EndpointBusy as busy:  # a transfer serves them: ask it, through the controller record
+            responses, via = _probe_in_run(fabric, busy, src, dst, index, text and value, mode, port, timeout_ms), "run"
+    rsp = responses[0] if responses else None
+    data = {"src": src, "dst": dst, "probed": what, "reachable": rsp is not None, "timeout_ms": timeout_ms, "via": via}
     if rsp is None:
         emit(data, as_json, f"{src} -> {dst} {what}: unreachable (no response within {timeout_ms:g} ms)")
         return
@@ -337,22 +339,25 @@ def probe_cmd(src: str, dst: str, index: int | None, text: str | None, mode: str
              "service_ns": rsp["service_ns"], "port": rsp["port"]}
     emit(data, as_json, f"{src} -> {dst} {what}: reachable, rtt_ns {rsp['rtt_raw']}, adjusted rtt {rsp['rtt']} ns "
                         f"(adj_svc_time {rsp['adj_svc_time']}: less {dst}'s service time {rsp['service_ns']} ns), "
-                        f"arrived at {dst}'s port {rsp['port']}")
+                        f"arrived at {dst}'s port {rsp['port']}" + (" (asked of the running transfer)"
+                                                                     if via == "run" else ""))
 
 
-def _value_port(topo, value: bytes, mode: str) -> int:
-    """An SRV6 value's port when none is given: the plane of the first node its carrier names, plus 1."""
-    if mode != "SRV6":
-        return 1
-    from ..transport.multipath.evpaths import carrier_usids
+def _probe_in_run(fabric, busy: Exception, src: str, dst: str, index: int | None, value: bytes | None, mode: str,
+                  port: int | None, timeout_ms: float) -> list[dict]:
+    """The probe asked of the transfer whose workers serve SRC, through the controller record: its responses."""
+    from ..experiments.runtime.controller import ControlRecord
+    from ..fabric.kernel.waiting import WaitTimeout, until
 
+    record = ControlRecord(fabric)
+    ident = record.probe(src, dst, index, value, mode, port, int(timeout_ms * 1e6))
     try:
-        ids, _ = carrier_usids(value.ljust(16, b"\0"))
-    except ValueError:
-        return 1
-    by_id = {node.node_id: node for node in topo.nodes.values()}
-    planes = [by_id[i].plane for i in ids if i in by_id and by_id[i].plane is not None]
-    return planes[0] + 1 if planes else 1
+        answer = until(lambda: record.probed(ident), 5.0 + timeout_ms / 1e3, "the running transfer's probe")
+    except WaitTimeout:
+        raise ValueError(f"{busy}, and no running transfer serving {src} took the probe") from None
+    if answer.get("error"):
+        raise ValueError(answer["error"])
+    return answer["responses"]
 
 
 @click.group()

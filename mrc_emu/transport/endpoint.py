@@ -38,13 +38,13 @@ from typing import Any
 from ..wire import format as fmt
 from ..wire.decoder import decode_udp
 from ..wire.format import DropReason, PortStatusPacket, ProbePacket, ProbeResponsePacket
+from .multipath.evvalues import VALUE_PROBE_EV
 from .multipath.paths import Path, Send
 from .multipath.portstatus import PortStatus
 
 MAX_WAITING = 1024  # probe requests held for an answer between two pumps (more: dropped, counted)
 UPDATE_RETRY_NS = 1_000_000  # a PORT_STATUS_UPDATE not acknowledged is sent again after this
 UPDATE_TRIES = 8
-VALUE_PROBE_EV = 0xFFFF  # the EV field of a probe of a value rather than of an EV of the hosts' paths
 
 
 def packed_peer(path: Path) -> bytes:

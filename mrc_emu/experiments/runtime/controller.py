@@ -24,16 +24,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ...api.formats import EvFormatMode
 from ...fabric import registry
 from ...fabric.faults.fault_record import append_line
 from ...fabric.running import Fabric
 from ...topology import Role, Topology, TopologyError, evs_between
 from ...topology.evs import Ev
+from ...transport.multipath.evvalues import VALUE_PROBE_EV, value_probe_path
 from .worker import Progress, ReplaceEv, SetEvStates
 
 RECORD = "record"
 DENY, ALLOW, PORT, EVENTS, POLLED = "deny", "allow", "port", "events", "polled"
 REPLACE, REPLACED = "replace", "replaced"  # REPLACE_EV asked for; what a running QP made of it
+PROBE, PROBED = "probe", "probed"  # an EV_PROBE asked of the run serving its source; its answer
 
 
 def directory(name: str) -> Path:
@@ -115,6 +118,8 @@ class State:
     # (src, dst, EV) -> (value, port or None, the asking line's id): the latest REPLACE_EV of each EV
     values: dict[tuple[str, str, int], tuple[bytes, int | None, str]] = field(default_factory=dict)
     replaced: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # asking id -> what the QPs said
+    probes: dict[str, dict[str, Any]] = field(default_factory=dict)  # id -> an EV_PROBE asked of a run
+    probed: dict[str, dict[str, Any]] = field(default_factory=dict)  # id -> its answer (responses, or error)
 
     def denied_by(self, ev: Ev) -> str | None:
         """What denies this EV now (the selector, described, and by whom), or None: it may carry data."""
@@ -184,6 +189,19 @@ class ControlRecord:
         """What running QPs reported of the REPLACE_EV `ident`: [{"key", "error"}] (empty: none yet)."""
         return self.state().replaced.get(ident, [])
 
+    def probe(self, src: str, dst: str, ev: int | None, value: bytes | None, mode: str, port: int | None,
+              rsp_timeout_ns: int) -> str:
+        """Ask the running transfer whose workers serve `src` for one EV_PROBE (of EV `ev`, or of `value` in
+        format `mode`); its id, for `probed`."""
+        ident = f"{os.getpid()}-{time.monotonic_ns()}"
+        self._append({"op": PROBE, "id": ident, "src": src, "dst": dst, "ev": ev, "mode": mode, "port": port,
+                      "value": None if value is None else value.hex(), "timeout_ns": rsp_timeout_ns})
+        return ident
+
+    def probed(self, ident: str) -> dict[str, Any] | None:
+        """The answer to probe `ident`: {"responses": [...], "timed_out"} or {"error"}; None while none came."""
+        return self.state().probed.get(ident)
+
     def post_events(self, host: str, events: list[dict[str, Any]]) -> None:
         """EV events a run's QPs of `host` posted (already filtered by their profile's event mask)."""
         if events:
@@ -223,6 +241,10 @@ class ControlRecord:
                     port = line.get("port")
                     state.values[(line["src"], line["dst"], int(line["ev"]))] = (
                         bytes.fromhex(line["value"]), None if port is None else int(port), line.get("id", ""))
+                elif op == PROBE:
+                    state.probes[line["id"]] = line
+                elif op == PROBED:
+                    state.probed[line["id"]] = line
                 elif op == REPLACED:
                     state.replaced.setdefault(line["id"], []).append({"key": line.get("key"), "error": line.get("error")})
                 elif op == POLLED:
@@ -261,7 +283,9 @@ class LiveControl:
     """What the record says, pushed to the QPs of a run: the changes since the last look, as
     (source host, what to set) pairs, read only when the record grew."""
 
-    def __init__(self, record: ControlRecord | None, evs_by_key: dict[int, tuple[str, dict[int, Ev]]]) -> None:
+    def __init__(self, record: ControlRecord | None, evs_by_key: dict[int, tuple[str, dict[int, Ev]]],
+                 since: float | None = None) -> None:
+        """`since`: when the run began (time.time()); EV_PROBEs asked before it are not its."""
         self.record = record
         self.evs_by_key = evs_by_key  # transfer key -> (source host, its QP's EVs by transport index)
         self.size = -1
@@ -270,6 +294,10 @@ class LiveControl:
         self.values: dict[tuple[int, int], str] = {}  # (key, EV) -> the REPLACE_EV id last pushed to it
         self.replaces: list[tuple[int, str, ReplaceEv]] = []  # found by `changes`, sent by `push`
         self.asked: dict[tuple[int, int], str] = {}  # (key, EV) -> REPLACE_EV id sent, its answer awaited
+        self.probes_seen: set[str] = set()
+        self.since = time.time() if since is None else since
+        self.probes: list[dict[str, Any]] = []  # EV_PROBEs asked of this run, not yet sent
+        self.batches: dict[str, Any] = {}  # probe id -> its endpoint_ops.EpBatch, until answered
 
     def changes(self) -> tuple[list[tuple[int, str, tuple[int, ...], tuple[int, ...], str]], dict[str, int]]:
         """([(key, host, EVs to deny, EVs to allow, why)], {host: its port-status mask}) since the
@@ -297,6 +325,11 @@ class LiveControl:
                 if value is not None and self.values.get((key, index)) != value[2]:
                     self.values[(key, index)] = value[2]
                     self.replaces.append((key, host, ReplaceEv(key, index, value[0], value[1], value[2])))
+        for ident, line in state.probes.items():
+            # a probe asked before this run began was another run's (left unanswered when it ended)
+            if ident not in self.probes_seen and ident not in state.probed and line.get("time", 0) >= self.since:
+                self.probes_seen.add(ident)
+                self.probes.append(line)
         masks = {}
         hosts = {host for host, _ in self.evs_by_key.values()}
         for (host, plane), enabled in state.ports.items():
@@ -321,7 +354,30 @@ class LiveControl:
             worker_of[host].send(message)
             self.asked[(key, message.ev)] = message.reason
         self.replaces = []
+        for line in self.probes:
+            if line["src"] in worker_of:  # a probe from a host of another run is that run's
+                self._ask_probe(line, endpoint, topo)
+        self.probes = []
         endpoint.step(worker_of, address_of, topo)
+        for ident, batch in list(self.batches.items()):
+            if batch.done.is_set():
+                del self.batches[ident]
+                self.record._append({"op": PROBED, "id": ident, "responses": batch.responses,
+                                     "timed_out": batch.timed_out})
+
+    def _ask_probe(self, line: dict[str, Any], endpoint: Any, topo: Topology) -> None:
+        """One EV_PROBE the record asks for, through the run's endpoint operations."""
+        try:
+            if line.get("value") is None:
+                request = (1, line["dst"], int(line["ev"]))
+            else:
+                path = value_probe_path(topo, line["src"], line["dst"], EvFormatMode[line["mode"]],
+                                        bytes.fromhex(line["value"]), line.get("port"))
+                request = (1, line["dst"], VALUE_PROBE_EV, path)
+        except (ValueError, KeyError, TypeError) as exc:
+            self.record._append({"op": PROBED, "id": line["id"], "error": f"the probe: {exc}"})
+            return
+        self.batches[line["id"]] = endpoint.ev_probe(line["src"], [request], int(line["timeout_ns"]))
 
     def report(self, progress: Progress, host_of: dict[str, str]) -> None:
         """A worker's progress report: its hosts' EV events go on the record as they happen (`ev events

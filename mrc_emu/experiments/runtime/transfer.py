@@ -127,6 +127,7 @@ def run_transfers(fabric: Fabric, specs: list[TransferSpec], control: Control | 
     if workers is not None and workers < 1:
         raise TransferError(f"--workers {workers}: at least one worker")
     control = control or Control()
+    began = time.time()  # an EV_PROBE asked of the run from then on is its to send (controller.py)
     specs = prepared_specs(specs)
     if any(s.ev_format is EvFormat.STEV for s in specs):
         check_fabric(fabric)
@@ -163,7 +164,8 @@ def run_transfers(fabric: Fabric, specs: list[TransferSpec], control: Control | 
         # the controller's record (EVs denied, ports disabled) holds from the first packet on, and
         # is followed live while the WRITEs run (UDP EVs are the fabric's hash: no controller)
         live = LiveControl(ControlRecord(fabric), {key: (spec.src, qp_evs(plans[key]))
-                                                   for key, spec in enumerate(specs) if spec.ev_format is not EvFormat.UDP})
+                                                   for key, spec in enumerate(specs) if spec.ev_format is not EvFormat.UDP},
+                           began)
         live.push(pool.of, control.endpoint, address_of, fabric.topology)
         now_keys: dict[Child, list[int]] = {}
         for key, spec in enumerate(specs):
@@ -200,17 +202,20 @@ def run_transfers(fabric: Fabric, specs: list[TransferSpec], control: Control | 
     return Run(results, report, pool.clock, finals, measured)
 
 
+class EndpointBusy(TransferError):
+    """A host's MRC endpoint is served by a running transfer's workers already (its port 4791 is taken)."""
+
+
 def probe(fabric: Fabric, src: str, dst: str, requests: list[tuple], rsp_timeout_ns: int) -> EpBatch:
     """One EV_PROBE batch from `src` to `dst` between no transfers: an endpoint worker serves both hosts
     for as long as it takes (requests as EndpointOps.ev_probe takes them); the batch, answered or timed
-    out. A host serving a running transfer cannot be served twice (its port 4791 is taken): TransferError."""
+    out. A host serving a running transfer cannot be served twice (its port 4791 is taken): EndpointBusy."""
     topo = fabric.topology
     address_of = {host: ad.host_address(topo, host) for host in (src, dst)}
     try:
         pool = _Pool(fabric, address_of, 1, 1.0)
     except ChildError as exc:
-        raise TransferError(f"no endpoint could serve {src} and {dst} ({exc}); is a transfer running on them? "
-                            "Probe when it has ended") from None
+        raise EndpointBusy(f"no endpoint could serve {src} and {dst} here ({exc}): a transfer runs on them") from None
     try:
         ops = EndpointOps()
         batch = ops.ev_probe(src, requests, rsp_timeout_ns)

@@ -30,10 +30,11 @@ from ...api.formats import EvFormatMode
 from ...api.profiles import EvProfile, EvProfileMode
 from ...topology import Topology
 from ...topology import addressing as ad
-from ...topology.evs import EvFormat
+from ...topology.evs import EvFormat, udp_sport
 from ...wire import format as fmt
 from ...wire.encoder import Encap, FrameTemplate
 from ...wire.format import Endpoints
+from .evpaths import carrier_usids
 from .paths import Path, port_gateway
 
 
@@ -103,3 +104,26 @@ def value_paths(topo: Topology, src: str, dst: str, ev_format: EvFormat | EvForm
     gateways = {plane + 1: port_gateway(topo, src, plane) for plane in range(topo.planes)}
     return ValuePaths(mode, ad.host_address(topo, src), ad.host_address(topo, dst), ad.decap_sid(topo.node(dst).node_id),
                       gateways, fmt.TCLASS_DATA if trimmable else fmt.TCLASS_DATA_NO_TRIM)
+
+
+VALUE_PROBE_EV = 0xFFFF  # the EV number a probe of a value carries (transport/endpoint.py answers it)
+
+
+def value_probe_path(topo: Topology, src: str, dst: str, mode: EvFormatMode, value: bytes,
+                     port: int | None = None) -> Path:
+    """The path an EV_PROBE of `value` (OCP's req_ev, format `mode`) takes from `src` to `dst`: on `port`, or
+    by default an SRV6 carrier's first node's plane (else port 1); the value's own UDP source port (STEV,
+    UDP) or EV 0's (SRV6). ValueError for a value the format cannot carry."""
+    padded = bytes(value).ljust(32, b"\0")
+    if port is None:
+        port = 1
+        if mode == EvFormatMode.SRV6:
+            try:
+                ids, _ = carrier_usids(padded)
+            except ValueError:
+                ids = []
+            planes = [node.plane for node in topo.nodes.values() if node.node_id in ids[:1] and node.plane is not None]
+            port = planes[0] + 1 if planes else 1
+    values = value_paths(topo, src, dst, mode)
+    sport = values.sport_of(padded)
+    return values.path(VALUE_PROBE_EV, padded, port, udp_sport(0) if sport is None else sport)
