@@ -108,6 +108,8 @@ def test_replace_ev_refuses_what_the_responder_could_not_follow():
     srv6 = qp_paths(TOPO, "h0", "h2", EvFormat.SRV6_USID)
     sid = control.ev_profile("h2", srv6.forward, 1, EvFormatMode.SRV6)
     carrier = ipaddress.IPv6Address(srv6.evs[2].usid_carrier).packed
+    with pytest.raises(ValueError, match="outer destination"):
+        control.replace_ev(sid, 1, bytes(16) + carrier)
     control.replace_ev(sid, 1, carrier)
     assert control.ctl.ev_profile(sid).explicit[1][:16] == carrier
 

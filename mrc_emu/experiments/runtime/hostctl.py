@@ -156,6 +156,8 @@ class HostControl:
         if len(value) > width or not any(value):
             raise ValueError(f"a {mode.name} value is 1..{width} bytes, not all zero; got {len(value)} bytes")
         value = value.ljust(32, b"\0")
+        if mode == EvFormatMode.SRV6 and not any(value[:16]):
+            raise ValueError(f"EV {slot}: an SRV6 value needs its outer destination (bytes 0-15 are zero)")
         if mode == EvFormatMode.STEV and value[2:4] != old[0][2:4]:
             raise ValueError(f"EV {slot}: a STEV value keeps its low 16 bits (UDP source port 0x{old[0][2:4].hex()}, "
                              "the responder's name for the EV); give new flow label bits (the high 16)")
