@@ -180,3 +180,40 @@ def test_online_event_mask_and_fields_of_a_bound_gen_profile_reach_the_running_q
     assert sorted(ev for ev, _ in sent) == list(range(8)) and all(da == new[ev] for ev, da in sent)
     assert all(int.from_bytes(new[ev][4:6], "big") & 0x20 for ev in new)  # the spine uSIDs moved ...
     assert all(new[ev] != ipaddress.IPv6Address(paths.forward[ev].first_hop).packed for ev in new)  # ... off the old
+
+
+@pytest.mark.parametrize("caps", [0, 0b101])
+def test_the_destination_qp_caps_turn_off_trim_nacks_and_service_times(caps):
+    """TRIM_NACK_DEST_UNSUPPORTED | SVC_TIME_DEST_UNSUPPORTED on the destination's QP (mrc.h: the peer lacks
+    them): its responder answers a trimmed packet with no TRIM NACK (a loss to the requester) and its ACKs
+    report no service time; without the caps, a TRIM NACK and the time the packet was held."""
+    from mrc_emu.api.qp import QpCap
+    from mrc_emu.transport.requester import Requester
+    from mrc_emu.transport.responder import Responder
+    from mrc_emu.wire import format as fmt
+    from mrc_emu.wire.decoder import decode_udp, open_frame
+
+    paths = qp_paths(TOPO, "h0", "h2")
+    control = HostControl("h2", TOPO.planes)
+    _, config = control.responder_qp(paths.src_address, paths.back, QpConfig(mtu=MTU), 0, EvFormatMode.SRV6, caps)
+    assert (config.trim_nack, config.svc_time) == ((True, True) if caps == 0 else (False, False))
+    assert caps == 0 or QpCap(caps) == QpCap.TRIM_NACK_DEST_UNSUPPORTED | QpCap.SVC_TIME_DEST_UNSUPPORTED
+    src, dst = (ipaddress.IPv6Address(a).packed for a in (paths.src_address, paths.dst_address))
+    responder = Responder(dst, config, random_bits=random.Random(1).getrandbits)
+    mr = responder.register(bytearray(4 * MTU))
+    responder.accept(0x22, 0x11, 0, paths.back, peer=src)
+    requester = Requester(src, 0x11, 0x22, paths.forward, QpConfig(mtu=MTU), random_bits=random.Random(2).getrandbits)
+    requester.post_write(bytes(2 * MTU), mr.va, mr.rkey)
+    frames = []
+    requester.pump(0, lambda frame, path: frames.append(bytes(frame)) or True)
+    trimmed, whole = (open_frame(frame) for frame in frames)
+    responder.on_datagram(bytes(trimmed.payload)[:fmt.TRIMMED_LEN], src, trimmed.sport, 1_000, fmt.DSCP_TRIMMED << 2)
+    responder.on_datagram(bytes(whole.payload), src, whole.sport, 2_000, whole.tclass)
+    answers = []
+    responder.pump(50_000, lambda frame, path: answers.append(open_frame(frame)) or True)
+    packets = [decode_udp(bytes(a.payload), dst, src, a.sport) for a in answers]
+    nacks = [p for p in packets if isinstance(p, fmt.TrimNackPacket)]
+    acks = [p for p in packets if isinstance(p, fmt.AckPacket)]
+    assert acks and len(nacks) == (1 if caps == 0 else 0)
+    assert responder.drops["trimmed_no_trim_nack"] == (0 if caps == 0 else 1)
+    assert acks[-1].service_ns == (0 if caps else fmt.decode_service(fmt.encode_service(48_000)))

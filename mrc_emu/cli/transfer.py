@@ -132,6 +132,11 @@ def _virtual_lines(v: dict) -> list[str]:
               help="The QP's CC profile config, by the OCP field names: NSCC's mrc_ctl_cc_nscc_cfg (max_cwnd, "
                    "base_rtt, target_delay, gamma, eta, fi, ...; bytes and ns), or DCQCN's parameters (window, "
                    "byte_counter, ...). E.g. --cc-config max_cwnd=16384. Emulated clock.")
+@click.option("--qp-cap", "qp_caps", multiple=True,
+              type=click.Choice(["TRIM_NACK_DEST_UNSUPPORTED", "SVC_TIME_DEST_UNSUPPORTED", "DYNAMIC_MPR"]),
+              help="A cap of the destination's QP (mrc.h's enum mrc_qp_cap; repeatable): TRIM_NACK_DEST_UNSUPPORTED, "
+                   "it sends no TRIM NACKs (a trimmed packet is a loss to the requester); SVC_TIME_DEST_UNSUPPORTED, "
+                   "its ACKs report no service time. Emulated clock.")
 @click.option("--mtu", type=int, default=4096, show_default=True, help="Payload bytes per packet (path MTU).")
 @click.option("--format", "ev_format", type=click.Choice(["SRV6", "SRV6_USID", "UDP", "STEV"]),
               default="SRV6", show_default=True,
@@ -167,7 +172,7 @@ def _virtual_lines(v: dict) -> list[str]:
 @JSON_OPTION
 @friendly
 def send(src: str, dst: str, size: int, evs: str | None, ev_profile: str | None, cc: str, cc_config: str | None,
-         mtu: int, ev_format: str,
+         qp_caps: tuple[str, ...], mtu: int, ev_format: str,
          ev_min_active: int, imm: int | None, recvs: int | None, ack_timeout_exp: int, retry_exp: int,
          workers: int | None, dilation: float, clock: str, topology: str | None, seed: int | None,
          faults: tuple[str, ...], link_delay: str | None, name: str, as_json: bool) -> None:
@@ -178,6 +183,7 @@ def send(src: str, dst: str, size: int, evs: str | None, ev_profile: str | None,
     Exit code 1 if the transfer fails or the placed bytes differ from the source.
     """
     from ..api.files import load as load_profile
+    from ..api.qp import QpCap
     from ..experiments.runtime.spec import TransferError
     from ..experiments.runtime.transfer import send as run_send
     from ..fabric import routing, static_routes
@@ -199,12 +205,12 @@ def send(src: str, dst: str, size: int, evs: str | None, ev_profile: str | None,
     virtual_only = [f"--{o.replace('_', '-')}" for o in ("topology", "seed", "faults", "link_delay")
                     if source(o) is not click.core.ParameterSource.DEFAULT]
     if clock == "virtual":
-        emulated_only = [f"--{o}" for o in ("workers", "dilation", "name", "cc_config")
+        flags = {"dilation": "time-dilation", "cc_config": "cc-config", "qp_caps": "qp-cap"}
+        emulated_only = [f"--{flags.get(o, o)}" for o in ("workers", "dilation", "name", "cc_config", "qp_caps")
                          if source(o) is not click.core.ParameterSource.DEFAULT]
         if emulated_only:
-            raise click.UsageError(f"{', '.join(emulated_only).replace('dilation', 'time-dilation').replace('_', '-')}: "
-                                   f"no meaning in virtual time (--clock virtual runs no fabric and no workers; its QPs "
-                                   f"take no CC profile config yet)")
+            raise click.UsageError(f"{', '.join(emulated_only)}: no meaning in virtual time (--clock virtual runs no "
+                                   f"fabric and no workers; its QPs take no CC profile config or QP caps yet)")
         config = QpConfig(mtu=mtu, ack_timeout_exp=ack_timeout_exp, retry_exp=retry_exp, cnp=cc == "dcqcn")
         result = _send_virtual(src, dst, size, evs, cc, ev_format, ev_min_active, imm, recvs, config, topology,
                                seed or 0, faults, link_delay, loaded if ev_profile is not None else None, as_json)
@@ -228,7 +234,8 @@ def send(src: str, dst: str, size: int, evs: str | None, ev_profile: str | None,
         with _progress_bar(size, f"{src} -> {dst}", as_json) as progress:
             result = run_send(fabric, src, dst, size, selection, cc, mtu, EvFormat(ev_format), ev_min_active, imm,
                               config, on_progress=progress, workers=workers, dilation=dilation, recvs=recvs,
-                              ev_profile=loaded if ev_profile is not None else None, cc_config=cc_fields)
+                              ev_profile=loaded if ev_profile is not None else None, cc_config=cc_fields,
+                              qp_caps=sum(int(QpCap[name]) for name in set(qp_caps)))
     emit(result.to_dict(), as_json, _transfer_text(result))
     if not result.verified:
         fail(f"{src} -> {dst} not verified: {result.error or 'the placed bytes differ from the source (SHA-256)'}")

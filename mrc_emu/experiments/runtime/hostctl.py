@@ -31,7 +31,7 @@ from ...api.controller import DEFAULT_OPT, Controller, OptAttr, port_mask
 from ...api.evops import ev_slots
 from ...api.files import ProfileFile
 from ...api.ports import PortAdminState
-from ...api.qp import QPCONFIG_KEYS, QpState
+from ...api.qp import QPCONFIG_KEYS, DeviceCap, QpCap, QpState
 from ...transport.config import QpConfig
 from ...transport.multipath.paths import Path
 
@@ -211,16 +211,21 @@ class HostControl:
                 self.cc_config(got["cc_profile_id"]))
 
     def responder_qp(self, peer: str, back: dict[int, Path], config: QpConfig, recvs: int,
-                     mode: EvFormatMode | None = None):
+                     mode: EvFormatMode | None = None, cap: int = 0):
         """The destination's QP: INIT on the profile of its ACK paths (format `mode`), RTR with the receive
-        side's attributes, and `recvs` receives posted (a WRITE_WITH_IMM needs one: no RNR)."""
+        side's attributes and its QP caps `cap` (api.QpCap), and `recvs` receives posted (a WRITE_WITH_IMM
+        needs one: no RNR); (the Qp, the responder's QpConfig: its SACK window MPR_DEST, TRIM NACKs and service
+        times as the caps and the device leave them)."""
         ev_id, cc_id = self.ev_profile(peer, back, 1, mode), self.cc_profile("fixed")
         qp = self.ctl.create_qp(max_recv_wr=max(128, recvs))
         qp.modify(state=QpState.INIT, ev_profile_id=ev_id, cc_profile_id=cc_id)
-        qp.modify(state=QpState.RTR, max_wimm_dest=self.ctl.device.max_wimm_dest, mpr_dest=config.mpr)
+        qp.modify(state=QpState.RTR, max_wimm_dest=self.ctl.device.max_wimm_dest, mpr_dest=config.mpr, cap=QpCap(cap))
         if recvs:
             qp.post_recv(recvs)
-        return qp
+        device, cap = self.ctl.device.cap, QpCap(cap)
+        return qp, replace(config, mpr=qp.attrs["mpr_dest"],
+                           trim_nack=bool(device & DeviceCap.TRIM_NACK) and not cap & QpCap.TRIM_NACK_DEST_UNSUPPORTED,
+                           svc_time=bool(device & DeviceCap.SVC_TIME) and not cap & QpCap.SVC_TIME_DEST_UNSUPPORTED)
 
     def follow_ports(self, mask: int) -> dict[int, str]:
         """The runtime's port-status mask (bit p: 1-based port p enabled, `port disable|enable`) as the api's

@@ -43,14 +43,15 @@ def since(ledger: dict, start_ns: int) -> dict:
 
 def accept_write(mux: Any, control: HostControl, key: int, size: int, qpn: int, peer_qpn: int, start_psn: int,
                  back: dict[int, Path], peer: str, config: QpConfig, recvs: int,
-                 random_bits: RandomBits, mode: EvFormatMode | None = None) -> tuple[Responder, Any]:
+                 random_bits: RandomBits, mode: EvFormatMode | None = None, caps: int = 0) -> tuple[Responder, Any]:
     """At the destination host (`mux`, its controller `control`): register `size` bytes for
     transfer `key` (its own protection domain) and accept the QP that writes them, with `recvs`
-    receives posted; (the responder, its memory region)."""
+    receives posted and its QP caps `caps` (api.QpCap: without TRIM NACKs or service times, as
+    the header's *_DEST_UNSUPPORTED say); (the responder, its memory region)."""
+    _, config = control.responder_qp(peer, back, config, recvs, mode, caps)  # INIT -> RTR, receives posted
     responder = Responder(mux.address, config, random_bits=random_bits)
     region = responder.register(bytearray(size), va=0x1000_0000 + (key << 36), pd=key)
     responder.accept(qpn, peer_qpn, start_psn, back, peer=ipaddress.IPv6Address(peer).packed, pd=key)
-    control.responder_qp(peer, back, config, recvs, mode)  # INIT -> RTR, receives posted
     responder.post_recv(qpn, recvs)
     mux.add(qpn, responder)
     return responder, region

@@ -52,6 +52,7 @@ class TransferSpec:
     stev_values: list[int | tuple[int, int]] | None = None  # EvFormat.STEV: EV i's value [, port] (paths.stev_paths)
     # the QP's CC profile config (hostctl.py): NSCC's mrc_ctl_cc_nscc_cfg fields or DCQCN's parameters, by name
     cc_config: dict[str, Any] | None = None
+    qp_caps: int = 0  # the destination QP's api.QpCap bits (TRIM_NACK_DEST_UNSUPPORTED: no TRIM NACKs, ...)
 
 
 @dataclass

@@ -152,7 +152,7 @@ def run_transfers(fabric: Fabric, specs: list[TransferSpec], control: Control | 
             recvs = spec.recvs if spec.recvs is not None else int(spec.imm is not None)
             values = plan_values(fabric.topology, spec)
             dst.send(Accept(key, spec.dst, spec.size, qpn_resp, qpn_req, start_psn, paths.back, paths.src_address,
-                            spec.config, recvs, values.mode))
+                            spec.config, recvs, values.mode, spec.qp_caps))
             region = _expect_key(dst, Accepted, key).region
             src.send(Prepare(key, spec.src, qpn_req, qpn_resp, paths.forward, spec.config, spec.cc,
                              spec.ev_min_active, start_psn, region, spec.size, spec.imm, values, spec.cc_config,
@@ -337,20 +337,21 @@ def send(fabric: Fabric, src: str, dst: str, size: int, evs: list[int] | None = 
          imm: int | None = None, config: QpConfig | None = None, control: Control | None = None,
          on_progress: Callable[[int, int], None] | None = None, linger_s: float = 0.0,
          workers: int | None = None, dilation: float = 1.0, recvs: int | None = None,
-         ev_profile: ProfileFile | str | None = None, cc_config: dict | None = None) -> TransferResult:
+         ev_profile: ProfileFile | str | None = None, cc_config: dict | None = None,
+         qp_caps: int = 0) -> TransferResult:
     """WRITE `size` random bytes from host `src` to a buffer registered at host `dst` (over the EVs of
     `ev_profile` if given: an SRV6 GEN/EXP profile, loaded or its file, see evpaths.py). Without a
     `config`, the QP learns the fabric's link rate and base RTT (its CC's BDP) from the topology
     (NSCC: its `base_rtt` if it gives one, else the idle loop measured before the WRITE), and a
     DCQCN QP's responder answers CE marks with CNPs. `cc_config`: its CC profile's config (NSCC's or
-    DCQCN's fields by name), which its CC is made with."""
+    DCQCN's fields by name), which its CC is made with; `qp_caps`: the destination QP's api.QpCap bits."""
     if config is None:
         topo = fabric.topology
         base_rtt = topo.ports.base_rtt_ns if cc != "nscc" or topo.ports.base_rtt_given else None
         config = QpConfig(mtu=mtu, link_rate_bps=topo.link_rate_bps, base_rtt_ns=base_rtt,
                           cnp=cc == "dcqcn", cc_options=cc_options(cc, topo.link_rate_bps, base_rtt))
     spec = TransferSpec(src, dst, size, evs, ev_format, config, cc, ev_min_active, imm, recvs=recvs,
-                        ev_profile=ev_profile, cc_config=cc_config)
+                        ev_profile=ev_profile, cc_config=cc_config, qp_caps=qp_caps)
     run = run_transfers(fabric, [spec], control, on_progress, linger_s, workers=workers, dilation=dilation)
     result = run[0]
     result.emulation = run.emulation.to_dict()

@@ -78,6 +78,7 @@ class Accept:
     config: QpConfig
     recvs: int = 0  # receives posted before the WRITE starts (one per WRITE_WITH_IMM: MRC has no RNR)
     mode: EvFormatMode | None = None  # the api format of its EV profile (None: from the paths)
+    caps: int = 0  # its api QP caps (QpCap): TRIM_NACK_DEST_UNSUPPORTED, SVC_TIME_DEST_UNSUPPORTED
 
 
 @dataclass(frozen=True)
@@ -247,7 +248,7 @@ class _Worker:
         port = self.ports[msg.host]
         responder, mr = accept_write(port.mux, self.ctl[msg.host], msg.key, msg.size, msg.qpn, msg.peer_qpn,
                                      msg.start_psn, msg.back, msg.peer, msg.config, msg.recvs, secrets.randbits,
-                                     msg.mode)
+                                     msg.mode, msg.caps)
         self.responders[msg.key], self.regions[msg.key] = responder, mr
         self.loop.add_endpoint(responder, port, first=True)
         self.parent.send(Accepted(msg.key, mr.to_dict()))
