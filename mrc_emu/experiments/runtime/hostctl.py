@@ -73,18 +73,21 @@ class HostControl:
         self.ctl = Controller(host, planes, attrs=attrs, event_capacity=1024)
         self.host = host
         self.planes = planes
-        self._fmt: dict[EvFormatMode, int] = {}
+        self._fmt: dict[tuple, int] = {}  # (mode, widths) -> format profile id
         self._ev: dict[tuple, int] = {}
         self._slots: dict[int, tuple[str, dict[tuple[bytes, int], int]]] = {}  # EV profile id -> (peer, (value, port) -> slot)
         self._cc: dict[tuple, int] = {}
 
-    def _format(self, mode: EvFormatMode) -> int:
-        if mode not in self._fmt:
+    def _format(self, mode: EvFormatMode, widths: list[int] | None = None) -> int:
+        """The id of the ONLINE format profile of `mode` with these field widths (default: WIDTHS), made once."""
+        widths = list(WIDTHS[mode] if widths is None else widths)
+        key = (mode, tuple(widths))
+        if key not in self._fmt:
             fmt = self.ctl.create_ev_fmt_profile()
-            self.ctl.modify_ev_fmt_profile(fmt.profile_id, state=ProfileState.OFFLINE, mode=mode, fields=WIDTHS[mode])
+            self.ctl.modify_ev_fmt_profile(fmt.profile_id, state=ProfileState.OFFLINE, mode=mode, fields=widths)
             self.ctl.modify_ev_fmt_profile(fmt.profile_id, state=ProfileState.ONLINE)
-            self._fmt[mode] = fmt.profile_id
-        return self._fmt[mode]
+            self._fmt[key] = fmt.profile_id
+        return self._fmt[key]
 
     def ev_profile(self, peer: str, paths: dict[int, Path], ev_min_active: int, mode: EvFormatMode | None = None) -> int:
         """The id of the EXP profile holding these paths' EVs in format `mode` (slot i = EV i; slots the QP does
@@ -122,13 +125,10 @@ class HostControl:
         key = ("file", loaded.path, peer)
         if key in self._ev:
             return self._ev[key]
-        fmt = self.ctl.create_ev_fmt_profile()
-        self.ctl.modify_ev_fmt_profile(fmt.profile_id, state=ProfileState.OFFLINE, mode=loaded.fmt.mode,
-                                       fields=list(loaded.fmt.fields))
-        self.ctl.modify_ev_fmt_profile(fmt.profile_id, state=ProfileState.ONLINE)
+        fmt_id = self._format(loaded.fmt.mode, list(loaded.fmt.fields))
         source = loaded.profile
         pid = self.ctl.create_ev_profile().profile_id
-        self.ctl.modify_ev_profile(pid, fmt_id=fmt.profile_id, state=ProfileState.OFFLINE, mode=source.mode,
+        self.ctl.modify_ev_profile(pid, fmt_id=fmt_id, state=ProfileState.OFFLINE, mode=source.mode,
                                    ev_count=source.ev_count, fields=list(source.fields))
         if source.mode == EvProfileMode.EXP:
             self.ctl.ev_op(pid, EvOp.REPLACE_EV, [EvOpEntry(ev_new=value, port_new=ports.get(slot, 1), state=EvState.GOOD)
