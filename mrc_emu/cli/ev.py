@@ -133,18 +133,21 @@ def allow_cmd(spine, node, plane, link, one_ev, name: str, as_json: bool) -> Non
 @friendly
 def list_cmd(src, dst, show_all: bool, name: str, as_json: bool) -> None:
     """The EVs of a running fabric's host pairs and their admin state (ALLOWED or DENIED, and why),
-    with the state of each EV's port."""
+    with the state of each EV's port and the value `ev replace` gave it, if any."""
     fabric, record = _record(name)
     with fabric:
         rows = record.listing(src, dst)
-    denied = [r for r in rows if r["state"] == "DENIED" or not r["port_enabled"]]
+    denied = [r for r in rows if r["state"] == "DENIED" or not r["port_enabled"] or r["value"]]
     shown = rows if show_all else denied
     lines = [f"{len(rows)} EV(s), {sum(r['state'] == 'DENIED' for r in rows)} DENIED, "
-             f"{sum(not r['port_enabled'] for r in rows)} on a disabled port"]
+             f"{sum(not r['port_enabled'] for r in rows)} on a disabled port, {sum(bool(r['value']) for r in rows)} "
+             f"replaced"]
     for r in shown:
         port = "" if r["port_enabled"] else " (port disabled)"
         lines.append(f"  {r['src']}->{r['dst']}  EV {r['ev']:2d}  plane {r['plane']} {r['spine'] or '-':6s}  port {r['port']}"
-                     f"  {r['state']}{port}" + (f"  by {r['why']}" if r["why"] else ""))
+                     f"  {r['state']}{port}" + (f"  by {r['why']}" if r["why"] else "")
+                     + (f"  value 0x{r['value']}" + (f" on port {r['value_port']}" if r["value_port"] else "") + " (replaced)"
+                        if r["value"] else ""))
     emit(shown, as_json, "\n".join(lines))
 
 

@@ -273,9 +273,12 @@ class ControlRecord:
                     if selector is not None and not selector.matches(ev):
                         continue
                     why = state.denied_by(ev)
+                    value = state.values.get((a, b, ev.index))
                     out.append({"src": a, "dst": b, "ev": ev.index, "plane": ev.plane, "spine": ev.spine,
                                 "port": ev.plane + 1, "port_enabled": state.port_enabled(a, ev.plane),
-                                "state": "DENIED" if why else "ALLOWED", "why": why})
+                                "state": "DENIED" if why else "ALLOWED", "why": why,
+                                "value": None if value is None else value[0].hex(),  # REPLACE_EV's, if any
+                                "value_port": None if value is None else value[1]})
         return out
 
 
@@ -352,7 +355,7 @@ class LiveControl:
             endpoint.set_port_status(host, mask)
         for key, host, message in self.replaces:
             worker_of[host].send(message)
-            self.asked[(key, message.ev)] = message.reason
+            self.asked[(key, message.ev)] = message.ident
         self.replaces = []
         for line in self.probes:
             if line["src"] in worker_of:  # a probe from a host of another run is that run's

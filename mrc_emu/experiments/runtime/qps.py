@@ -100,7 +100,8 @@ class WriteJob:
         r = self.requester
         done_ns = r.completions[-1].time_ns if r.completions and r.error is None else None
         share = r.profile.share()
-        per_ev = [{**stats.to_dict(), "share": round(share[ev], 4), "bytes_in_flight": r.ev_bytes_in_flight(ev)}
+        per_ev = [{**stats.to_dict(), "share": round(share[ev], 4), "bytes_in_flight": r.ev_bytes_in_flight(ev),
+                   "first_hop": r.paths[ev].first_hop}  # where its value sends it now (a REPLACE_EV moves it)
                   for ev, stats in r.profile.evs.items()]
         return {
             "error": r.error, "start_ns": self.start_ns, "end_ns": self.end_ns or now,

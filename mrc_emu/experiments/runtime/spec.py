@@ -151,7 +151,8 @@ def result_of(spec: TransferSpec, paths: QpPaths, req: dict, resp: dict, kernel_
     per_ev = []
     for entry in req["per_ev"]:
         ev = next(e for e in paths.evs if e.index == entry["ev"])
-        per_ev.append({**entry, "plane": ev.plane, "spine": ev.spine, "first_hop": paths.forward[ev.index].first_hop})
+        per_ev.append({**entry, "plane": ev.plane, "spine": ev.spine,
+                       "first_hop": entry.get("first_hop", paths.forward[ev.index].first_hop)})
     return TransferResult(
         ok=ok, error=req["error"] or (None if ok else "the transfer was stopped before it completed"),
         src=spec.src, dst=spec.dst, size=spec.size, mtu=spec.config.mtu, ev_format=spec.ev_format.value, cc=req["cc"],

@@ -128,7 +128,7 @@ class ReplaceEv:
     ev: int
     value: bytes
     port: int | None
-    reason: str
+    ident: str  # the controller record's id of the REPLACE_EV (its answer names it)
 
 
 @dataclass(frozen=True)
@@ -299,8 +299,9 @@ class _Worker:
             except (ValueError, MrcApiError) as exc:
                 why = str(exc)
             else:
-                job.ev_ops.append({"time_ns": now, "replace": msg.ev, "old": old[0].rstrip(bytes(1)).hex(),
-                                   "value": msg.value.hex(), "reason": msg.reason,
+                job.ev_ops.append({"time_ns": now, "deny": [], "allow": [], "replace": msg.ev,
+                                   "old": old[0].rstrip(bytes(1)).hex(), "value": msg.value.hex(), "port": msg.port,
+                                   "reason": f"REPLACE_EV: EV {msg.ev} value 0x{msg.value.hex()}", "id": msg.ident,
                                    "sent": {str(ev): s.packets_sent for ev, s in profile.evs.items()}})
                 self.loop.wake(job.requester)
         self.replaced.append((msg.key, msg.ev, why))
