@@ -217,3 +217,25 @@ def test_the_destination_qp_caps_turn_off_trim_nacks_and_service_times(caps):
     assert acks and len(nacks) == (1 if caps == 0 else 0)
     assert responder.drops["trimmed_no_trim_nack"] == (0 if caps == 0 else 1)
     assert acks[-1].service_ns == (0 if caps else fmt.decode_service(fmt.encode_service(48_000)))
+
+
+def test_an_ev_put_back_to_its_first_value_takes_its_first_path_again():
+    """`ev replace --reset`: a `--format SRV6` QP's EV 1 moved to p0s2's carrier, then put back: its frames
+    carry the full SRH segment list through p0s1 again (the first path as given, which no 32-byte value
+    could name)."""
+    from mrc_emu.transport.requester import Requester
+
+    paths = qp_paths(TOPO, "h0", "h2")
+    control = HostControl("h0", TOPO.planes)
+    pid = control.ev_profile("h2", paths.forward, 1, EvFormatMode.SRV6)
+    requester = Requester(ipaddress.IPv6Address(paths.src_address).packed, 0x11, 0x22, paths.forward,
+                          QpConfig(mtu=MTU), random_bits=random.Random(1).getrandbits,
+                          ev_profile=control.ctl.ev_profile(pid), value_paths=value_paths(TOPO, "h0", "h2", EvFormat.SRV6))
+    first = requester.paths[1]
+    control.replace_ev(pid, 1, ipaddress.IPv6Address(paths.evs[2].usid_carrier).packed)
+    requester.pump(0, lambda frame, path: True)
+    assert requester.paths[1].first_hop == paths.evs[2].usid_carrier and requester.paths[1] is not first
+    control.replace_ev(pid, 1, None)
+    requester.pump(1_000, lambda frame, path: True)
+    assert requester.paths[1] is first and first.template.encap.extra > 24  # the full segment list
+    assert [ev for _, ev, _, _ in requester.repaths] == [1, 1]

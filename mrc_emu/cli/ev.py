@@ -240,7 +240,9 @@ def _ev_value(text: str) -> bytes:
 @click.argument("dst")
 @click.option("--ev", "index", type=click.IntRange(0), required=True, help="The EV (its index between SRC and DST, "
               "`mrc-emu paths SRC DST`) whose value to replace.")
-@click.option("--value", "text", required=True, metavar="HEX|IPV6[,SEG]", help="The new value: hex (STEV: 8 digits, "
+@click.option("--reset", is_flag=True, help="Instead of --value: put the EV's first value back (what its QPs were "
+              "set up with).")
+@click.option("--value", "text", default=None, metavar="HEX|IPV6[,SEG]", help="The new value: hex (STEV: 8 digits, "
               "the low 4 the EV's UDP source port as before; SRV6: up to 64) or, for SRV6, the outer destination as "
               "an IPv6 address (a uSID carrier, e.g. fc00:0:5:b:6:3:f0d6::), optionally ',SEGMENT'.")
 @click.option("--port", type=click.IntRange(1, 255), default=None, help="Its 1-based port (default: the EV's own).")
@@ -249,15 +251,19 @@ def _ev_value(text: str) -> bytes:
 @NAME_OPTION
 @JSON_OPTION
 @friendly
-def replace_cmd(src: str, dst: str, index: int, text: str, port: int | None, wait_s: float, name: str,
-                as_json: bool) -> None:
+def replace_cmd(src: str, dst: str, index: int, reset: bool, text: str | None, port: int | None, wait_s: float,
+                name: str, as_json: bool) -> None:
     """REPLACE_EV on a running fabric: EV K from SRC to DST takes a new value (GOOD). A running QP from
     SRC to DST sends the EV's next packet on it (its ACKs come back as before); transfers started later
     start with it. Example: mrc-emu ev replace h0 h2 --ev 1 --value fc00:0:5:b:6:3:f0d6:: moves
     EV 1 of `default` from spine p0s1 to p0s2."""
     from ..fabric.kernel.waiting import WaitTimeout, until
 
-    value = _ev_value(text)
+    if reset == (text is not None):
+        raise click.UsageError("give --value HEX|IPV6 or --reset")
+    if reset and port is not None:
+        raise click.UsageError("--reset puts the first port back too: no --port with it")
+    value = None if reset else _ev_value(text)
     fabric, record = _record(name)
     with fabric:
         ident = record.replace(src, dst, index, value, port)
@@ -266,9 +272,10 @@ def replace_cmd(src: str, dst: str, index: int, text: str, port: int | None, wai
         except WaitTimeout:
             taken = []
     errors = [t["error"] for t in taken if t["error"]]
-    data = {"src": src, "dst": dst, "ev": index, "value": value.hex(), "port": port, "running_qps": len(taken),
-            "errors": errors}
-    head = f"EV {index} {src}->{dst}: value 0x{value.hex()}" + (f" on port {port}" if port else "")
+    data = {"src": src, "dst": dst, "ev": index, "value": value and value.hex(), "port": port, "reset": reset,
+            "running_qps": len(taken), "errors": errors}
+    head = f"EV {index} {src}->{dst}: " + ("back to its first value" if reset else f"value 0x{value.hex()}"
+                                          + (f" on port {port}" if port else ""))
     if errors:
         emit(data, as_json, f"{head}: refused by the running QP: {errors[0]}")
         fail(f"REPLACE_EV refused: {errors[0]}")

@@ -137,6 +137,7 @@ class Requester:
         self.repaths: list[tuple[int, int, str, int]] = []  # (time, EV, new value hex, port): values followed
         self._values_seen = self.profile.api.values_version
         self._built = self._slots() if value_paths is not None else {}  # EV -> the (value, port) its path carries
+        self._first = dict(self._built), dict(self.paths)  # its first values' paths, as given: a value put back restores one
 
     # ---- API -----------------------------------------------------------------------------
 
@@ -354,7 +355,8 @@ class Requester:
             if slot == self._built[ev]:
                 continue
             old = self.paths[ev]
-            path = self.value_paths.path(ev, slot[0], slot[1] or (old.plane or 0) + 1, old.template.ends.sport)
+            path = (self._first[1][ev] if slot == self._first[0][ev] else
+                    self.value_paths.path(ev, slot[0], slot[1] or (old.plane or 0) + 1, old.template.ends.sport))
             self.paths[ev] = path  # the prober's dict too: probes of this EV take the new value
             if self._native:
                 self._writers[ev] = path.template.writer(self.dest_qp, self.config.mtu, self.config.pkey)

@@ -171,18 +171,19 @@ class ControlRecord:
             raise ValueError(f"plane {plane}: {topo.name} has planes 0..{topo.planes - 1} (ports 1..{topo.planes})")
         self._append({"op": PORT, "host": host, "plane": plane, "enabled": enabled, "by": by})
 
-    def replace(self, src: str, dst: str, ev: int, value: bytes, port: int | None, by: str = "cli") -> str:
+    def replace(self, src: str, dst: str, ev: int, value: bytes | None, port: int | None, by: str = "cli") -> str:
         """REPLACE_EV of EV `ev` from `src` to `dst` (its QPs' EV profile slot `ev`): `value` on `port`
-        (None: the EV's own). Running QPs take it at once, later ones start with it. The line's id."""
+        (None: the EV's own; `value` None: back to its first value, what its QPs were set up with). Running
+        QPs take it at once, later ones start with it. The line's id."""
         topo = self.fabric.topology
         Selector(ev=(src, dst, ev)).check(topo)
-        if not value or len(value) > 32 or not any(value):
+        if value is not None and (not value or len(value) > 32 or not any(value)):
             raise ValueError(f"an EV value is 1..32 bytes, not all zero (got {len(value)} bytes)")
         if port is not None and not 1 <= port <= topo.planes:
             raise ValueError(f"port {port}: {src} has ports 1..{topo.planes}")
         ident = f"{os.getpid()}-{time.monotonic_ns()}"
-        self._append({"op": REPLACE, "src": src, "dst": dst, "ev": ev, "value": value.hex(), "port": port, "id": ident,
-                      "by": by})
+        self._append({"op": REPLACE, "src": src, "dst": dst, "ev": ev, "value": value and value.hex(), "port": port,
+                      "id": ident, "by": by})
         return ident
 
     def replaced(self, ident: str) -> list[dict[str, Any]]:
@@ -239,8 +240,9 @@ class ControlRecord:
                         state.dropped[line["host"]] = state.dropped.get(line["host"], 0) + over
                 elif op == REPLACE:
                     port = line.get("port")
+                    value = None if line["value"] is None else bytes.fromhex(line["value"])  # None: back to the first
                     state.values[(line["src"], line["dst"], int(line["ev"]))] = (
-                        bytes.fromhex(line["value"]), None if port is None else int(port), line.get("id", ""))
+                        value, None if port is None else int(port), line.get("id", ""))
                 elif op == PROBE:
                     state.probes[line["id"]] = line
                 elif op == PROBED:
@@ -274,6 +276,7 @@ class ControlRecord:
                         continue
                     why = state.denied_by(ev)
                     value = state.values.get((a, b, ev.index))
+                    value = None if value is None or value[0] is None else value
                     out.append({"src": a, "dst": b, "ev": ev.index, "plane": ev.plane, "spine": ev.spine,
                                 "port": ev.plane + 1, "port_enabled": state.port_enabled(a, ev.plane),
                                 "state": "DENIED" if why else "ALLOWED", "why": why,
@@ -326,7 +329,10 @@ class LiveControl:
             for index, ev in evs.items():
                 value = state.values.get((host, ev.dst, index))
                 if value is not None and self.values.get((key, index)) != value[2]:
+                    pushed = (key, index) in self.values
                     self.values[(key, index)] = value[2]
+                    if value[0] is None and not pushed:
+                        continue  # put back before this run: its QP has its first value already
                     self.replaces.append((key, host, ReplaceEv(key, index, value[0], value[1], value[2])))
         for ident, line in state.probes.items():
             # a probe asked before this run began was another run's (left unanswered when it ended)

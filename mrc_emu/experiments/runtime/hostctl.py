@@ -77,6 +77,7 @@ class HostControl:
         self._ev: dict[tuple, int] = {}
         self._slots: dict[int, tuple[str, dict[tuple[bytes, int], int]]] = {}  # EV profile id -> (peer, (value, port) -> slot)
         self._cc: dict[tuple, int] = {}
+        self._first: dict[int, dict[int, tuple[bytes, int]]] = {}  # EV profile id -> slot -> its first (value, port)
 
     def _format(self, mode: EvFormatMode, widths: list[int] | None = None) -> int:
         """The id of the ONLINE format profile of `mode` with these field widths (default: WIDTHS), made once."""
@@ -116,6 +117,7 @@ class HostControl:
         self._ev[key] = pid
         self._slots[pid] = (peer, {(e.ev_new.ljust(32, b"\0"), e.port_new): slot
                                    for slot, e in enumerate(entries) if slot in paths})
+        self._first[pid] = dict(enumerate(ev_slots(self.ctl.ev_profile(pid))))
         return pid
 
     def load_profile(self, loaded: ProfileFile, peer: str, ports: dict[int, int]) -> int:
@@ -137,13 +139,15 @@ class HostControl:
                                    ev_event_mask=source.ev_event_mask)
         self._ev[key] = pid
         self._slots[pid] = (peer, {slot: k for k, slot in enumerate(ev_slots(self.ctl.ev_profile(pid)))})
+        self._first[pid] = dict(enumerate(ev_slots(self.ctl.ev_profile(pid))))
         return pid
 
-    def replace_ev(self, profile_id: int, slot: int, value: bytes, port: int | None = None) -> tuple[bytes, int]:
+    def replace_ev(self, profile_id: int, slot: int, value: bytes | None, port: int | None = None) -> tuple[bytes, int]:
         """REPLACE_EV of slot `slot` of an ONLINE EV profile by `value` on `port` (None: the slot's own), GOOD:
-        every QP bound to it sends that EV's next packet on the new value. The old (value, port); ValueError
-        for a value the slot's format cannot take here (a STEV or UDP value must keep the UDP source port the
-        responder knows the EV by)."""
+        every QP bound to it sends that EV's next packet on the new value; `value` None puts back the slot's
+        first value and port (its QPs their first path). The old (value, port); ValueError for a value the
+        slot's format cannot take here (a STEV or UDP value must keep the UDP source port the responder knows
+        the EV by)."""
         profile = self.ctl.ev_profile(profile_id)
         slots = ev_slots(profile)
         if not 0 <= slot < len(slots):
@@ -151,6 +155,11 @@ class HostControl:
         old = slots[slot]
         if slots.index(old) != slot:
             raise ValueError(f"EV {slot} has the value of EV {slots.index(old)}: REPLACE_EV would name that one")
+        if value is None:  # back to the first value
+            first = self._first.get(profile_id, {}).get(slot)
+            if first is None:
+                raise ValueError(f"EV {slot}: profile {profile_id} has no first value of this controller's to put back")
+            value, port = first
         mode = profile.fmt.mode
         width = sum(profile.fmt.fields) // 8
         if len(value) > width or not any(value):

@@ -122,11 +122,12 @@ class SetEvStates:
 
 @dataclass(frozen=True)
 class ReplaceEv:
-    """REPLACE_EV on the EV profile of transfer `key`'s QP: EV `ev` takes `value` on `port` (None: its own)."""
+    """REPLACE_EV on the EV profile of transfer `key`'s QP: EV `ev` takes `value` on `port` (None: its own);
+    `value` None puts its first value back."""
 
     key: int
     ev: int
-    value: bytes
+    value: bytes | None
     port: int | None
     ident: str  # the controller record's id of the REPLACE_EV (its answer names it)
 
@@ -300,8 +301,10 @@ class _Worker:
                 why = str(exc)
             else:
                 job.ev_ops.append({"time_ns": now, "deny": [], "allow": [], "replace": msg.ev,
-                                   "old": old[0].rstrip(bytes(1)).hex(), "value": msg.value.hex(), "port": msg.port,
-                                   "reason": f"REPLACE_EV: EV {msg.ev} value 0x{msg.value.hex()}", "id": msg.ident,
+                                   "old": old[0].rstrip(bytes(1)).hex(), "value": msg.value and msg.value.hex(),
+                                   "port": msg.port, "id": msg.ident,
+                                   "reason": f"REPLACE_EV: EV {msg.ev} " + (f"value 0x{msg.value.hex()}" if msg.value
+                                                                            else "back to its first value"),
                                    "sent": {str(ev): s.packets_sent for ev, s in profile.evs.items()}})
                 self.loop.wake(job.requester)
         self.replaced.append((msg.key, msg.ev, why))
