@@ -238,4 +238,4 @@ def test_an_ev_put_back_to_its_first_value_takes_its_first_path_again():
     control.replace_ev(pid, 1, None)
     requester.pump(1_000, lambda frame, path: True)
     assert requester.paths[1] is first and first.template.encap.extra > 24  # the full segment list
-    assert [ev for _, ev, _, _ in requester.repaths] == [1, 1]
+    assert [ev for _, ev, _, _ in requester.values.repaths] == [1, 1]

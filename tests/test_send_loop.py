@@ -259,7 +259,7 @@ class _World:
             "schedule": (list(profile.schedule), profile._cursor, profile._cycles, profile._dirty),
             "ev_events": [e.to_dict() for e in profile.events], "summary": r.summary(), "error": r.error,
             "writes": [(wr.wr_id, wr.next_offset, wr.acked) for wr in r.active], "queued": [wr.wr_id for wr in r.queue],
-            "completions": [(c.wr_id, c.length, c.time_ns, c.imm) for c in r.completions], "repaths": list(r.repaths),
+            "completions": [(c.wr_id, c.length, c.time_ns, c.imm) for c in r.completions], "repaths": list(r.values.repaths),
             "responder": dict(self.responder.stats),
         }
 
@@ -443,5 +443,5 @@ def test_a_replaced_ev_value_reaches_the_c_loop_at_its_next_pump(n_evs):
         assert path.template.flow_label == label and path.plane == 0 and path.first_hop == gateway
         flow_label = [int.from_bytes(frame[:4], "big") & 0xFFFFF for frame in frames]
         assert flow_label[0] != label and flow_label[-1] == label
-    assert [(ev, port) for _, ev, _, port in r.repaths] == [(1, 1)]
+    assert [(ev, port) for _, ev, _, port in r.values.repaths] == [(1, 1)]
     assert c.sprayed > 0 and r.done and r.error is None

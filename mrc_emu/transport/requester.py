@@ -28,7 +28,7 @@ from .cc.registry import make_cc
 from .config import QpConfig, RandomBits
 from .ledger import trim_repair
 from .multipath.ev import EvProfile
-from .multipath.evvalues import ValuePaths, wire_slots
+from .multipath.evvalues import FollowedValues, ValuePaths
 from .multipath.paths import Path, Send
 from .probing import EvProber, ProbeBudget
 from .recovery import Recovery
@@ -133,11 +133,8 @@ class Requester:
         self._pace_tokens = math.inf  # inf: not paced
         self._pace_at = 0
         self._pace_rate: float | None = None
-        self.value_paths = value_paths
-        self.repaths: list[tuple[int, int, str, int]] = []  # (time, EV, new value hex, port): values followed
-        self._values_seen = self.profile.api.values_version
-        self._built = self._slots() if value_paths is not None else {}  # EV -> the (value, port) its path carries
-        self._first = dict(self._built), dict(self.paths)  # its first values' paths, as given: a value put back restores one
+        # its EVs' paths as its profile's values have them (None: the paths as given, always)
+        self.values = FollowedValues(self.profile.api, self.paths, value_paths) if value_paths is not None else None
 
     # ---- API -----------------------------------------------------------------------------
 
@@ -240,8 +237,8 @@ class Requester:
         each burst, and `next_wakeup` says when the next packet may go."""
         self._last_now = now
         self.profile.sync(now)  # what the QPs sharing its EV profile, or the controller, changed since
-        if self.value_paths is not None and self.profile.api.values_version != self._values_seen:
-            self._follow_values(now)
+        if self.values is not None and self.values.changed:
+            self._repath(self.values.follow(now))
         self.recovery.horizon = horizon
         if self.error is not None:
             return
@@ -345,24 +342,12 @@ class Requester:
         if sent:
             rec.ledger.started(now)
 
-    def _slots(self) -> dict[int, tuple[bytes, int]]:
-        return dict(zip(self.paths, map(wire_slots(self.profile.api).__getitem__, self.paths)))
-
-    def _follow_values(self, now: int) -> None:
-        """Rebuild the path of every EV whose value or port changed, the C loop's heads and writers with it."""
-        self._values_seen = self.profile.api.values_version
-        for ev, slot in self._slots().items():
-            if slot == self._built[ev]:
-                continue
-            old = self.paths[ev]
-            path = (self._first[1][ev] if slot == self._first[0][ev] else
-                    self.value_paths.path(ev, slot[0], slot[1] or (old.plane or 0) + 1, old.template.ends.sport))
-            self.paths[ev] = path  # the prober's dict too: probes of this EV take the new value
+    def _repath(self, evs: list[int]) -> None:
+        """EVs whose path `values` rebuilt (in `paths`, the prober's too): the C loop's heads and writers with it."""
+        for ev in evs:
             if self._native:
-                self._writers[ev] = path.template.writer(self.dest_qp, self.config.mtu, self.config.pkey)
-                self._heads[ev] = path.template.head(self.dest_qp, self.config.mtu, self.config.pkey)
-            self._built[ev] = slot
-            self.repaths.append((now, ev, slot[0].rstrip(bytes(1)).hex(), slot[1]))
+                self._writers[ev] = self.paths[ev].template.writer(self.dest_qp, self.config.mtu, self.config.pkey)
+                self._heads[ev] = self.paths[ev].template.head(self.dest_qp, self.config.mtu, self.config.pkey)
         self._frame_overhead = DATA_OVERHEAD + max(len(p.template.encap.outer) for p in self.paths.values())
 
     def _refill(self, now: int) -> float:

@@ -127,3 +127,40 @@ def value_probe_path(topo: Topology, src: str, dst: str, mode: EvFormatMode, val
     values = value_paths(topo, src, dst, mode)
     sport = values.sport_of(padded)
     return values.path(VALUE_PROBE_EV, padded, port, udp_sport(0) if sport is None else sport)
+
+
+class FollowedValues:
+    """A requester's paths as its EV profile's values have them: `follow` rebuilds, in `paths` itself, the
+    path of each EV whose slot's value or port changed since (a slot back at its first value gets its
+    first path as given: `--format SRV6`'s full segment list, which no 32-byte value names)."""
+
+    def __init__(self, profile: EvProfile, paths: dict[int, Path], value_paths: ValuePaths) -> None:
+        self.profile, self.paths, self.value_paths = profile, paths, value_paths
+        self.seen = profile.values_version
+        self.built = self._slots()  # EV -> the (value, port) its path carries
+        self.first = dict(self.built), dict(paths)
+        self.repaths: list[tuple[int, int, str, int]] = []  # (time, EV, new value hex, port): what was followed
+
+    def _slots(self) -> dict[int, tuple[bytes, int]]:
+        slots = wire_slots(self.profile)
+        return {ev: slots[ev] for ev in self.paths}
+
+    @property
+    def changed(self) -> bool:
+        """Whether a value may have changed since the last `follow` (one integer compared)."""
+        return self.profile.values_version != self.seen
+
+    def follow(self, now: int) -> list[int]:
+        """The EVs whose path was rebuilt for their new value (`paths` holds the new ones)."""
+        self.seen = self.profile.values_version
+        moved = []
+        for ev, slot in self._slots().items():
+            if slot == self.built[ev]:
+                continue
+            old = self.paths[ev]
+            self.paths[ev] = (self.first[1][ev] if slot == self.first[0][ev] else
+                              self.value_paths.path(ev, slot[0], slot[1] or (old.plane or 0) + 1, old.template.ends.sport))
+            self.built[ev] = slot
+            self.repaths.append((now, ev, slot[0].rstrip(bytes(1)).hex(), slot[1]))
+            moved.append(ev)
+        return moved
