@@ -317,6 +317,7 @@ def probe_cmd(src: str, dst: str, index: int | None, text: str | None, mode: str
     value = None
     from ..api.formats import EvFormatMode
     from ..experiments.runtime.transfer import EndpointBusy, probe
+    from ..fabric import routing, static_routes
     from ..fabric.running import Fabric
     from ..topology.evs import evs_between
     from ..transport.multipath.evvalues import VALUE_PROBE_EV, value_probe_path
@@ -331,6 +332,9 @@ def probe_cmd(src: str, dst: str, index: int | None, text: str | None, mode: str
             request, what = (1, dst, index), f"EV {index} ({' > '.join(evs[index].hops)})"
         else:
             value = _ev_value(text)
+            if mode != "SRV6" and not (routing.running(fabric) or static_routes.installed(fabric)):
+                raise click.UsageError(f"a {mode} value needs plain IPv6 routing: bring the fabric up with 'mrc-emu up "
+                                       f"--routing static' (fabric {name!r} has none)")
             path = value_probe_path(topo, src, dst, EvFormatMode[mode], value, port)
             request = (1, dst, VALUE_PROBE_EV, path)
             shown = (",".join(str(ipaddress.IPv6Address(value.ljust(32, b"\0")[k:k + 16])) for k in (0, 16)
