@@ -219,6 +219,7 @@ class ControlRecord:
 
     def state(self) -> State:
         state = State([], {}, {}, {})
+        replaces: list[tuple[tuple[str, str, int], tuple[bytes | None, int | None, str]]] = []
         try:
             text = self.path.read_text()
         except FileNotFoundError:
@@ -241,8 +242,8 @@ class ControlRecord:
                 elif op == REPLACE:
                     port = line.get("port")
                     value = None if line["value"] is None else bytes.fromhex(line["value"])  # None: back to the first
-                    state.values[(line["src"], line["dst"], int(line["ev"]))] = (
-                        value, None if port is None else int(port), line.get("id", ""))
+                    replaces.append(((line["src"], line["dst"], int(line["ev"])),
+                                     (value, None if port is None else int(port), line.get("id", ""))))
                 elif op == PROBE:
                     state.probes[line["id"]] = line
                 elif op == PROBED:
@@ -254,6 +255,10 @@ class ControlRecord:
                     state.dropped.pop(line["host"], None)
             except (ValueError, KeyError, TypeError):
                 continue  # a line cut short by a kill, or one this version does not know
+        refused = {ident for ident, answers in state.replaced.items() if any(a["error"] for a in answers)}
+        for key, value in replaces:  # a REPLACE_EV a running QP refused is withdrawn: the EV keeps its value
+            if value[2] not in refused:
+                state.values[key] = value
         return state
 
     def listing(self, src: str | None = None, dst: str | None = None,
@@ -297,7 +302,7 @@ class LiveControl:
         self.size = -1
         self.denied: dict[int, set[int]] = {key: set() for key in evs_by_key}
         self.ports: dict[tuple[str, int], bool] = {}
-        self.values: dict[tuple[int, int], str] = {}  # (key, EV) -> the REPLACE_EV id last pushed to it
+        self.values: dict[tuple[int, int], set[str]] = {}  # (key, EV) -> the REPLACE_EV ids pushed to it
         self.replaces: list[tuple[int, str, ReplaceEv]] = []  # found by `changes`, sent by `push`
         self.asked: dict[tuple[int, int], str] = {}  # (key, EV) -> REPLACE_EV id sent, its answer awaited
         self.probes_seen: set[str] = set()
@@ -328,10 +333,11 @@ class LiveControl:
         for key, (host, evs) in self.evs_by_key.items():
             for index, ev in evs.items():
                 value = state.values.get((host, ev.dst, index))
-                if value is not None and self.values.get((key, index)) != value[2]:
-                    pushed = (key, index) in self.values
-                    self.values[(key, index)] = value[2]
-                    if value[0] is None and not pushed:
+                pushed = self.values.setdefault((key, index), set())
+                if value is not None and value[2] not in pushed:
+                    first = not pushed
+                    pushed.add(value[2])
+                    if value[0] is None and first:
                         continue  # put back before this run: its QP has its first value already
                     self.replaces.append((key, host, ReplaceEv(key, index, value[0], value[1], value[2])))
         for ident, line in state.probes.items():
