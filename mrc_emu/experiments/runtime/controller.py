@@ -142,6 +142,9 @@ class ControlRecord:
         self.fabric = fabric
         self.directory = directory(fabric.name)
         self.path = self.directory / RECORD
+        self._offset = 0  # bytes of the record parsed into _state
+        self._state = State([], {}, {}, {})
+        self._replaces: list[tuple[tuple[str, str, int], tuple[bytes | None, int | None, str]]] = []
 
     def _append(self, line: dict[str, Any]) -> None:
         line.setdefault("time", time.time())
@@ -218,48 +221,60 @@ class ControlRecord:
         return events, state.dropped.get(host, 0) if events else 0
 
     def state(self) -> State:
-        state = State([], {}, {}, {})
-        replaces: list[tuple[tuple[str, str, int], tuple[bytes | None, int | None, str]]] = []
+        """The state the record's lines make, read incrementally: the record only grows, so only the lines
+        written since the last call are parsed (a run's watch looks at it every step, and its EV events
+        are written to it as they happen)."""
         try:
-            text = self.path.read_text()
+            with open(self.path, "rb") as f:
+                f.seek(self._offset)
+                data = f.read()
         except FileNotFoundError:
-            return state
-        for raw in text.splitlines():
-            try:
-                line = json.loads(raw)
-                op = line["op"]
-                if op in (DENY, ALLOW):
-                    state.rules.append((op, Selector.from_dict(line["sel"]), line.get("by", "?")))
-                elif op == PORT:
-                    state.ports[(line["host"], int(line["plane"]))] = bool(line["enabled"])
-                elif op == EVENTS:
-                    queue = state.events.setdefault(line["host"], [])
-                    queue += line["events"]
-                    over = len(queue) - self.MAX_EVENTS
-                    if over > 0:
-                        del queue[:over]
-                        state.dropped[line["host"]] = state.dropped.get(line["host"], 0) + over
-                elif op == REPLACE:
-                    port = line.get("port")
-                    value = None if line["value"] is None else bytes.fromhex(line["value"])  # None: back to the first
-                    replaces.append(((line["src"], line["dst"], int(line["ev"])),
-                                     (value, None if port is None else int(port), line.get("id", ""))))
-                elif op == PROBE:
-                    state.probes[line["id"]] = line
-                elif op == PROBED:
-                    state.probed[line["id"]] = line
-                elif op == REPLACED:
-                    state.replaced.setdefault(line["id"], []).append({"key": line.get("key"), "error": line.get("error")})
-                elif op == POLLED:
-                    del state.events.setdefault(line["host"], [])[:int(line["count"])]
-                    state.dropped.pop(line["host"], None)
-            except (ValueError, KeyError, TypeError):
-                continue  # a line cut short by a kill, or one this version does not know
+            data = b""
+        end = data.rfind(b"\n") + 1  # a line still being written (or cut by a kill) waits for its newline
+        for raw in data[:end].decode(errors="replace").splitlines():
+            self._apply(raw)
+        self._offset += end
+        state = self._state
         refused = {ident for ident, answers in state.replaced.items() if any(a["error"] for a in answers)}
-        for key, value in replaces:  # a REPLACE_EV a running QP refused is withdrawn: the EV keeps its value
+        state.values = {}
+        for key, value in self._replaces:  # a REPLACE_EV a running QP refused is withdrawn: the EV keeps its value
             if value[2] not in refused:
                 state.values[key] = value
         return state
+
+    def _apply(self, raw: str) -> None:
+        """One line of the record into the state."""
+        state = self._state
+        try:
+            line = json.loads(raw)
+            op = line["op"]
+            if op in (DENY, ALLOW):
+                state.rules.append((op, Selector.from_dict(line["sel"]), line.get("by", "?")))
+            elif op == PORT:
+                state.ports[(line["host"], int(line["plane"]))] = bool(line["enabled"])
+            elif op == EVENTS:
+                queue = state.events.setdefault(line["host"], [])
+                queue += line["events"]
+                over = len(queue) - self.MAX_EVENTS
+                if over > 0:
+                    del queue[:over]
+                    state.dropped[line["host"]] = state.dropped.get(line["host"], 0) + over
+            elif op == REPLACE:
+                port = line.get("port")
+                value = None if line["value"] is None else bytes.fromhex(line["value"])  # None: back to the first
+                self._replaces.append(((line["src"], line["dst"], int(line["ev"])),
+                                       (value, None if port is None else int(port), line.get("id", ""))))
+            elif op == PROBE:
+                state.probes[line["id"]] = line
+            elif op == PROBED:
+                state.probed[line["id"]] = line
+            elif op == REPLACED:
+                state.replaced.setdefault(line["id"], []).append({"key": line.get("key"), "error": line.get("error")})
+            elif op == POLLED:
+                del state.events.setdefault(line["host"], [])[:int(line["count"])]
+                state.dropped.pop(line["host"], None)
+        except (ValueError, KeyError, TypeError):
+            pass  # a line cut short by a kill, or one this version does not know
 
     def listing(self, src: str | None = None, dst: str | None = None,
                 selector: Selector | None = None) -> list[dict[str, Any]]:
