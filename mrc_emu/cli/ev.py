@@ -161,7 +161,7 @@ def _event_line(e: dict) -> str:
 @click.option("--max", "max_events", type=click.IntRange(1, 4096), default=64, show_default=True,
               help="Events to take at most (those taken are gone from the queue, as mrc_ctl's poll).")
 @click.option("--follow", "-f", is_flag=True, help="Keep polling: print each event as the running QPs post it "
-              "(within a few ms of the change), until Ctrl-C or --for.")
+              "(within tens of milliseconds of the change), until Ctrl-C or --for.")
 @click.option("--for", "follow_s", type=click.FloatRange(0.0), default=None, help="With --follow: stop after this "
               "many seconds.")
 @NAME_OPTION
