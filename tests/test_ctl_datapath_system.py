@@ -81,8 +81,10 @@ def test_ev_probe_of_a_value_through_a_downed_link_is_unreachable(default_fabric
     evs = evs_between(fabric.topology, "h0", "h2")
     links.set_state(fabric, "p0l0", "p0s2", False)
     try:
+        # a generous rsp_timeout: a busy machine's endpoints answer in ms, not the fabric's us
         runs = {spine: subprocess.run(CLI + ["ev", "probe", "h0", "h2", "--value", evs[k].usid_carrier, "--json",
-                                             "--name", fabric.name], capture_output=True, text=True, timeout=60)
+                                             "--timeout", "1000", "--name", fabric.name],
+                                      capture_output=True, text=True, timeout=60)
                 for spine, k in (("p0s2", 2), ("p0s1", 1))}
     finally:
         links.set_state(fabric, "p0l0", "p0s2", True)
