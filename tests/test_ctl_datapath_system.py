@@ -54,7 +54,7 @@ def test_ev_replace_from_the_shell_moves_a_running_writes_ev_to_another_spine(de
     after = _tx_packets(fabric, "p0s1", p0s1), _tx_packets(fabric, "p0s2", p0s2)
     # an EV probe of the new value while the WRITE runs: the run's workers serve h0 and h2, so it is asked of them
     probed = subprocess.run(CLI + ["ev", "probe", "h0", "h2", "--value", evs[2].usid_carrier, "--json",
-                                   "--name", fabric.name], capture_output=True, text=True, timeout=60)
+                                   "--timeout", "1000", "--name", fabric.name], capture_output=True, text=True, timeout=60)
     assert probed.returncode == 0, probed.stderr
     answer = json.loads(probed.stdout)
     assert answer["via"] == "run" and answer["reachable"] and answer["adjusted_rtt_ns"] <= answer["rtt_ns"], answer
