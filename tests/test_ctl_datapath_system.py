@@ -15,6 +15,7 @@ from conftest import wait_for
 from test_transport_system import MiB, _run_in_thread
 
 from mrc_emu.fabric import links
+from mrc_emu.topology import addressing as ad
 from mrc_emu.topology import evs_between
 
 pytestmark = pytest.mark.system
@@ -27,10 +28,10 @@ def _tx_packets(fabric, node: str, intf: str) -> int:
     return json.loads(out)[0]["stats64"]["tx"]["packets"]
 
 
-def _towards(fabric, spine: str, leaf: str) -> str:
-    """The spine's interface towards `leaf` (its egress for h0 -> h2's data)."""
-    (link,) = fabric.topology.links_between(spine, leaf)
-    return link.a_intf if link.a == spine else link.b_intf
+def _towards(fabric, node: str, peer: str) -> str:
+    """`node`'s interface towards `peer` (a spine's towards p0l1: its egress for h0 -> h2's data)."""
+    (link,) = fabric.topology.links_between(node, peer)
+    return link.a_intf if link.a == node else link.b_intf
 
 
 def test_ev_replace_from_the_shell_moves_a_running_writes_ev_to_another_spine(default_fabric):
@@ -130,3 +131,38 @@ def test_ev_events_follow_prints_the_assumed_bad_event_before_the_write_ends(def
     assert bad and not bad[0][1], "EV 1's ASSUMED_BAD event was printed only after the WRITE ended"
     assert bad[0][0]["dst"] == "h2" and bad[0][0]["port"] == 1
     assert box["result"].verified
+
+
+def test_ev_replace_moves_a_stev_ev_to_the_other_plane_under_traffic(default_fabric):
+    """A STEV WRITE on one EV (EV 0: port 1, plane 0) over plain IPv6 routing: `ev replace --ev 0` with
+    other flow label bits on port 2 moves it to plane 1 at once: h0's NIC into plane 0 sends nothing
+    after, its NIC into plane 1 sends the rest; verified."""
+    from mrc_emu.fabric import static_routes
+    from mrc_emu.topology.evs import EvFormat, default_stev
+
+    fabric = default_fabric
+    static_routes.install(fabric)
+    eth0, eth1 = (_towards(fabric, "h0", fabric.topology.leaf_of("h0", plane)) for plane in (0, 1))
+    control, box, thread = _run_in_thread(fabric=fabric, src="h0", dst="h2", size=128 * MiB, evs=[0],
+                                          ev_format=EvFormat.STEV, dilation=3.0)
+    wait_for(lambda: control.progress > 0.15 or control.finished.is_set(), 60, "the WRITE to be under way")
+    assert not control.finished.is_set(), box.get("error")
+    before = _tx_packets(fabric, "h0", eth0), _tx_packets(fabric, "h0", eth1)
+    value = 0x1234 << 16 | default_stev(0) & 0xFFFF  # new flow label bits, the EV's own UDP source port
+    done = subprocess.run(CLI + ["ev", "replace", "h0", "h2", "--ev", "0", "--value", f"0x{value:08x}", "--port", "2",
+                                 "--name", fabric.name], capture_output=True, text=True, timeout=60)
+    print(f"\n$ mrc-emu ev replace h0 h2 --ev 0 --value 0x{value:08x} --port 2\n{done.stdout.strip()}")
+    assert done.returncode == 0 and "taken by 1 running QP" in done.stdout, done.stdout + done.stderr
+    taken_at = control.progress
+    after = _tx_packets(fabric, "h0", eth0), _tx_packets(fabric, "h0", eth1)
+    wait_for(lambda: control.progress > taken_at + 0.2 or control.finished.is_set(), 120, "more of the WRITE")
+    later = _tx_packets(fabric, "h0", eth0), _tx_packets(fabric, "h0", eth1)
+    print(f"h0 -> plane 0 tx packets {before[0]} before, {after[0]} when taken, {later[0]} later; plane 1: "
+          f"{before[1]}, {after[1]}, {later[1]}")
+    assert before[0] > 1000 and before[1] < 100  # plane 1 idle (a probe or two) until the replace ...
+    assert later[0] - after[0] <= 3 and later[1] - after[1] > 1000  # ... then plane 0 idle
+    thread.join(180)
+    result = box["result"]
+    assert result.verified, result.error
+    assert result.per_ev[0]["first_hop"] == ad.link_address(
+        fabric.topology.links_between("h0", fabric.topology.leaf_of("h0", 1))[0], fabric.topology.leaf_of("h0", 1))
