@@ -58,10 +58,7 @@ class Witness:
     def __init__(self, recovery: Recovery, prober: EvProber, paths: dict[int, Path]) -> None:
         self.rec = recovery
         self.prober = prober
-        self.plane = {ev: path.plane for ev, path in paths.items()}
-        # the EVs of the same plane (none where the plane is unknown: an ECMP-hashed path may go anywhere)
-        self.siblings = {ev: [k for k, p in self.plane.items() if k != ev and p == plane]
-                         for ev, plane in self.plane.items() if plane is not None}
+        self.replan(paths)
         self.out: dict[int, tuple[int, int]] = {}  # EV -> (probe id, send time) of its witness in flight
         self.after: dict[int, int] = {}  # EV -> no witness before this time (an answer's EV waits its srtt)
         self.suspects: set[int] = set()  # EVs whose losses ask for a witness at the next pump
@@ -74,6 +71,13 @@ class Witness:
         self._lead: dict[int, int] = {}  # EV -> that lead for its witness in flight
         prober.witness = self
         recovery.witness = self
+
+    def replan(self, paths: dict[int, Path]) -> None:
+        """The EVs' planes, again after a REPLACE_EV moved a path."""
+        self.plane = {ev: path.plane for ev, path in paths.items()}
+        # the EVs of the same plane (none where the plane is unknown: an ECMP-hashed path may go anywhere)
+        self.siblings = {ev: [k for k, p in self.plane.items() if k != ev and p == plane]
+                         for ev, plane in self.plane.items() if plane is not None}
 
     # ---- thresholds -----------------------------------------------------------------------
 
