@@ -50,6 +50,8 @@ DEAD = "its witness probe went unanswered while later packets on its plane were 
 DEAD_TIMER = "its witness probe went unanswered within two RTTs while later packets were acknowledged"
 FOUND_DEAD = "its path failed (witness probe unanswered)"  # the reason its packets in flight are lost
 TIMER_RTTS = 2  # the timer: twice the EV's srtt (and its window and the ACK delay) for an answer
+HOLDUP_PORTS = 6  # switch egress ports of a two-tier path, out and back (leaf, spine, leaf each way)
+FRAME_OVERHEAD = 140  # a data frame's bytes beyond its payload: Ethernet, outer IPv6 and SRH, IPv6, UDP, BTH, RETH, ICRC
 
 
 class Witness:
@@ -68,7 +70,7 @@ class Witness:
         self.dead = 0
         self.late = 0  # witnesses answered after all, once their EV was taken for dead (a false failure)
         self._convicted: set[int] = set()  # probe ids of the witnesses taken for lost
-        self.verdicts: list[tuple[int, int, int, str]] = []  # (EV, witness sent, found dead, rule): the first 64
+        self.verdicts: list[tuple[int, int, int, str, int]] = []  # (EV, witness sent, found dead, rule, lead): the first 64
         self.lead_ns = 0  # the largest lead of a later sibling's ACK over an answer that still came
         self._lead: dict[int, int] = {}  # EV -> that lead for its witness in flight
         prober.witness = self
@@ -89,10 +91,20 @@ class Witness:
 
     def allowance(self, ev: int, other: int) -> int:
         """How much later than the witness of `ev` a packet on `other` (same plane) must have left
-        for its ACK to prove the witness lost: the window, and the smallest RTTs' difference."""
+        for its ACK to prove the witness lost: the window, the smallest RTTs' difference, and a
+        full data packet's serialisation at each switch port of the way out and back (a port
+        sends what it has begun before the control class's next packet: no preemption)."""
         evs = self.rec.profile.evs
         mine, theirs = evs[ev].rtt.min_rtt_ns, evs[other].rtt.min_rtt_ns
-        return self.window(ev) + (max(0, mine - theirs) if mine and theirs else 0)
+        return self.window(ev) + (max(0, mine - theirs) if mine and theirs else 0) + self.holdup_ns
+
+    @property
+    def holdup_ns(self) -> int:
+        """What the ports of a witness's round trip may hold it behind data they are sending."""
+        rate = self.rec.config.link_rate_bps
+        if not rate:
+            return 0  # an unshaped fabric: no port serialises at a rate
+        return int(HOLDUP_PORTS * (self.rec.config.mtu + FRAME_OVERHEAD) * 8e9 / rate)
 
     def _quiet_since(self, ev: int, pkt: PyPkt) -> int | None:
         """When `ev`, with `pkt` its oldest packet in flight, counts as quiet (None: no RTT is known yet)."""
@@ -191,7 +203,7 @@ class Witness:
                 continue
             lead = echo.left_ns - out[1]
             if lead > self.allowance(ev, echo.ev):
-                self.fail(ev, now, DEAD)
+                self.fail(ev, now, DEAD, lead)
             elif lead > self._lead.get(ev, 0):
                 self._lead[ev] = lead
         if echo.ev in self.out and self.rec.profile.evs[echo.ev].last_delivered_sent_ns > self.out[echo.ev][1]:
@@ -242,14 +254,14 @@ class Witness:
                 wakes.append(max(quiet, self.after.get(ev, 0)))
         return min(wakes) if wakes else None
 
-    def fail(self, ev: int, now: int, why: str) -> None:
+    def fail(self, ev: int, now: int, why: str, lead: int = 0) -> None:
         """The witness of `ev` is lost: its packets in flight are lost, and the EV is suspended
         while the next witness, sent at once, decides (`config.witnesses` in a row unanswered make
         it ASSUMED_BAD)."""
         probe_id, sent_ns = self.out.pop(ev)
         self._convicted.add(probe_id)
         if len(self.verdicts) < 64:
-            self.verdicts.append((ev, sent_ns, now, why))
+            self.verdicts.append((ev, sent_ns, now, why, lead))
         self._lead.pop(ev, None)
         self.dead += 1
         rec = self.rec
@@ -269,5 +281,5 @@ class Witness:
     def summary(self) -> dict:
         return {"sent": self.sent, "answered": self.answered, "dead": self.dead, "late": self.late, "out": len(self.out),
                 "lead_us": round(self.lead_ns / 1e3, 1),
-                "verdicts": [{"ev": ev, "sent_ns": sent, "dead_ns": dead, "rule": "timer" if why == DEAD_TIMER else "plane"}
-                             for ev, sent, dead, why in self.verdicts]}
+                "verdicts": [{"ev": ev, "sent_ns": sent, "dead_ns": dead, "rule": "timer" if why == DEAD_TIMER else "plane",
+                              "lead_ns": lead} for ev, sent, dead, why, lead in self.verdicts]}
