@@ -333,6 +333,24 @@ def link_packets() -> dict[str, tuple[int, int]]:
         return packets
 
 
+def link_states() -> dict[str, tuple[bool, int, int]]:
+    """ifname -> (operationally up, tx packets, tx bytes) of every interface in the namespace this
+    thread is in, from one RTM_GETLINK dump (what a live view of the links reads several times a second)."""
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE) as sock:
+        sock.bind((0, 0))
+        body = struct.pack("=BxHiII", 0, 0, 0, 0, 0)
+        request = _HDR.pack(_HDR.size + len(body), RTM_GETLINK, NLM_F_REQUEST | NLM_F_DUMP, 1, 0) + body
+        out: dict[str, tuple[bool, int, int]] = {}
+        for kind, message in _dump(sock, request, "link dump"):
+            if kind == RTM_NEWLINK:
+                attrs = _attrs(message, _HDR.size + 16, len(message))
+                if IFLA_IFNAME in attrs and IFLA_STATS64 in attrs:
+                    _rx, tx_packets, _rx_bytes, tx_bytes = struct.unpack_from("=QQQQ", attrs[IFLA_STATS64])
+                    up = attrs.get(IFLA_OPERSTATE, b"\0")[0] == IF_OPER_UP
+                    out[attrs[IFLA_IFNAME].rstrip(b"\0").decode()] = (up, tx_packets, tx_bytes)
+        return out
+
+
 def qdisc_counters(sock: socket.socket, index: int, kind: str = "tbf") -> tuple[int, int]:
     """(bytes sent, backlog bytes) of the `kind` qdisc on interface `index`, from one RTM_GETQDISC
     dump on `sock` (a bound NETLINK_ROUTE socket in the port's namespace). About 0.2 ms; pyroute2's
