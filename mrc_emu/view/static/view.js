@@ -87,8 +87,9 @@ function drawLinks(state) {
     line.dataset.faults = kinds.join(",");
     const gbps = link.bps == null ? 0 : link.bps / 1e9;
     line.style.strokeWidth = (2.5 + Math.min(5, gbps * 2)).toFixed(1);
-    document.querySelector(`[data-link-label="${key}"]`).textContent =
-      link.state === "up" ? "" : link.state === "down" ? "down" : kinds.join(" ");
+    const label = document.querySelector(`[data-link-label="${key}"]`);
+    label.textContent = link.state === "up" ? "" : link.state === "down" ? "down" : kinds.join(" ");
+    label.classList.toggle("down", link.state === "down");
     const hit = document.querySelector(`[data-link-hit="${key}"] title`);
     hit.textContent = `${key}: ${link.state}` + (kinds.length ? ` (${link.faults.map((f) => `${f.kind} ${f.params || ""} by ${f.by}`).join("; ")})` : "")
       + (link.bps != null ? `, ${(gbps).toFixed(2)} Gbit/s` : "");
