@@ -28,7 +28,7 @@ class ReplayError(ValueError):
 def load(path: str | Path) -> tuple[Path, dict[str, Any]]:
     """results.json, given its folder or the file itself."""
     path = Path(path)
-    file = path / "results.json" if path.is_dir() else path
+    file = path if path.suffix == ".json" else path / "results.json"
     try:
         data = json.loads(file.read_text())
     except FileNotFoundError:

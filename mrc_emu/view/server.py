@@ -168,9 +168,9 @@ class Server:
         return self
 
     async def _start(self) -> None:
-        self.runner = web.AppRunner(self.view.app(), handle_signals=False, access_log=None)
+        self.runner = web.AppRunner(self.view.app(), handle_signals=False, access_log=None, shutdown_timeout=1.0)
         await self.runner.setup()
-        site = web.TCPSite(self.runner, self.host, self.port, shutdown_timeout=1.0)
+        site = web.TCPSite(self.runner, self.host, self.port)
         await site.start()
         self.port = site._server.sockets[0].getsockname()[1]  # the port the kernel gave for port 0
 
