@@ -341,14 +341,30 @@ def link_states() -> dict[str, tuple[bool, int, int]]:
         body = struct.pack("=BxHiII", 0, 0, 0, 0, 0)
         request = _HDR.pack(_HDR.size + len(body), RTM_GETLINK, NLM_F_REQUEST | NLM_F_DUMP, 1, 0) + body
         out: dict[str, tuple[bool, int, int]] = {}
+        wanted = (IFLA_IFNAME, IFLA_OPERSTATE, IFLA_STATS64)
         for kind, message in _dump(sock, request, "link dump"):
             if kind == RTM_NEWLINK:
-                attrs = _attrs(message, _HDR.size + 16, len(message))
-                if IFLA_IFNAME in attrs and IFLA_STATS64 in attrs:
-                    _rx, tx_packets, _rx_bytes, tx_bytes = struct.unpack_from("=QQQQ", attrs[IFLA_STATS64])
-                    up = attrs.get(IFLA_OPERSTATE, b"\0")[0] == IF_OPER_UP
-                    out[attrs[IFLA_IFNAME].rstrip(b"\0").decode()] = (up, tx_packets, tx_bytes)
+                found = _picked(message, _HDR.size + 16, wanted)  # three of its ~60 attributes: the rest unread
+                if IFLA_IFNAME in found and IFLA_STATS64 in found:
+                    _rx, tx_packets, _rx_bytes, tx_bytes = struct.unpack_from("=QQQQ", message, found[IFLA_STATS64])
+                    up = IFLA_OPERSTATE in found and message[found[IFLA_OPERSTATE]] == IF_OPER_UP
+                    start, end = found[IFLA_IFNAME], message.index(b"\0", found[IFLA_IFNAME])
+                    out[message[start:end].decode()] = (up, tx_packets, tx_bytes)
         return out
+
+
+def _picked(data: bytes, offset: int, kinds: tuple[int, ...]) -> dict[int, int]:
+    """kind -> offset of the payload, for the attributes of `kinds` in a message (the others skipped)."""
+    found = {}
+    end = len(data)
+    while offset + 4 <= end:
+        length, kind = struct.unpack_from("=HH", data, offset)
+        if length < 4:
+            break
+        if kind & 0x3FFF in kinds:
+            found[kind & 0x3FFF] = offset + 4
+        offset += (length + 3) & ~3
+    return found
 
 
 def qdisc_counters(sock: socket.socket, index: int, kind: str = "tbf") -> tuple[int, int]:
