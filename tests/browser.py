@@ -35,6 +35,7 @@ def missing() -> str | None:
 class Chromium:
     def __init__(self, profile: Path, width: int = 1400, height: int = 1000) -> None:
         profile.mkdir(parents=True, exist_ok=True)
+        (profile / "DevToolsActivePort").unlink(missing_ok=True)  # a profile used before: its port is gone
         self.process = subprocess.Popen([CHROMIUM, *FLAGS, f"--user-data-dir={profile}", "--remote-debugging-port=0",
                                          f"--window-size={width},{height}", "about:blank"],
                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

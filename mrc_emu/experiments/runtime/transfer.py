@@ -241,10 +241,10 @@ def _watch(workers: list[Child], specs: list[TransferSpec], control: Control,
     operations go out at once); what they report goes on the fabric's live board as it comes."""
     watch = _Watch(workers, specs, control, on_progress, linger_s, deferred, on_step)
     try:
-        until(lambda: board.step(watch.latest, watch.step()), timeout_s, "the transfers to finish", interval=0.05,
+        until(lambda: board.step(watch, watch.step()), timeout_s, "the transfers to finish", interval=0.05,
               wake=list(workers))
     except WaitTimeout:
-        board.step(watch.latest, True, "timed out")
+        board.step(watch, True, "timed out")
         raise TransferError(f"the transfers did not finish within {timeout_s:.0f} s") from None
 
 
@@ -263,10 +263,11 @@ class _LiveRun:
         self.last = 0.0
         self.command = " ".join(os.path.basename(arg) if i == 0 else arg for i, arg in enumerate(sys.argv))[:200]
 
-    def step(self, latest: dict[int, JobProgress], over: bool, error: str | None = None) -> bool:
-        for key, job in latest.items():
-            if job.ev_events:
-                self.events.setdefault(key, []).extend(job.ev_events)
+    def step(self, watch: _Watch, over: bool, error: str | None = None) -> bool:
+        latest = watch.latest
+        for key, events in watch.ev_events.items():  # each report's new events, taken once
+            self.events.setdefault(key, []).extend(events)
+        watch.ev_events.clear()
         now = time.monotonic()
         if over or now - self.last >= self.PUBLISH_S:
             self.last = now
@@ -299,6 +300,7 @@ class _Watch:
         self.primary = {k for k, s in enumerate(specs) if s.start_at is None}
         self.total = sum(s.size for k, s in enumerate(specs) if k in self.primary)
         self.latest: dict[int, JobProgress] = {}
+        self.ev_events: dict[int, list[dict]] = {}  # by transfer key: the EV events reported since the board took them
         self.done_at: float | None = None
         self.last_bar = 0.0
 
@@ -309,6 +311,9 @@ class _Watch:
         for worker in self.workers:
             while (report := worker.poll(Progress)) is not None:  # other answers wait for their expect
                 latest.update(report.jobs)
+                for key, job in report.jobs.items():
+                    if job.ev_events:
+                        self.ev_events.setdefault(key, []).extend(job.ev_events)
         acked = sum(v.bytes_acked for k, v in latest.items() if k in self.primary)
         control.bytes_acked = acked
         control.progress = acked / self.total

@@ -38,7 +38,8 @@ function drawTopology() {
     const leaves = topo.nodes.filter((n) => n.role === "leaf" && n.plane === p).map((n) => n.name);
     const columns = Math.max(spines.length, leaves.length, hosts.length);
     const width = Math.max(260, columns * 56 + 40), height = 250;
-    const svg = el("svg", { width, height, class: "plane", "data-plane": p }, box, SVG);
+    const svg = el("svg", { viewBox: `0 0 ${width} ${height}`, class: "plane", "data-plane": p }, box, SVG);
+    svg.style.width = `min(100%, ${width}px)`;  // a large plane shrinks to the panel, a small one keeps its size
     el("text", { x: 8, y: 14, class: "plane-title", text: `plane ${p}` }, svg, SVG);
     const pos = {};
     const place = (names, y) => names.forEach((n, i) => { pos[n] = [(i + 0.5) * width / names.length, y]; });
@@ -107,12 +108,13 @@ function drawLinks(state) {
       + `CE ${fmtNum(port.ce_marked)} trimmed ${fmtNum(port.trimmed)} dropped ${fmtNum(port.dropped)}`;
   }
   $("#ports-note").textContent = state.ports_note || "";
-  const score = (p) => (p.queue || 0) + (p.ce_marked_per_s || 0) + 10 * (p.trimmed_per_s || 0) + (p.ce_marked || 0) / 1e3;
+  const score = (p) => (p.queue || 0) + (p.ce_marked_per_s || 0) + 10 * (p.trimmed_per_s || 0) + (p.ce_marked || 0) / 1e3
+    + (p.packets_per_s || 0) / 1e3;
   const body = $("#ports tbody");
   body.innerHTML = "";
   for (const p of ports.sort((a, b) => score(b) - score(a)).slice(0, 8)) {
     const tr = el("tr", {}, body);
-    for (const [v, num] of [[`${p.node} ${p.ifname}`], [p.peer || ""], [p.queue, 1], [p.ce_marked_per_s, 1],
+    for (const [v, num] of [[`${p.node} ${p.ifname}`], [p.peer || ""], [p.packets_per_s, 1], [p.queue, 1], [p.ce_marked_per_s, 1],
                             [p.trimmed_per_s, 1], [p.dropped_per_s, 1], [p.ce_marked, 1], [p.trimmed, 1], [p.dropped, 1]]) {
       el("td", { text: num ? fmtNum(v) : v, class: num ? "num" : "" }, tr);
     }
@@ -167,7 +169,7 @@ function drawEvLog(state) {
 function makeChart(ids, data, xLabel) {
   const box = $("#chart");
   box.innerHTML = "";
-  const opts = { width: Math.max(320, box.clientWidth - 4), height: 200, scales: { x: { time: false } },
+  const opts = { width: Math.max(320, box.clientWidth - 4), height: 200, scales: { x: { time: false } }, legend: { live: false },
     axes: [{ label: xLabel }, { label: "Gbit/s" }],
     series: [{}, ...ids.map((id, i) => ({ label: id, stroke: COLORS[i % COLORS.length], width: 1.5, spanGaps: true }))] };
   view.chart = new uPlot(opts, data, box);
