@@ -169,11 +169,13 @@ class LiveSource:
         for snap in reversed(read_board(fabric.name)[:BOARD_RUNS]):  # oldest first: the log reads in order
             pid = snap.get("pid", 0)
             state = "finished" if snap.get("finished") else "running" if _alive(pid) else "gone"
+            dilation = snap.get("time_dilation", 1.0)  # the transport's clock K times slower: emulated rates K x
             for t in snap.get("transfers", []):
                 rate = self.meter.rate_bps(("transfer", pid, t["key"]), snap["updated_unix"], t["bytes_acked"])
                 view = {**t, "id": f"{pid}/{t['key']}", "pid": pid, "command": snap.get("command", ""), "run": state,
                         "progress": round(t["bytes_acked"] / t["size"], 4) if t["size"] else 1.0,
-                        "goodput_gbps": None if rate is None or state != "running" else round(rate / 1e9, 3),
+                        "time_dilation": dilation,
+                        "goodput_gbps": None if rate is None or state != "running" else round(rate * dilation / 1e9, 3),
                         "updated_unix": snap["updated_unix"]}
                 view.pop("ev_events", None)
                 if "evs" in view:

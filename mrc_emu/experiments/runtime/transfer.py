@@ -174,7 +174,7 @@ def run_transfers(fabric: Fabric, specs: list[TransferSpec], control: Control | 
             worker.send(Start(tuple(now_keys.get(worker, ()))))
         control.started_ns = min(s.start_ns for s in (w.expect(Started) for w in pool.workers) if s.keys)
         deferred.sort(key=lambda d: d[0])
-        board = _LiveRun(LiveBoard(fabric), specs, plans)
+        board = _LiveRun(LiveBoard(fabric), specs, plans, dilation)
         _watch(pool.workers, specs, control, on_progress, linger_s, timeout_s, deferred,
                lambda: live.push(pool.of, control.endpoint, address_of, fabric.topology), board)
         placed = {}
@@ -255,8 +255,8 @@ class _LiveRun:
 
     PUBLISH_S = 0.1
 
-    def __init__(self, board: LiveBoard, specs: list[TransferSpec], plans: list) -> None:
-        self.board, self.specs = board, specs
+    def __init__(self, board: LiveBoard, specs: list[TransferSpec], plans: list, dilation: float) -> None:
+        self.board, self.specs, self.dilation = board, specs, dilation
         self.evs = [{index: {"plane": ev.plane, "spine": ev.spine} for index, ev in qp_evs(plan).items()} for plan in plans]
         self.events: dict[int, list[dict]] = {}
         self.started_unix = time.time()
@@ -272,7 +272,7 @@ class _LiveRun:
         if over or now - self.last >= self.PUBLISH_S:
             self.last = now
             self.board.publish({"schema": "mrc-emu/live-run/1", "command": self.command, "started_unix":
-                                round(self.started_unix, 3), "finished": over, "error": error,
+                                round(self.started_unix, 3), "finished": over, "error": error, "time_dilation": self.dilation,
                                 "transfers": [self._transfer(key, latest.get(key)) for key in range(len(self.specs))]})
         return over
 

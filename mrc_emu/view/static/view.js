@@ -137,6 +137,7 @@ function drawTransfers(state) {
     el("span", { text: `${t.src} → ${t.dst}` }, head);
     el("span", { text: fmtBytes(t.size) }, head);
     el("span", { text: t.goodput_gbps != null ? `${t.goodput_gbps.toFixed(2)} Gbit/s` : "" }, head);
+    if (t.time_dilation && t.time_dilation !== 1) el("span", { class: "run", text: `(emulated, K = ${t.time_dilation})` }, head);
     el("span", { class: "run", text: `${t.run}${t.error ? ": " + t.error : ""} · ${(100 * t.progress).toFixed(1)} %` }, head);
     el("div", {}, el("div", { class: "progress" }, div)).style.width = `${(100 * t.progress).toFixed(1)}%`;
     if (!t.evs) return;
