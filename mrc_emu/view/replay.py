@@ -118,6 +118,8 @@ class ReplaySource:
                 hit = self.topo.links_between(fault["host"], self.topo.leaf_of(fault["host"], fault["plane"]))
             elif kind == "drain" and fault.get("node"):
                 drained[fault["node"]] = f"scenario ({fault['description']})"
+            elif kind == "undrain" and fault.get("node"):
+                drained.pop(fault["node"], None)  # the faults are in schedule order: a later undrain lifts a drain
             for link in hit:
                 entry = links[link_key(link)]
                 entry["faults"].append({"kind": kind, "target": fault["description"], "by": "scenario"})
@@ -132,14 +134,18 @@ class ReplaySource:
             events = fault.get("events") or []
             if fault.get("skipped") or not events or events[0]["began_ms"] > t_ms:
                 continue
-            if len(events) > 1 and not fault.get("kind") == "flap" and events[-1]["began_ms"] <= t_ms:
-                continue
+            if fault.get("kind") == "flap" and events[0].get("returned_ms", t_ms) < t_ms:
+                continue  # a flap is one action, in force while it ran
+            if len(events) > 1 and events[-1]["began_ms"] <= t_ms:
+                continue  # lifted
             found.append(fault)
         return found
 
     def _fault_list(self, data: dict[str, Any], t_ms: float) -> list[dict[str, Any]]:
-        return [{"kind": f["kind"], "target": f["description"], "by": "scenario",
-                 "since_ms": f["events"][0]["began_ms"]} for f in self._in_force(data, t_ms)]
+        _, drained = self._faults_at(data, t_ms)
+        return [{"kind": f["kind"], "target": f["description"], "by": "scenario", "since_ms": f["events"][0]["began_ms"]}
+                for f in self._in_force(data, t_ms)
+                if f["kind"] not in ("undrain", "port-enable") and (f["kind"] != "drain" or f.get("node") in drained)]
 
     @staticmethod
     def _ports(data: dict[str, Any]) -> dict[str, Any] | None:
