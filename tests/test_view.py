@@ -185,3 +185,66 @@ def test_the_view_command_says_what_is_wrong():
     assert both.exit_code == 2 and "takes no --name" in both.output
     helped = runner.invoke(cli.main, ["view", "--help"])
     assert "127.0.0.1" in helped.output and "--read-only" in helped.output and "--results" in helped.output
+
+
+# ---- the live side, on a fabric that is only a journal (no namespaces, no root) ------------------
+
+@pytest.fixture
+def journal_fabric(tmp_path, monkeypatch):
+    from mrc_emu.fabric import registry
+    from mrc_emu.fabric.running import Fabric
+
+    monkeypatch.setattr(registry, "STATE_DIR", tmp_path / "state")
+    topo = builtin()
+    fabric = Fabric("vw", topo, registry.Journal.create("vw", {"topology": topo.to_dict(), "source": topo.source}))
+    yield fabric
+    fabric.close()
+    registry.remove("vw")
+
+
+def test_the_live_board_keeps_one_snapshot_per_process_in_the_journal(journal_fabric):
+    from mrc_emu.fabric import registry
+    from mrc_emu.fabric.live import LiveBoard, read_board
+
+    mine, other = LiveBoard(journal_fabric), LiveBoard(journal_fabric, pid=1)
+    other.publish({"transfers": [], "finished": True})
+    mine.publish({"transfers": [{"key": 0}], "finished": False})
+    mine.publish({"transfers": [{"key": 0}], "finished": True})  # replaced, not added
+    board = read_board("vw")
+    assert [snap["finished"] for snap in board] == [True, True] and len(board) == 2
+    assert board[0]["updated_unix"] >= board[1]["updated_unix"]
+    assert str(mine.directory) in registry.read("vw").directories  # `down` removes it with the fabric
+    assert not list(mine.directory.glob("*.tmp"))
+
+
+def test_a_live_sample_joins_the_board_the_fault_record_and_the_controller(journal_fabric):
+    from mrc_emu.experiments.runtime.controller import ControlRecord, Selector
+    from mrc_emu.fabric.faults.fault_record import NFT, Entry, FaultRecord
+    from mrc_emu.fabric.live import LiveBoard
+    from mrc_emu.view.live import LiveSource
+
+    board = LiveBoard(journal_fabric)
+    evs = [{"ev": 0, "plane": 0, "spine": "p0s0", "state": "GOOD", "sent": 30},
+           {"ev": 1, "plane": 0, "spine": "p0s1", "state": "ASSUMED_BAD", "sent": 10}]
+    event = {"time_ms": 1.5, "ev": 1, "old": "GOOD", "new": "ASSUMED_BAD", "reason": "3 consecutive losses", "rtt_ns": None}
+    snapshot = {"command": "mrc-emu send h0 h2", "finished": False, "time_dilation": 2.0, "transfers": [
+        {"key": 0, "src": "h0", "dst": "h2", "size": 1000, "label": "", "started": True, "bytes_acked": 250,
+         "done": False, "error": None, "evs": evs, "ev_events": [event]}]}
+    board.publish(snapshot)
+    link = journal_fabric.topology.links_between("p0l0", "p0s1")[0]
+    FaultRecord(journal_fabric).add(Entry.new("blackhole", "p0l0-p0s1", NFT, [("p0s1", link.b_intf)], [link.link_id]))
+    ControlRecord(journal_fabric).deny(Selector(node="p1s2"), by="test")
+    source = LiveSource("vw")
+    first = source.sample()
+    (transfer,) = first["transfers"]
+    assert transfer["run"] == "running" and transfer["progress"] == 0.25 and transfer["goodput_gbps"] is None
+    assert [(e["ev"], e["state"], e["share"]) for e in transfer["evs"]] == [(0, "GOOD", 0.75), (1, "ASSUMED_BAD", 0.25)]
+    assert first["ev_log"] == [{**event, "transfer": transfer["id"], "src": "h0", "dst": "h2"}]
+    assert first["links"]["p0l0-p0s1"]["faults"][0]["kind"] == "blackhole"
+    assert first["spines"]["p1s2"] == {"drained": True, "by": "test"} and not first["spines"]["p0s1"]["drained"]
+    assert first["ports"] is None and "no link_rate" in first["ports_note"]
+    snapshot["transfers"][0]["bytes_acked"] = 750
+    board.publish(snapshot)
+    later = source.sample()["transfers"][0]
+    assert later["progress"] == 0.75 and later["goodput_gbps"] > 0  # 500 B over the snapshots' interval, x K = 2
+    source.close()
