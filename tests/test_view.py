@@ -177,8 +177,10 @@ def test_the_page_shows_the_replayed_ev_event(served, tmp_path):
         page.screenshot(tmp_path / "replay.png")
 
 
-def test_the_view_command_says_what_is_wrong():
+def test_the_view_command_says_what_is_wrong(served):
     runner = CliRunner()
+    taken = runner.invoke(cli.main, ["view", "--results", str(DEMO), "--port", served.rsplit(":", 1)[1].strip("/")])
+    assert taken.exit_code == 1 and "cannot listen on 127.0.0.1" in taken.output and "give another --port" in taken.output
     missing = runner.invoke(cli.main, ["view", "--results", "/nonexistent/run"])
     assert missing.exit_code == 1 and "no results.json at /nonexistent/run/results.json" in missing.output
     both = runner.invoke(cli.main, ["view", "--results", str(DEMO), "--name", "x"])

@@ -24,9 +24,9 @@ def serve(view, host: str, port: int):
 
     try:
         return Server(view, host, port).start()
-    except OSError as exc:
-        raise click.ClickException(f"cannot listen on {host}:{port} ({exc.strerror or exc}): "
-                                   f"give another --port (0: any free one)") from None
+    except OSError as exc:  # a ValueError: one line, exit 1, as every known error
+        raise ValueError(f"cannot listen on {host}:{port} ({exc.strerror or exc}): give another --port (0: any free "
+                         f"one)") from None
 
 
 @click.command()

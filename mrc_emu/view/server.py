@@ -164,7 +164,11 @@ class Server:
 
     def start(self) -> Server:
         self.thread.start()
-        asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(timeout=30)
+        try:
+            asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(timeout=30)
+        except BaseException:  # the address in use, say: nothing left running
+            self.stop()
+            raise
         return self
 
     async def _start(self) -> None:
