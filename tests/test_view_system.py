@@ -177,3 +177,41 @@ def test_a_running_write_shows_its_evs_and_their_events_on_the_state_stream(defa
     shares = {e["ev"]: e["share"] for e in final["evs"]}
     assert abs(sum(shares.values()) - 1) < 0.01
     assert shares[1] < min(s for ev, s in shares.items() if ev != 1)  # the blackholed EV carried least
+
+
+SCENARIO = """name: view-run
+description: One WRITE, no fault, for run --view.
+topology: default
+transports: [mrc]
+routing: none
+workloads:
+  - {kind: write, src: h0, dst: h2, size: 16MiB}
+faults: []
+"""
+
+
+def test_run_with_view_follows_the_scenarios_own_fabric(tmp_path):
+    """`run --view`: the page's state follows the fabric the scenario builds (whatever its name)
+    and shows its WRITE; read-only; the view ends with the run."""
+    (tmp_path / "scn.yaml").write_text(SCENARIO)
+    run = subprocess.Popen([MRC_EMU, "run", str(tmp_path / "scn.yaml"), "--view", "--view-port", "0", "--out",
+                            str(tmp_path / "out"), "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = run.stderr.readline()
+        while "view: http" not in line:
+            assert line, f"run --view said no URL: {run.stdout.read()}"
+            line = run.stderr.readline()
+        url = line.split("view: ", 1)[1].split()[0]
+        assert url.startswith("http://127.0.0.1:")
+        seen = next(s for s in states(url) if s["fabric"] and any(t["src"] == "h0" for t in s["transfers"]))
+        assert post(url, {"action": "down", "link": ["p0l0", "p0s1"]}) == (
+            403, {"ok": False, "error": "actions are off: this view was started with --read-only"})
+    finally:
+        out, err = run.communicate(timeout=600)
+    assert run.returncode == 0, err
+    results = json.loads(out)
+    assert seen["fabric"] == results["fabric"]
+    (transfer,) = [t for t in seen["transfers"] if t["src"] == "h0"]
+    assert (transfer["dst"], transfer["size"], transfer["pid"]) == ("h2", 16 * 2**20, run.pid)
+    with pytest.raises(urllib.error.URLError):  # the view ended with the run
+        urllib.request.urlopen(f"{url}api/topology", timeout=5)

@@ -117,10 +117,11 @@ class LiveSource:
     def _links(self, fabric: Fabric, faults: list[Entry], now: float) -> dict[str, Any]:
         stats: dict[str, dict[str, tuple[bool, int, int]]] = {}
         for node in fabric.topology.nodes:
-            path = fabric.netns(node)
-            if path.exists():
-                with netns.entered(path):
+            try:
+                with netns.entered(fabric.netns(node)):
                     stats[node] = netlink.link_states()
+            except OSError:  # not there (yet, or any more: a fabric being built or taken down): its links are down
+                continue
         on_link: dict[int, list[dict[str, Any]]] = {}
         for entry in faults:
             for link_id in entry.links:

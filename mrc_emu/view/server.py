@@ -105,7 +105,12 @@ class View:
     async def _stream_live(self, response: web.StreamResponse) -> None:
         while True:
             started = time.monotonic()
-            await self._send(response, "state", await self._live_state())
+            try:
+                state = await self._live_state()
+            except Exception as exc:  # a sample that failed (a fabric changing under it): said, and the next one tried
+                await self._send(response, "problem", {"error": f"sampling the fabric failed: {exc}"})
+            else:
+                await self._send(response, "state", state)
             await asyncio.sleep(max(0.0, self.interval_s - (time.monotonic() - started)))
 
     async def _stream_replay(self, request: web.Request, response: web.StreamResponse) -> None:

@@ -272,6 +272,7 @@ function listen(url) {
   view.source = new EventSource(url);
   view.source.addEventListener("state", (e) => render(JSON.parse(e.data)));
   view.source.addEventListener("end", () => { view.source.close(); view.source = null; $("#replay-play").textContent = "play"; });
+  view.source.addEventListener("problem", (e) => message(JSON.parse(e.data).error, false));  // a sample failed
   view.source.addEventListener("error", () => { if (view.topo.mode === "live") $("#mode").textContent = "reconnecting..."; });
 }
 
