@@ -250,3 +250,21 @@ def test_a_live_sample_joins_the_board_the_fault_record_and_the_controller(journ
     later = source.sample()["transfers"][0]
     assert later["progress"] == 0.75 and later["goodput_gbps"] > 0  # 500 B over the snapshots' interval, x K = 2
     source.close()
+
+
+def test_a_read_only_live_view_refuses_actions_and_serves_the_state(journal_fabric):
+    from mrc_emu.view.live import LiveSource
+
+    server = Server(View(LiveSource("vw"), read_only=True), port=0).start()
+    try:
+        topo = get(f"{server.url}api/topology")
+        assert topo["mode"] == "live" and topo["read_only"] and topo["fabric"] == "vw" and len(topo["links"]) == 24
+        assert get(f"{server.url}api/state")["fabric"] == "vw"
+        request = urllib.request.Request(f"{server.url}api/action", method="POST",
+                                         data=b'{"action": "drain", "spine": "p0s1"}')
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=30)
+        assert refused.value.code == 403 and "started with --read-only" in json.load(refused.value)["error"]
+    finally:
+        server.stop()
+        server.view.source.close()

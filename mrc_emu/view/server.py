@@ -79,7 +79,10 @@ class View:
 
     async def state(self, request: web.Request) -> web.Response:
         if self.sampler is not None:
-            return _json(await self._live_state())
+            try:
+                return _json(await self._live_state())
+            except Exception as exc:  # as on the stream: said, and the next request tries again
+                return _json({"error": f"sampling the fabric failed: {exc}"}, 503)
         try:
             run, t_ms = self._replay_args(request)
             return _json(self.source.state(run, t_ms))
