@@ -62,6 +62,9 @@ def test_the_replay_marks_the_ev_assumed_bad_at_the_time_the_report_gives(demo):
                                                                  "by": "scenario"}], "bps": None}
     assert at["transfers"][0]["evs"][ev]["spine"] == fault["link"][1]
     assert sum(v["state"] != "up" for v in at["links"].values()) == 1
+    # and the spray moves off it: of what was sent over the 10 ms after, nothing on that EV, the rest on the others
+    after = {e["ev"]: e for e in demo.state("mrc", when + 15)["transfers"][0]["evs"]}
+    assert after[ev]["share_recent"] == 0 and all(e["share_recent"] > 0.05 for k, e in after.items() if k != ev)
 
 
 def test_the_replay_follows_the_transfer_from_start_to_completion(demo):
@@ -246,9 +249,11 @@ def test_a_live_sample_joins_the_board_the_fault_record_and_the_controller(journ
     assert first["spines"]["p1s2"] == {"drained": True, "by": "test"} and not first["spines"]["p0s1"]["drained"]
     assert first["ports"] is None and "no link_rate" in first["ports_note"]
     snapshot["transfers"][0]["bytes_acked"] = 750
+    evs[0]["sent"], evs[1]["sent"] = 60, 10  # since: 30 more on EV 0, none on EV 1
     board.publish(snapshot)
     later = source.sample()["transfers"][0]
     assert later["progress"] == 0.75 and later["goodput_gbps"] > 0  # 500 B over the snapshots' interval, x K = 2
+    assert [(e["share"], e["share_recent"]) for e in later["evs"]] == [(round(60 / 70, 4), 1.0), (round(10 / 70, 4), 0.0)]
     source.close()
 
 

@@ -25,7 +25,7 @@ from ..fabric.faults.fault_record import Entry, FaultRecord
 from ..fabric.kernel import netlink, netns
 from ..fabric.live import read_board
 from ..fabric.running import Fabric
-from .model import EV_LOG_MAX, SCHEMA_STATE, RateMeter, ev_shares, link_key, spines, topology_view
+from .model import EV_LOG_MAX, SCHEMA_STATE, RateMeter, SentHistory, ev_shares, link_key, spines, topology_view
 
 BOARD_RUNS = 4  # runs of the live board shown, the most recently updated first
 
@@ -51,6 +51,7 @@ class LiveSource:
         self.name, self.owner_pid = name, owner_pid
         self.fabric: Fabric | None = None
         self.meter = RateMeter()
+        self.sent = SentHistory()
         self.previous_ports: dict[tuple[str, str], tuple[float, dict[str, int]]] = {}
         self.lock = threading.Lock()
         if name is not None:
@@ -79,6 +80,7 @@ class LiveSource:
             self.fabric.close()
             self.fabric = None
             self.meter = RateMeter()
+            self.sent = SentHistory()
             self.previous_ports = {}
 
     def topology(self) -> dict[str, Any]:
@@ -181,7 +183,8 @@ class LiveSource:
                 view.pop("ev_events", None)
                 if "evs" in view:
                     view["evs"] = [dict(e) for e in view["evs"]]
-                    ev_shares(view["evs"])
+                    sent = {e["ev"]: e["sent"] for e in view["evs"]}
+                    ev_shares(view["evs"], self.sent.before(("transfer", pid, t["key"]), snap["updated_unix"], sent))
                 transfers.append(view)
                 ev_log += [{**e, "transfer": view["id"], "src": t["src"], "dst": t["dst"]} for e in t.get("ev_events", [])]
         return transfers, ev_log

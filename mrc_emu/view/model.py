@@ -54,8 +54,29 @@ class RateMeter:
         return max(0.0, (samples[-1][1] - samples[0][1]) * 8 / (samples[-1][0] - samples[0][0]))
 
 
-def ev_shares(evs: list[dict[str, Any]]) -> None:
-    """Each EV's share of the packets sent so far (in place: 'share' from 'sent')."""
+def ev_shares(evs: list[dict[str, Any]], before: dict[int, int] | None = None) -> None:
+    """Each EV's share of the packets sent so far ('share', from 'sent'), and with the counts of a
+    moment `before`, of those sent since ('share_recent': where the spray goes now; None if none
+    was sent since), in place."""
     total = sum(e.get("sent", 0) for e in evs) or 1
+    recent = {e["ev"]: e.get("sent", 0) - before.get(e["ev"], 0) for e in evs} if before is not None else {}
+    recent_total = sum(recent.values())
     for e in evs:
         e["share"] = round(e.get("sent", 0) / total, 4)
+        e["share_recent"] = round(recent[e["ev"]] / recent_total, 4) if recent_total > 0 else None
+
+
+class SentHistory:
+    """Per transfer, its EVs' packets sent at successive moments: the counts `window_s` ago."""
+
+    def __init__(self, window_s: float = 0.5) -> None:
+        self.window_s = window_s
+        self.samples: dict[Any, list[tuple[float, dict[int, int]]]] = {}
+
+    def before(self, key: Any, at_s: float, sent: dict[int, int]) -> dict[int, int] | None:
+        samples = self.samples.setdefault(key, [])
+        if not samples or at_s > samples[-1][0]:
+            samples.append((at_s, sent))
+        while len(samples) > 2 and samples[-1][0] - samples[1][0] >= self.window_s:
+            samples.pop(0)
+        return samples[0][1] if len(samples) > 1 else None

@@ -19,6 +19,7 @@ from ..topology import TopologyError, resolve
 from .model import EV_LOG_MAX, SCHEMA_STATE, ev_shares, link_key, spines, topology_view
 
 GOODPUT_WINDOW_MS = 2.0  # a replayed transfer's goodput: bytes acknowledged over the last 2 ms (docs/results.md)
+RECENT_MS = 10.0  # an EV's recent share: of the packets sent over the last 10 ms (ev_timeline has a sample every ~5 ms)
 
 
 class ReplayError(ValueError):
@@ -171,9 +172,10 @@ class ReplaySource:
                 events.append({**e, "run_ms": round(offset + e["time_ms"], 3), "transfer": f"{run}/{index}",
                                "src": t["src"], "dst": t["dst"]})
         sent = _sent_at(t.get("ev_timeline") or [], local)
+        earlier = _sent_at(t.get("ev_timeline") or [], local - RECENT_MS)
         evs = [{"ev": e["ev"], "plane": e.get("plane"), "spine": e.get("spine"), "state": states.get(e["ev"], "GOOD"),
                 "sent": sent[i] if i < len(sent) else 0} for i, e in enumerate(t.get("per_ev", []))]
-        ev_shares(evs)
+        ev_shares(evs, {e["ev"]: earlier[i] if i < len(earlier) else 0 for i, e in enumerate(evs)})
         view = {"id": f"{run}/{index}", "key": index, "src": t["src"], "dst": t["dst"], "size": t["size"],
                 "label": t.get("label", ""), "started": local >= 0, "bytes_acked": acked, "done": done,
                 "error": t.get("error") if done else None, "run": "finished" if done else "running",

@@ -143,12 +143,14 @@ function drawTransfers(state) {
     if (!t.evs) return;
     const shares = el("div", { class: "shares" }, div);
     const evs = el("div", { class: "evs" }, div);
+    const recent = t.evs.some((e) => e.share_recent != null);  // the bar: where the spray goes now, if known
     t.evs.forEach((e, i) => {
-      const part = el("div", { title: `EV ${e.ev}: ${(100 * e.share).toFixed(1)} %` }, shares);
-      part.style.width = `${100 * e.share}%`;
+      const now = e.share_recent != null ? ` · now ${(100 * e.share_recent).toFixed(0)}%` : "";
+      const part = el("div", { title: `EV ${e.ev}: ${(100 * e.share).toFixed(1)} % of all sent${now}` }, shares);
+      part.style.width = `${100 * (recent ? e.share_recent || 0 : e.share)}%`;
       part.style.background = e.state === "GOOD" ? COLORS[i % COLORS.length] : e.state === "DENIED" ? "#b0b6c2" : "#c62828";
       el("span", { class: `ev ${e.state}`, "data-ev": e.ev, "data-ev-state": e.state,
-                   text: `EV ${e.ev} ${e.spine || ""} ${(100 * e.share).toFixed(1)}% ${e.state === "GOOD" ? "" : e.state}` }, evs);
+                   text: `EV ${e.ev} ${e.spine || ""} ${(100 * e.share).toFixed(1)}%${now} ${e.state === "GOOD" ? "" : e.state}` }, evs);
     });
   });
 }
