@@ -256,7 +256,8 @@ class _LiveRun:
     PUBLISH_S = 0.1
 
     def __init__(self, board: LiveBoard, specs: list[TransferSpec], plans: list, dilation: float) -> None:
-        self.board, self.specs, self.dilation = board, specs, dilation
+        self.board: LiveBoard | None = board
+        self.specs, self.dilation = specs, dilation
         self.evs = [{index: {"plane": ev.plane, "spine": ev.spine} for index, ev in qp_evs(plan).items()} for plan in plans]
         self.events: dict[int, list[dict]] = {}
         self.started_unix = time.time()
@@ -269,11 +270,15 @@ class _LiveRun:
             self.events.setdefault(key, []).extend(events)
         watch.ev_events.clear()
         now = time.monotonic()
-        if over or now - self.last >= self.PUBLISH_S:
+        if self.board is not None and (over or now - self.last >= self.PUBLISH_S):
             self.last = now
-            self.board.publish({"schema": "mrc-emu/live-run/1", "command": self.command, "started_unix":
-                                round(self.started_unix, 3), "finished": over, "error": error, "time_dilation": self.dilation,
-                                "transfers": [self._transfer(key, latest.get(key)) for key in range(len(self.specs))]})
+            try:
+                self.board.publish({"schema": "mrc-emu/live-run/1", "command": self.command, "started_unix":
+                                    round(self.started_unix, 3), "finished": over, "error": error,
+                                    "time_dilation": self.dilation,
+                                    "transfers": [self._transfer(key, latest.get(key)) for key in range(len(self.specs))]})
+            except OSError:
+                self.board = None  # a board that cannot be written (/run full, say) never stops the transfers
         return over
 
     def _transfer(self, key: int, job: JobProgress | None) -> dict:
