@@ -28,6 +28,8 @@ from ..fabric.running import Fabric
 from .model import EV_LOG_MAX, SCHEMA_STATE, RateMeter, SentHistory, ev_shares, link_key, spines, topology_view
 
 BOARD_RUNS = 4  # runs of the live board shown, the most recently updated first
+LINK_DUTY = 0.2  # the link dumps take at most this share of the wall time: on `large` (320 namespaces, ~100 ms
+# a dump of all) links are read every ~0.5 s, on `default` or `incast` (a few ms) at every sample
 
 
 def fault_view(entry: Entry) -> dict[str, Any]:
@@ -53,6 +55,9 @@ class LiveSource:
         self.meter = RateMeter()
         self.sent = SentHistory()
         self.previous_ports: dict[tuple[str, str], tuple[float, dict[str, int]]] = {}
+        self.link_stats: dict[str, dict[str, tuple[bool, int, int]]] = {}
+        self.link_read_at, self.link_read_cost = 0.0, 0.0  # monotonic time of the last link dumps, their duration
+        self.link_read_unix = 0.0  # and its unix time: a link's throughput is between two reads
         self.lock = threading.Lock()
         if name is not None:
             self.fabric = Fabric.open(name)  # a fabric that is not running: the error says how to start one
@@ -81,7 +86,7 @@ class LiveSource:
             self.fabric = None
             self.meter = RateMeter()
             self.sent = SentHistory()
-            self.previous_ports = {}
+            self.previous_ports, self.link_stats = {}, {}
 
     def topology(self) -> dict[str, Any]:
         fabric = self.current()
@@ -112,11 +117,16 @@ class LiveSource:
         transfers, ev_log = self._transfers(fabric)
         port_view, port_note = self._ports(fabric, now)
         return {"schema": SCHEMA_STATE, "mode": self.mode, "fabric": fabric.name, "time_unix": round(now, 3),
-                "links": self._links(fabric, faults, now), "spines": self._spines(fabric),
+                "links": self._links(fabric, faults), "spines": self._spines(fabric),
                 "ports": port_view, "ports_note": port_note, "transfers": transfers, "ev_log": ev_log[-EV_LOG_MAX:],
                 "faults": [fault_view(e) for e in faults]}
 
-    def _links(self, fabric: Fabric, faults: list[Entry], now: float) -> dict[str, Any]:
+    def _read_links(self, fabric: Fabric) -> dict[str, dict[str, tuple[bool, int, int]]]:
+        """Every namespace's link dump, or the last ones while reading them again would take more
+        than LINK_DUTY of the time since."""
+        started = time.monotonic()
+        if self.link_stats and started - self.link_read_at < self.link_read_cost / LINK_DUTY:
+            return self.link_stats
         stats: dict[str, dict[str, tuple[bool, int, int]]] = {}
         for node in fabric.topology.nodes:
             try:
@@ -124,6 +134,12 @@ class LiveSource:
                     stats[node] = netlink.link_states()
             except OSError:  # not there (yet, or any more: a fabric being built or taken down): its links are down
                 continue
+        self.link_stats, self.link_read_at, self.link_read_unix = stats, started, time.time()
+        self.link_read_cost = time.monotonic() - started
+        return stats
+
+    def _links(self, fabric: Fabric, faults: list[Entry]) -> dict[str, Any]:
+        stats = self._read_links(fabric)
         on_link: dict[int, list[dict[str, Any]]] = {}
         for entry in faults:
             for link_id in entry.links:
@@ -134,7 +150,7 @@ class LiveSource:
             up = bool(a and b and a[0] and b[0])
             held = on_link.get(link.link_id, [])
             sent = (a[2] if a else 0) + (b[2] if b else 0)
-            rate = self.meter.rate_bps(("link", link.link_id), now, sent)
+            rate = self.meter.rate_bps(("link", link.link_id), self.link_read_unix, sent)
             out[link_key(link)] = {"state": "up" if up and not held else "down" if not up else "faulted",
                                    "faults": held, "bps": None if rate is None else round(rate)}
         return out

@@ -363,6 +363,8 @@ def _picked(data: bytes, offset: int, kinds: tuple[int, ...]) -> dict[int, int]:
             break
         if kind & 0x3FFF in kinds:
             found[kind & 0x3FFF] = offset + 4
+            if len(found) == len(kinds):
+                break  # the rest (statistics, XDP, address families...) unread
         offset += (length + 3) & ~3
     return found
 

@@ -5,7 +5,9 @@
 
 const SVG = "http://www.w3.org/2000/svg";
 const COLORS = ["#3f6fd8", "#d8603f", "#2e9d6a", "#9b4fd8", "#d8b53f", "#3fb6d8", "#d83f8a", "#6b7385"];
-const view = { topo: null, state: null, received: [], chart: null, chartKey: "", series: {}, source: null, t: 0 };
+const MAX_HOSTS_DRAWN = 24;  // more hosts than this per plane (large, huge): the planes are drawn without them
+const view = { topo: null, state: null, received: [], chart: null, chartKey: "", series: {}, source: null,
+               links: new Map(), ports: new Map(), nodes: new Map() };  // the drawn elements by link key, port, node
 window.mrcView = view;  // for scripts and tests: the last topology and state the page drew
 
 const $ = (sel) => document.querySelector(sel);
@@ -32,7 +34,9 @@ function message(text, ok) {
 function drawTopology() {
   const topo = view.topo, box = $("#planes");
   box.innerHTML = "";
-  const hosts = topo.nodes.filter((n) => n.role === "host").map((n) => n.name);
+  const allHosts = topo.nodes.filter((n) => n.role === "host").map((n) => n.name);
+  const hosts = allHosts.length <= MAX_HOSTS_DRAWN ? allHosts : [];
+  if (!hosts.length && allHosts.length) el("p", { class: "note", text: `${allHosts.length} hosts per plane: drawn without them (spines and leaves only)` }, box);
   for (let p = 0; p < topo.planes; p++) {
     const spines = topo.nodes.filter((n) => n.role === "spine" && n.plane === p).map((n) => n.name);
     const leaves = topo.nodes.filter((n) => n.role === "leaf" && n.plane === p).map((n) => n.name);
@@ -44,26 +48,30 @@ function drawTopology() {
     const pos = {};
     const place = (names, y) => names.forEach((n, i) => { pos[n] = [(i + 0.5) * width / names.length, y]; });
     place(spines, 45); place(leaves, 130); place(hosts, 215);
+    if (!hosts.length) svg.setAttribute("viewBox", `0 0 ${width} 165`);
     const linkLayer = el("g", {}, svg, SVG), portLayer = el("g", {}, svg, SVG), nodeLayer = el("g", {}, svg, SVG);
-    for (const link of topo.links.filter((l) => l.plane === p)) {
+    for (const link of topo.links.filter((l) => l.plane === p && pos[l.a] && pos[l.b])) {
       const [x1, y1] = pos[link.a], [x2, y2] = pos[link.b];
       const g = el("g", {}, linkLayer, SVG);
-      el("line", { x1, y1, x2, y2, class: "link", "data-link": link.key, "data-state": "up" }, g, SVG);
+      const line = el("line", { x1, y1, x2, y2, class: "link", "data-link": link.key, "data-state": "up" }, g, SVG);
       const hit = el("line", { x1, y1, x2, y2, class: "link-hit", "data-link-hit": link.key }, g, SVG);
-      el("title", { text: link.key }, hit, SVG);
-      el("text", { x: (x1 + x2) / 2 + 4, y: (y1 + y2) / 2, class: "link-label", "data-link-label": link.key }, g, SVG);
+      const title = el("title", { text: link.key }, hit, SVG);
+      const label = el("text", { x: (x1 + x2) / 2 + 4, y: (y1 + y2) / 2, class: "link-label", "data-link-label": link.key }, g, SVG);
       hit.addEventListener("click", (ev) => linkMenu(link, ev));
+      view.links.set(link.key, { line, title, label });
       for (const [node, intf, far] of [[link.a, link.a_intf, link.b], [link.b, link.b_intf, link.a]]) {
         const [xa, ya] = pos[node], [xb, yb] = pos[far];
         const dot = el("circle", { cx: xa + (xb - xa) * 0.22, cy: ya + (yb - ya) * 0.22, r: 4.5, class: "port",
                                    "data-port": `${node}:${intf}`, fill: "#ffffff" }, portLayer, SVG);
         el("title", { text: `${node} ${intf} -> ${far}` }, dot, SVG);
+        view.ports.set(`${node}:${intf}`, dot);
       }
     }
     for (const name of [...spines, ...leaves, ...hosts]) {
       const role = spines.includes(name) ? "spine" : leaves.includes(name) ? "leaf" : "host";
       const [x, y] = pos[name];
       const g = el("g", { class: `node ${role}`, "data-node": name }, nodeLayer, SVG);
+      view.nodes.set(name, g);
       if (role === "host") el("circle", { cx: x, cy: y, r: 14 }, g, SVG);
       else el("rect", { x: x - 22, y: y - 11, width: 44, height: 22, rx: 4 }, g, SVG);
       el("text", { x, y, text: name }, g, SVG);
@@ -81,27 +89,27 @@ function heatColor(h) { return `hsl(${Math.round(120 - 120 * h)}, 75%, ${Math.ro
 
 function drawLinks(state) {
   for (const [key, link] of Object.entries(state.links || {})) {
-    const line = document.querySelector(`[data-link="${key}"]`);
-    if (!line) continue;
-    line.dataset.state = link.state;
+    const drawn = view.links.get(key);
+    if (!drawn) continue;  // a host's link on a plane drawn without hosts
+    const { line, label, title } = drawn;
     const kinds = link.faults.map((f) => f.kind);
-    line.dataset.faults = kinds.join(",");
     const gbps = link.bps == null ? 0 : link.bps / 1e9;
+    const text = link.state === "up" ? "" : link.state === "down" ? "down" : kinds.join(" ");
+    line.dataset.state = link.state;
+    line.dataset.faults = kinds.join(",");
     line.style.strokeWidth = (2.5 + Math.min(5, gbps * 2)).toFixed(1);
-    const label = document.querySelector(`[data-link-label="${key}"]`);
-    label.textContent = link.state === "up" ? "" : link.state === "down" ? "down" : kinds.join(" ");
+    label.textContent = text;
     label.classList.toggle("down", link.state === "down");
-    const hit = document.querySelector(`[data-link-hit="${key}"] title`);
-    hit.textContent = `${key}: ${link.state}` + (kinds.length ? ` (${link.faults.map((f) => `${f.kind} ${f.params || ""} by ${f.by}`).join("; ")})` : "")
+    title.textContent = `${key}: ${link.state}` + (kinds.length ? ` (${link.faults.map((f) => `${f.kind} ${f.params || ""} by ${f.by}`).join("; ")})` : "")
       + (link.bps != null ? `, ${(gbps).toFixed(2)} Gbit/s` : "");
   }
   for (const [name, spine] of Object.entries(state.spines || {})) {
-    const g = document.querySelector(`[data-node="${name}"]`);
+    const g = view.nodes.get(name);
     if (g) g.dataset.drained = spine.drained ? "true" : "false";
   }
   const ports = Object.values(state.ports || {});
-  for (const dot of document.querySelectorAll("[data-port]")) {
-    const port = (state.ports || {})[dot.dataset.port];
+  for (const [name, dot] of view.ports) {
+    const port = (state.ports || {})[name];
     dot.setAttribute("fill", port && port.queue != null ? heatColor(heat(port)) : "#ffffff");
     dot.setAttribute("r", port && (port.trimmed_per_s || port.dropped_per_s) ? 6 : 4.5);
     if (port) dot.firstChild.textContent = `${port.node} ${port.ifname} -> ${port.peer}: queue ${fmtNum(port.queue)} B, `
