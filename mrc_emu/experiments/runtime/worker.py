@@ -27,12 +27,16 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any
 
+from ...api.errors import MrcApiError
+from ...api.files import ProfileFile
+from ...api.formats import EvFormatMode
 from ...fabric.kernel import netns
 from ...fabric.procs import Parent, Stop
 from ...io.loop import Clock, EventLoop, Horizon, Port
 from ...io.sockets import udp_receiver
 from ...transport.config import QpConfig
 from ...transport.endpoint import HostEndpoint
+from ...transport.multipath.evvalues import ValuePaths
 from ...transport.multipath.paths import Path
 from ...transport.mux import HostMux
 from ...transport.responder import Responder
@@ -74,6 +78,8 @@ class Accept:
     peer: str  # the requester's address
     config: QpConfig
     recvs: int = 0  # receives posted before the WRITE starts (one per WRITE_WITH_IMM: MRC has no RNR)
+    mode: EvFormatMode | None = None  # the api format of its EV profile (None: from the paths)
+    caps: int = 0  # its api QP caps (QpCap): TRIM_NACK_DEST_UNSUPPORTED, SVC_TIME_DEST_UNSUPPORTED
 
 
 @dataclass(frozen=True)
@@ -92,6 +98,9 @@ class Prepare:
     region: dict[str, Any]  # the remote region: rkey, va, length
     size: int
     imm: int | None
+    values: ValuePaths | None = None  # how its EVs' values become paths: the requester follows its profile's
+    cc_config: dict[str, Any] | None = None  # its CC profile's config
+    profile: ProfileFile | None = None  # the EV profile file its EVs come from: the host's controller holds it
 
 
 @dataclass(frozen=True)
@@ -110,6 +119,18 @@ class SetEvStates:
     deny: tuple[int, ...]
     allow: tuple[int, ...]
     reason: str
+
+
+@dataclass(frozen=True)
+class ReplaceEv:
+    """REPLACE_EV on the EV profile of transfer `key`'s QP: EV `ev` takes `value` on `port` (None: its own);
+    `value` None puts its first value back."""
+
+    key: int
+    ev: int
+    value: bytes | None
+    port: int | None
+    ident: str  # the controller record's id of the REPLACE_EV (its answer names it)
 
 
 @dataclass(frozen=True)
@@ -158,6 +179,9 @@ class JobProgress:
 @dataclass(frozen=True)
 class Progress:
     jobs: dict[int, JobProgress]  # by transfer key, for the WRITEs this worker's hosts posted
+    # per host: the EV events its controller queued since the last report (hostctl.take_events), and drops
+    ev_queues: dict[str, tuple[list[dict[str, Any]], int]] = field(default_factory=dict)
+    replaced: tuple[tuple[int, int, str], ...] = ()  # (key, EV, why not) of each refused ReplaceEv ("" = done)
 
 
 @dataclass(frozen=True)
@@ -216,7 +240,9 @@ class _Worker:
         self.ctl = {name: HostControl(name, max(1, len(spec.ports))) for name, spec in hosts.items()}  # OCP controllers
         self.ops = WorkerOps(parent, loop, ports)  # EV_PROBE batches, port status (experiments/runtime/endpoint_ops.py)
         self.handlers = {Accept: self.accept, Prepare: self.prepare, Start: self.start, Hash: self.hash,
-                         SetEvStates: self.set_ev_states, Stop: self.stop, **self.ops.handlers}
+                         SetEvStates: self.set_ev_states, ReplaceEv: self.replace_ev, Stop: self.stop,
+                         **self.ops.handlers}
+        self.replaced: list[tuple[int, int, str]] = []
         self.handlers[SetPortStatus] = self.set_port_status
     def on_control(self) -> None:
         while self.parent.poll():
@@ -226,17 +252,24 @@ class _Worker:
     def accept(self, msg: Accept) -> None:
         port = self.ports[msg.host]
         responder, mr = accept_write(port.mux, self.ctl[msg.host], msg.key, msg.size, msg.qpn, msg.peer_qpn,
-                                     msg.start_psn, msg.back, msg.peer, msg.config, msg.recvs, secrets.randbits)
+                                     msg.start_psn, msg.back, msg.peer, msg.config, msg.recvs, secrets.randbits,
+                                     msg.mode, msg.caps)
         self.responders[msg.key], self.regions[msg.key] = responder, mr
         self.loop.add_endpoint(responder, port, first=True)
         self.parent.send(Accepted(msg.key, mr.to_dict()))
 
     def prepare(self, msg: Prepare) -> None:
+        profile_id = None
+        if msg.profile is not None:  # made on the host's controller as the file says, bound by id
+            ports = {ev: (path.plane or 0) + 1 for ev, path in msg.forward.items()}
+            peer = next(iter(msg.forward.values())).template.ends.dst
+            profile_id = self.ctl[msg.host].load_profile(msg.profile, peer, ports)
         data = os.urandom(msg.size)
         digest = hashlib.sha256(data).hexdigest()  # before the clock starts: hashing is not the transfer
         self.jobs[msg.key] = prepare_write(self.ports[msg.host].mux, self.ctl[msg.host], msg.key, msg.host, msg.qpn,
                                            msg.dest_qp, msg.forward, msg.config, msg.cc, msg.ev_min_active,
-                                           msg.start_psn, msg.region, data, digest, msg.imm, secrets.randbits)
+                                           msg.start_psn, msg.region, data, digest, msg.imm, secrets.randbits,
+                                           msg.values, msg.cc_config, profile_id)
         self.parent.send(Prepared(msg.key))
 
     def start(self, msg: Start) -> None:
@@ -259,12 +292,34 @@ class _Worker:
         job.ev_ops.append({"time_ns": now, "deny": list(msg.deny), "allow": list(msg.allow), "reason": msg.reason,
                            "sent": {str(ev): s.packets_sent for ev, s in profile.evs.items()}})  # str: as JSON has it
 
+    def replace_ev(self, msg: ReplaceEv) -> None:
+        """The controller's REPLACE_EV on the QP's EV profile: its frames follow at the next pump."""
+        job = self.jobs.get(msg.key)
+        why = "no such transfer here"
+        if job is not None:
+            profile, now = job.requester.profile, self.clock.now()
+            try:
+                old = self.ctl[job.host].replace_ev(profile.api.profile_id, msg.ev, msg.value, msg.port)
+                why = ""
+            except (ValueError, MrcApiError) as exc:
+                why = str(exc)
+            else:
+                job.ev_ops.append({"time_ns": now, "deny": [], "allow": [], "replace": msg.ev,
+                                   "old": old[0].rstrip(bytes(1)).hex(), "value": msg.value and msg.value.hex(),
+                                   "port": msg.port, "id": msg.ident,
+                                   "reason": f"REPLACE_EV: EV {msg.ev} " + (f"value 0x{msg.value.hex()}" if msg.value
+                                                                            else "back to its first value"),
+                                   "sent": {str(ev): s.packets_sent for ev, s in profile.evs.items()}})
+                self.loop.wake(job.requester)
+        self.replaced.append((msg.key, msg.ev, why))
+
     def set_port_status(self, msg: SetPortStatus) -> None:
         """A host's port-status mask (endpoint_ops), and, for the report, what it did to each of the
         host's QPs: the EVs it took out of use or gave back, with the per-EV counters then."""
         before = {key: self._port_excluded(job, self.ports[msg.host].mux.endpoint.status.local)
                   for key, job in self.jobs.items() if job.host == msg.host}
         self.ops.port_status(msg)
+        admin = self.ctl[msg.host].follow_ports(msg.mask)  # the api's port admin state is the endpoint's
         now = self.clock.now()
         for key, was in before.items():
             job = self.jobs[key]
@@ -273,7 +328,7 @@ class _Worker:
             disabled = sorted(p for p in ports if not msg.mask >> p & 1)
             job.ev_ops.append({"time_ns": now, "deny": sorted(off - was), "allow": sorted(was - off),
                                "reason": f"{msg.host} port(s) {', '.join(map(str, disabled))} disabled" if disabled
-                               else f"{msg.host} ports enabled",
+                               else f"{msg.host} ports enabled", "port_admin": admin,
                                "sent": {str(ev): s.packets_sent for ev, s in job.requester.profile.evs.items()}})
 
     @staticmethod
@@ -292,7 +347,10 @@ class _Worker:
         self.running = [job for job in self.running if not job.sample(now)]
         if now >= self.next_report and self.jobs:
             self.next_report = now + REPORT_NS
-            self.parent.send(Progress({k: self._progress(k, j) for k, j in self.jobs.items() if j.start_ns}))
+            events = {host: taken for host, hc in self.ctl.items() if (taken := hc.take_events())[0]}
+            self.parent.send(Progress({k: self._progress(k, j) for k, j in self.jobs.items() if j.start_ns}, events,
+                                      tuple(self.replaced)))
+            self.replaced = []
 
     def _progress(self, key: int, job: WriteJob) -> JobProgress:
         r = job.requester

@@ -64,6 +64,7 @@ class EvStats:
     consecutive_losses: int = 0  # lost packets sent after the latest-sent one it delivered (len(lost_after))
     last_delivered_sent_ns: int = -1  # send time of the latest-sent packet known delivered on this EV
     last_heard_ns: int = -1  # when an ACK last said a packet of this EV arrived (it is alive, if queued)
+    alive_sent_ns: int = -1  # send time of the latest witness probe answered (transport/witness.py)
     lost_after: list[int] = field(default_factory=list, repr=False)  # their send times
     probe_due_ns: int = 0
     probes_sent: int = 0
@@ -267,26 +268,34 @@ class EvProfile:
         s.trim += TRIM_GAIN * (1.0 - s.trim)
         self._dirty = True
 
-    def on_lost(self, ev: int, now: int, why: str, sent_ns: int | None = None) -> int:
+    def on_lost(self, ev: int, now: int, why: str, sent_ns: int | None = None, decide: bool = True) -> int:
         """A packet sent on `ev` at `sent_ns` (default: `now`) is lost. The EV fails (ASSUMED_BAD)
-        after `bad_after_losses` lost packets sent after the latest one it delivered: a path that
-        delivered a packet sent later than a lost one is working (it reordered or dropped one),
-        so that loss does not count towards its failure. Returns how many lost packets in a row
+        after `bad_after_losses` lost packets sent after the latest one it delivered, or the
+        latest witness probe it answered: a path that delivered a packet (or answered a probe)
+        sent later than a lost one is working (it reordered, queued or dropped one), so that loss
+        does not count towards its failure. `decide` False: the run alone fails nothing (a
+        witness probe decides, transport/witness.py). Returns how many lost packets in a row
         this one makes (0: it does not count, a later one arrived)."""
         self.sync(now)
         s = self.evs[ev]
         s.packets_lost += 1
         sent_ns = now if sent_ns is None else sent_ns
         run = 0
-        if sent_ns > s.last_delivered_sent_ns:
+        if sent_ns > s.last_delivered_sent_ns and sent_ns > s.alive_sent_ns:
             s.lost_after.append(sent_ns)
             run = s.consecutive_losses = len(s.lost_after)
         s.loss += LOSS_GAIN * (1.0 - s.loss)
-        if s.state is EvState.GOOD and s.consecutive_losses >= self.bad_after_losses:
+        if decide and s.state is EvState.GOOD and s.consecutive_losses >= self.bad_after_losses:
             self.set_state(ev, EvState.ASSUMED_BAD, now, f"{s.consecutive_losses} consecutive losses ({why})")
         else:
             self._dirty = True
         return run
+
+    def path_failed(self, ev: int, now: int, why: str) -> None:
+        """`ev`'s path failed (its witness probe was lost): ASSUMED_BAD, as the device decides."""
+        self.sync(now)
+        if self.evs[ev].state is EvState.GOOD:
+            self.set_state(ev, EvState.ASSUMED_BAD, now, why)
 
     def on_probe(self, ev: int, now: int, rtt_ns: int) -> None:
         """A probe of `ev` returned: GOOD again for every QP of the profile (unless another QP's revived
