@@ -42,6 +42,10 @@ class QpConfig:
     ack_delay_ns: int = 250_000  # ... or this long after the first packet it has not acknowledged
     probe_interval_ns: int = 1_000_000
     reorder_floor_ns: int = 10_000  # the least reorder window of an EV (loss.window)
+    # witness probes in a row that must go unanswered before an EV's path is taken for failed
+    # (transport/witness.py): the first suspends the EV (its packets resent, none sent on it), the
+    # second decides; 2 because a host's CPUs can reorder one path's packets (docs/transport.md)
+    witnesses: int = 2
     burst: int = 32  # packets per pump, so receiving is never starved
     pkey: int = fmt.DEFAULT_PKEY
     path_avoidance: bool = True  # False for the single-path baseline: no EV states, no probes

@@ -62,11 +62,13 @@ class Witness:
         self.out: dict[int, tuple[int, int]] = {}  # EV -> (probe id, send time) of its witness in flight
         self.after: dict[int, int] = {}  # EV -> no witness before this time (an answer's EV waits its srtt)
         self.suspects: set[int] = set()  # EVs whose losses ask for a witness at the next pump
+        self.strikes: dict[int, int] = {}  # EV -> its witnesses in a row found unanswered
         self.sent = 0
         self.answered = 0
         self.dead = 0
         self.late = 0  # witnesses answered after all, once their EV was taken for dead (a false failure)
         self._convicted: set[int] = set()  # probe ids of the witnesses taken for lost
+        self.verdicts: list[tuple[int, int, int, str]] = []  # (EV, witness sent, found dead, rule): the first 64
         self.lead_ns = 0  # the largest lead of a later sibling's ACK over an answer that still came
         self._lead: dict[int, int] = {}  # EV -> that lead for its witness in flight
         prober.witness = self
@@ -93,9 +95,11 @@ class Witness:
         return self.window(ev) + (max(0, mine - theirs) if mine and theirs else 0)
 
     def _quiet_since(self, ev: int, pkt: PyPkt) -> int | None:
-        """When `ev`, with `pkt` its oldest packet in flight, counts as quiet (None: it has no RTT yet)."""
+        """When `ev`, with `pkt` its oldest packet in flight, counts as quiet (None: no RTT is known yet)."""
         rtt = self.rec.profile.evs[ev].rtt
-        base = rtt.min_rtt_ns or self.rec.largest_srtt()
+        # before any sample of its own (a loaded emulator may give none for a while): the QP's
+        # largest srtt, else the fabric's base RTT as measured before the run (NSCC's)
+        base = rtt.min_rtt_ns or self.rec.largest_srtt() or self.rec.config.base_rtt_ns
         if not base:
             return None
         return max(pkt.sent_ns, self.rec.profile.evs[ev].last_heard_ns) + int(base) + self.window(ev)
@@ -148,9 +152,13 @@ class Witness:
         """A probe of `ev` was answered: if it was the witness (True), the EV is alive up to its send time."""
         out = self.out.get(ev)
         if out is None or out[0] != probe_id:
-            if probe_id in self._convicted:  # a plain probe answer now: it revives the EV
+            if probe_id in self._convicted:  # answered after all: a reordering, not a failure
                 self._convicted.discard(probe_id)
                 self.late += 1
+                if self.rec.profile.evs[ev].state is EvState.GOOD:
+                    self.strikes.pop(ev, None)
+                    self.rec.profile.resume(ev)  # its next witness, if out, is moot
+                    return True
             return False
         self._alive(ev, out[1], now)
         self.answered += 1
@@ -159,6 +167,8 @@ class Witness:
 
     def _alive(self, ev: int, sent_ns: int, now: int) -> None:
         stats = self.rec.profile.evs[ev]
+        self.strikes.pop(ev, None)
+        self.rec.profile.resume(ev)
         del self.out[ev]
         stats.alive_sent_ns = max(stats.alive_sent_ns, sent_ns)
         if stats.lost_after:  # losses of packets sent before it are no longer a run
@@ -193,7 +203,7 @@ class Witness:
         if out is None:
             return None
         stats = self.rec.profile.evs[ev]
-        srtt = stats.rtt.srtt_ns or self.rec.largest_srtt()
+        srtt = stats.rtt.srtt_ns or self.rec.largest_srtt() or self.rec.config.base_rtt_ns
         if not srtt:
             return None
         return out[1] + int(TIMER_RTTS * srtt) + self.window(ev) + self.rec.config.ack_delay_ns
@@ -233,12 +243,24 @@ class Witness:
         return min(wakes) if wakes else None
 
     def fail(self, ev: int, now: int, why: str) -> None:
-        """The witness of `ev` is lost: the EV is ASSUMED_BAD and its packets in flight are lost."""
-        self._convicted.add(self.out.pop(ev)[0])
+        """The witness of `ev` is lost: its packets in flight are lost, and the EV is suspended
+        while the next witness, sent at once, decides (`config.witnesses` in a row unanswered make
+        it ASSUMED_BAD)."""
+        probe_id, sent_ns = self.out.pop(ev)
+        self._convicted.add(probe_id)
+        if len(self.verdicts) < 64:
+            self.verdicts.append((ev, sent_ns, now, why))
         self._lead.pop(ev, None)
         self.dead += 1
         rec = self.rec
-        rec.profile.path_failed(ev, now, why)
+        self.strikes[ev] = self.strikes.get(ev, 0) + 1
+        if self.strikes[ev] >= rec.config.witnesses or not rec.profile.suspend(ev):
+            self.strikes.pop(ev, None)
+            rec.profile.resume(ev)
+            count = rec.config.witnesses
+            rec.profile.path_failed(ev, now, why if count < 2 else f"{why} ({count} witness probes in a row)")
+        else:
+            self.suspects.add(ev)  # the next witness, at the next pump
         sent = rec.sent
         while (pkt := sent.front(ev)) is not None:
             sent.by_ev[ev].popleft()
@@ -246,4 +268,6 @@ class Witness:
 
     def summary(self) -> dict:
         return {"sent": self.sent, "answered": self.answered, "dead": self.dead, "late": self.late, "out": len(self.out),
-                "lead_us": round(self.lead_ns / 1e3, 1)}
+                "lead_us": round(self.lead_ns / 1e3, 1),
+                "verdicts": [{"ev": ev, "sent_ns": sent, "dead_ns": dead, "rule": "timer" if why == DEAD_TIMER else "plane"}
+                             for ev, sent, dead, why in self.verdicts]}

@@ -132,6 +132,8 @@ class EvProfile:
         # EVs no packet may use, whatever their state: a port they cross is disabled, here or at the
         # peer (PORT_STATUS_UPDATE; transport/multipath/portstatus.py). Per QP: a peer's ports are the peer's.
         self.excluded: frozenset[int] = frozenset()
+        # EVs carrying nothing new while a second witness probe decides their fate (witness.py)
+        self.suspended: set[int] = set()
         self._now = 0  # the latest time the QP told its profile (what a change found without one is stamped)
         # the api profile's state_version last read, with the states it starts with (no events)
         states, self._version = self.states.states(), self.api.state_version
@@ -165,6 +167,7 @@ class EvProfile:
         self._bad += (new is EvState.ASSUMED_BAD) - (old is EvState.ASSUMED_BAD)
         self._barred += _barred(new) - _barred(old)
         stats.state = new
+        self.suspended.discard(ev)  # a state decides now
         stats.consecutive_losses = 0
         stats.lost_after.clear()
         stats.probe_due_ns = now
@@ -196,6 +199,21 @@ class EvProfile:
         evs = frozenset(evs) & frozenset(self.evs)
         if evs != self.excluded:
             self.excluded = evs
+            self._dirty = True
+
+    def suspend(self, ev: int) -> bool:
+        """Take GOOD `ev` out of the spray schedule until `resume` (its state unchanged); never the
+        last GOOD EV that may carry data. True if suspended."""
+        usable = [k for k in self.good() if k not in self.excluded and k not in self.suspended]
+        if ev not in usable or len(usable) < 2:
+            return False
+        self.suspended.add(ev)
+        self._dirty = True
+        return True
+
+    def resume(self, ev: int) -> None:
+        if ev in self.suspended:
+            self.suspended.discard(ev)
             self._dirty = True
 
     def good(self) -> list[int]:
@@ -333,7 +351,7 @@ class EvProfile:
         different EVs and each EV's share follows its weight; sorting the positions costs far
         less than a weighted round robin picking slot by slot (this runs every few hundred packets).
         """
-        out = self.excluded
+        out = self.excluded | self.suspended
         good = ([k for k in self.good() if k not in out]
                 or [k for k, s in self.evs.items() if s.state is EvState.ASSUMED_BAD and k not in out])
         self._dirty = False
