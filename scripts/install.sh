@@ -20,6 +20,7 @@ apt_packages=(
     python3 python3-venv
     gcc python3-dev zlib1g-dev   # the C extensions (setup.py), optional for a user, required by scripts/test.sh
     clang libbpf-dev linux-libc-dev libbpf1   # the switch port program (mrc_emu/fabric/bpf), loaded with libbpf
+    chromium         # headless, for the tests of `mrc-emu view`'s page (tests/browser.py); the view itself needs no browser
 )
 # bpftool only inspects the port program's maps by hand (`bpftool map dump pinned /sys/fs/bpf/mrc-emu/...`);
 # Debian 12 packages it, some releases ship it elsewhere (linux-tools): install it where apt knows it

@@ -72,7 +72,7 @@ def test_the_virtual_fabric_reads_no_clock_and_draws_no_global_randomness(path):
 
 
 @pytest.mark.parametrize("package", ["topology", "wire", "api", "fabric", "transport", "io", "vfabric", "experiments",
-                                     "cli"])
+                                     "view", "cli"])
 def test_no_module_over_450_lines(package):
     sizes = {str(p.relative_to(PACKAGE)): len(p.read_text().splitlines()) for p in (PACKAGE / package).rglob("*.py")}
     assert sizes and max(sizes.values()) <= MAX_LINES, {k: v for k, v in sizes.items() if v > MAX_LINES}
@@ -131,8 +131,10 @@ ALLOWED = {
     "experiments.runtime": {"topology", "wire", "api", "fabric", "transport", "io", "vfabric", "experiments.analysis"},
     "experiments.scenarios": {"topology", "wire", "api", "fabric", "transport", "io", "vfabric", "experiments.analysis",
                               "experiments.runtime"},
+    # the web view: reads the fabric and the runtime's records, acts through the fabric's faults and the controller
+    "view": {"topology", "fabric", "experiments.runtime"},
     "cli": {"topology", "wire", "api", "fabric", "transport", "io", "vfabric", "experiments.analysis",
-            "experiments.runtime", "experiments.scenarios"},
+            "experiments.runtime", "experiments.scenarios", "view"},
 }
 # inside a layer: what a subpackage may import of its layer beside itself
 INSIDE = {
@@ -182,6 +184,11 @@ def test_no_layer_below_imports_the_experiments():
     for name in ("topology", "fabric", "transport", "wire", "io", "vfabric", "api"):
         for path in (PACKAGE / name).rglob("*.py"):
             assert not any(m.startswith("mrc_emu.experiments") for m in _mrc_imports(path)), path.relative_to(PACKAGE)
+
+
+def test_only_the_cli_imports_the_view():
+    for path in (p for p in MODULES if layer(_name(p)) not in ("view", "cli")):
+        assert not any(m.startswith("mrc_emu.view") for m in _mrc_imports(path)), path.relative_to(PACKAGE)
 
 
 # ---- no import circles -----------------------------------------------------------------------

@@ -5,7 +5,7 @@ directly; it turns arguments into calls, results into text or JSON, and every kn
 error into one clear line and exit code 1. One module per group of commands: fabric.py
 (the verbs of a running fabric), faults.py (`fault ...`: faults that stay until cleared),
 transfer.py (`send`), scenario.py (`run`, `demo`), plan.py (the capacity planner),
-ev.py (`ev expand`: the EVs of an OCP EV profile);
+ev.py (`ev expand`: the EVs of an OCP EV profile), view.py (`view`: the web page, mrc_emu/view);
 common.py holds what they share.
 
 What it must never do: hold logic a test cannot call without the command line (a command turns
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import click
 
-from . import ev, fabric, faults, plan, scenario, transfer
+from . import ev, fabric, faults, plan, scenario, transfer, view
 from .common import parse_size
 
 __all__ = ["main", "parse_size"]
@@ -33,6 +33,6 @@ def main() -> None:
     """
 
 
-for _group in (fabric, faults, transfer, scenario, plan, ev):
+for _group in (fabric, faults, transfer, scenario, plan, ev, view):
     for _command in _group.COMMANDS:
         main.add_command(_command)

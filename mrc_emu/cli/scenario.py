@@ -31,7 +31,8 @@ class _ScenarioCommand(click.Command):
         super().format_epilog(ctx, formatter)
 
 
-def _run_scenario(spec: str, out: str | None, pcap: bool, as_json: bool) -> dict:
+def _run_scenario(spec: str, out: str | None, pcap: bool, as_json: bool, view_port: int | None = None) -> dict:
+    import os
     from pathlib import Path
 
     from ..experiments.analysis import report
@@ -62,7 +63,20 @@ def _run_scenario(spec: str, out: str | None, pcap: bool, as_json: bool) -> dict
 
         return update
 
-    results = runner.run(scn, out_dir, progress if show else runner._quiet, bar_for)
+    server = None
+    if view_port is not None:  # the page follows whatever fabric this process owns (the scenario's), read-only
+        from ..view.live import LiveSource
+        from ..view.server import View
+        from .view import serve
+
+        server = serve(View(LiveSource(owner_pid=os.getpid()), read_only=True), "127.0.0.1", view_port)
+        click.echo(f"  .. view: {server.url} (read-only, while the scenario runs)", err=True)
+    try:
+        results = runner.run(scn, out_dir, progress if show else runner._quiet, bar_for)
+    finally:
+        if server is not None:
+            server.stop()
+            server.view.source.close()
     for bar in bars.values():
         bar.__exit__(None, None, None)
     files = report.write(results, out_dir)
@@ -108,16 +122,20 @@ def _finish(results: dict, as_json: bool) -> None:
 @click.option("--pcap", is_flag=True, help="Also make a pcap per transport (the source host's ports, whole packets) "
                                             "in a separate run of the same scenario, slower if the capture must keep up; "
                                             "a pcap that lost packets is a warning.")
+@click.option("--view", "with_view", is_flag=True, help="Serve the live web view of the scenario's fabric while it "
+                                                         "runs (read-only; `mrc-emu view` has the details).")
+@click.option("--view-port", type=click.IntRange(0, 65535), default=8765, show_default=True,
+              help="The view's port on 127.0.0.1 (0: any free one; the URL is printed).")
 @JSON_OPTION
 @friendly
-def run_(scenario_file: str, out: str | None, pcap: bool, as_json: bool) -> None:
+def run_(scenario_file: str, out: str | None, pcap: bool, with_view: bool, view_port: int, as_json: bool) -> None:
     """Run a scenario (a YAML file or the name of a shipped one, listed below).
 
     Builds its own fabric, runs each transport with the fault schedule, tears down, and writes
     results.json, plots (PNG) and report.md to --out. Exit 1 if a transfer failed or is not
-    verified (the reason on stderr).
+    verified (the reason on stderr). Afterwards, `mrc-emu view --results DIR` replays it.
     """
-    _finish(_run_scenario(scenario_file, out, pcap, as_json), as_json)
+    _finish(_run_scenario(scenario_file, out, pcap, as_json, view_port if with_view else None), as_json)
 
 
 @click.command(cls=_ScenarioCommand)

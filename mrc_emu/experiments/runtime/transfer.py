@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -25,6 +26,7 @@ from ...api.files import ProfileFile
 from ...fabric import build
 from ...fabric.faults import fault_ops
 from ...fabric.kernel.waiting import WaitTimeout, until
+from ...fabric.live import LiveBoard
 from ...fabric.procs import Child, ChildError, Stop
 from ...fabric.running import Fabric
 from ...io.clock import Clock, Horizon
@@ -178,9 +180,10 @@ def run_transfers(fabric: Fabric, specs: list[TransferSpec], control: Control | 
         control.started_ns = min(s.start_ns for s in (w.expect(Started) for w in pool.workers) if s.keys)
         deferred.sort(key=lambda d: d[0])
         host_of = {a: h for h, a in address_of.items()}
+        board = _LiveRun(LiveBoard(fabric), specs, plans, dilation)
         _watch(pool.workers, specs, control, on_progress, linger_s, timeout_s, deferred,
                lambda: live.push(pool.of, control.endpoint, address_of, fabric.topology),
-               lambda report: live.report(report, host_of))
+               lambda report: live.report(report, host_of), board)
         placed = {}
         for key, spec in enumerate(specs):
             pool.of[spec.dst].send(Hash(key))
@@ -268,15 +271,63 @@ def _expect_key(worker: Child, kind: type, key: int, timeout: float = 30.0):
 def _watch(workers: list[Child], specs: list[TransferSpec], control: Control,
            on_progress: Callable[[int, int], None] | None, linger_s: float, timeout_s: float,
            deferred: list[tuple[float, Child, int]], on_step: Callable[[], None],
-           on_report: Callable[[Progress], None] | None = None) -> None:
+           on_report: Callable[[Progress], None] | None, board: _LiveRun) -> None:
     """Follow the workers' progress reports until every transfer is done (and lingering ended);
     `on_step` runs at every step (after the hooks: the controller's changes and endpoint
-    operations go out at once), `on_report` with each progress report (its EV events)."""
+    operations go out at once), `on_report` with each progress report (its EV events); what
+    they report goes on the fabric's live board as it comes."""
     watch = _Watch(workers, specs, control, on_progress, linger_s, deferred, on_step, on_report)
     try:
-        until(watch.step, timeout_s, "the transfers to finish", interval=0.05, wake=list(workers))
+        until(lambda: board.step(watch, watch.step()), timeout_s, "the transfers to finish", interval=0.05,
+              wake=list(workers))
     except WaitTimeout:
+        board.step(watch, True, "timed out")
         raise TransferError(f"the transfers did not finish within {timeout_s:.0f} s") from None
+
+
+class _LiveRun:
+    """This run on the fabric's live board (fabric/live.py; docs/view.md has the schema): every
+    transfer's bytes acknowledged and, for the first LIVE_JOBS, each EV's state and packets sent
+    and the EV events so far; replaced at most every PUBLISH_S and once more when the run ends."""
+
+    PUBLISH_S = 0.1
+
+    def __init__(self, board: LiveBoard, specs: list[TransferSpec], plans: list, dilation: float) -> None:
+        self.board: LiveBoard | None = board
+        self.specs, self.dilation = specs, dilation
+        self.evs = [{index: {"plane": ev.plane, "spine": ev.spine} for index, ev in qp_evs(plan).items()} for plan in plans]
+        self.events: dict[int, list[dict]] = {}
+        self.started_unix = time.time()
+        self.last = 0.0
+        self.command = " ".join(os.path.basename(arg) if i == 0 else arg for i, arg in enumerate(sys.argv))[:200]
+
+    def step(self, watch: _Watch, over: bool, error: str | None = None) -> bool:
+        latest = watch.latest
+        for key, events in watch.ev_events.items():  # each report's new events, taken once
+            self.events.setdefault(key, []).extend(events)
+        watch.ev_events.clear()
+        now = time.monotonic()
+        if self.board is not None and (over or now - self.last >= self.PUBLISH_S):
+            self.last = now
+            try:
+                self.board.publish({"schema": "mrc-emu/live-run/1", "command": self.command, "started_unix":
+                                    round(self.started_unix, 3), "finished": over, "error": error,
+                                    "time_dilation": self.dilation,
+                                    "transfers": [self._transfer(key, latest.get(key)) for key in range(len(self.specs))]})
+            except OSError:
+                self.board = None  # a board that cannot be written (/run full, say) never stops the transfers
+        return over
+
+    def _transfer(self, key: int, job: JobProgress | None) -> dict:
+        spec = self.specs[key]
+        out = {"key": key, "src": spec.src, "dst": spec.dst, "size": spec.size, "label": spec.label,
+               "started": job is not None, "bytes_acked": job.bytes_acked if job else 0,
+               "done": bool(job and job.done), "error": job.error if job else None}
+        if job is not None and job.ev_states is not None:
+            out["evs"] = [{"ev": ev, **self.evs[key].get(ev, {}), "state": state, "sent": (job.ev_sent or {}).get(ev, 0)}
+                          for ev, state in sorted(job.ev_states.items())]
+            out["ev_events"] = self.events.get(key, [])
+        return out
 
 
 class _Watch:
@@ -292,6 +343,7 @@ class _Watch:
         self.primary = {k for k, s in enumerate(specs) if s.start_at is None}
         self.total = sum(s.size for k, s in enumerate(specs) if k in self.primary)
         self.latest: dict[int, JobProgress] = {}
+        self.ev_events: dict[int, list[dict]] = {}  # by transfer key: the EV events reported since the board took them
         self.done_at: float | None = None
         self.last_bar = 0.0
 
@@ -302,6 +354,9 @@ class _Watch:
         for worker in self.workers:
             while (report := worker.poll(Progress)) is not None:  # other answers wait for their expect
                 latest.update(report.jobs)
+                for key, job in report.jobs.items():
+                    if job.ev_events:
+                        self.ev_events.setdefault(key, []).extend(job.ev_events)
                 if self.on_report is not None:
                     self.on_report(report)
         acked = sum(v.bytes_acked for k, v in latest.items() if k in self.primary)

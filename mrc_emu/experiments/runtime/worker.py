@@ -45,6 +45,7 @@ from .hostctl import HostControl
 from .qps import TIMELINE_TICK_NS, WriteJob, accept_write, prepare_write, responder_report
 
 REPORT_NS = 10_000_000  # progress reports to the parent
+LIVE_JOBS = 16  # transfers whose EVs a progress report details (mrc-emu view shows them): a ring of 128 stays cheap
 RECV_BUFFER = 256 * 1024 * 1024  # a host's receive socket: an incast of 64 windows must fit, or the kernel drops
 KERNEL_UDP = ("Udp6InErrors", "Udp6RcvbufErrors", "Udp6InCsumErrors", "Udp6NoPorts")
 
@@ -170,7 +171,9 @@ class JobProgress:
     done: bool
     error: str | None
     assumed_bad: int  # EVs ASSUMED_BAD now
-    ev_states: dict[int, str] | None  # every EV's state: of the first transfer only (what a run shows live)
+    ev_states: dict[int, str] | None  # every EV's state: of the first LIVE_JOBS transfers only (what a run shows live)
+    ev_sent: dict[int, int] | None = None  # packets sent per EV so far (its share), for those transfers too
+    ev_events: tuple[dict[str, Any], ...] = ()  # EV events since the last report (time_ms from the WRITE's start)
 
 
 @dataclass(frozen=True)
@@ -233,6 +236,7 @@ class _Worker:
         self.running: list[WriteJob] = []  # started, not done
         self.stopped = False
         self.next_report = 0
+        self.events_reported: dict[int, int] = {}  # by transfer key: its EV events already in a progress report
         self.ctl = {name: HostControl(name, max(1, len(spec.ports))) for name, spec in hosts.items()}  # OCP controllers
         self.ops = WorkerOps(parent, loop, ports)  # EV_PROBE batches, port status (experiments/runtime/endpoint_ops.py)
         self.handlers = {Accept: self.accept, Prepare: self.prepare, Start: self.start, Hash: self.hash,
@@ -344,12 +348,20 @@ class _Worker:
         if now >= self.next_report and self.jobs:
             self.next_report = now + REPORT_NS
             events = {host: taken for host, hc in self.ctl.items() if (taken := hc.take_events())[0]}
-            self.parent.send(Progress({
-                k: JobProgress(j.requester.bytes_acked, j.end_ns is not None, j.requester.error,
-                               j.requester.profile.assumed_bad,
-                               {e: s.state.name for e, s in j.requester.profile.evs.items()} if k == 0 else None)
-                for k, j in self.jobs.items() if j.start_ns}, events, tuple(self.replaced)))
+            self.parent.send(Progress({k: self._progress(k, j) for k, j in self.jobs.items() if j.start_ns}, events,
+                                      tuple(self.replaced)))
             self.replaced = []
+
+    def _progress(self, key: int, job: WriteJob) -> JobProgress:
+        r = job.requester
+        if key >= LIVE_JOBS:
+            return JobProgress(r.bytes_acked, job.end_ns is not None, r.error, r.profile.assumed_bad, None)
+        events = r.ev_events
+        fresh = tuple(e.to_dict(job.start_ns) for e in events[self.events_reported.get(key, 0):])
+        self.events_reported[key] = len(events)
+        return JobProgress(r.bytes_acked, job.end_ns is not None, r.error, r.profile.assumed_bad,
+                           {e: s.state.name for e, s in r.profile.evs.items()},
+                           {e: s.packets_sent for e, s in r.profile.evs.items()}, fresh)
 
     def final(self, before: dict[str, dict[str, int]], loop_stats: dict[str, Any]) -> Final:
         kernel = {}

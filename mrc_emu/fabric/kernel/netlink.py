@@ -333,6 +333,42 @@ def link_packets() -> dict[str, tuple[int, int]]:
         return packets
 
 
+def link_states() -> dict[str, tuple[bool, int, int]]:
+    """ifname -> (operationally up, tx packets, tx bytes) of every interface in the namespace this
+    thread is in, from one RTM_GETLINK dump (what a live view of the links reads several times a second)."""
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE) as sock:
+        sock.bind((0, 0))
+        body = struct.pack("=BxHiII", 0, 0, 0, 0, 0)
+        request = _HDR.pack(_HDR.size + len(body), RTM_GETLINK, NLM_F_REQUEST | NLM_F_DUMP, 1, 0) + body
+        out: dict[str, tuple[bool, int, int]] = {}
+        wanted = (IFLA_IFNAME, IFLA_OPERSTATE, IFLA_STATS64)
+        for kind, message in _dump(sock, request, "link dump"):
+            if kind == RTM_NEWLINK:
+                found = _picked(message, _HDR.size + 16, wanted)  # three of its ~60 attributes: the rest unread
+                if IFLA_IFNAME in found and IFLA_STATS64 in found:
+                    _rx, tx_packets, _rx_bytes, tx_bytes = struct.unpack_from("=QQQQ", message, found[IFLA_STATS64])
+                    up = IFLA_OPERSTATE in found and message[found[IFLA_OPERSTATE]] == IF_OPER_UP
+                    start, end = found[IFLA_IFNAME], message.index(b"\0", found[IFLA_IFNAME])
+                    out[message[start:end].decode()] = (up, tx_packets, tx_bytes)
+        return out
+
+
+def _picked(data: bytes, offset: int, kinds: tuple[int, ...]) -> dict[int, int]:
+    """kind -> offset of the payload, for the attributes of `kinds` in a message (the others skipped)."""
+    found = {}
+    end = len(data)
+    while offset + 4 <= end:
+        length, kind = struct.unpack_from("=HH", data, offset)
+        if length < 4:
+            break
+        if kind & 0x3FFF in kinds:
+            found[kind & 0x3FFF] = offset + 4
+            if len(found) == len(kinds):
+                break  # the rest (statistics, XDP, address families...) unread
+        offset += (length + 3) & ~3
+    return found
+
+
 def qdisc_counters(sock: socket.socket, index: int, kind: str = "tbf") -> tuple[int, int]:
     """(bytes sent, backlog bytes) of the `kind` qdisc on interface `index`, from one RTM_GETQDISC
     dump on `sock` (a bound NETLINK_ROUTE socket in the port's namespace). About 0.2 ms; pyroute2's
