@@ -210,15 +210,20 @@ class Witness:
             self._alive(echo.ev, self.out[echo.ev][1], now)
 
     def deadline(self, ev: int) -> int | None:
-        """When the timer rule convicts the witness of `ev` (None: none out, or no RTT known)."""
+        """When the timer rule convicts the witness of `ev` (None: none out, no RTT known, or a
+        sibling in its plane delivered something sent after it: their ACKs judge it, as a timer
+        cannot know how fast a queue grew; a plane whose EVs all went quiet is judged by time)."""
         out = self.out.get(ev)
         if out is None:
+            return None
+        evs = self.rec.profile.evs
+        if any(evs[k].last_delivered_sent_ns > out[1] for k in self.siblings.get(ev, ())):
             return None
         stats = self.rec.profile.evs[ev]
         srtt = stats.rtt.srtt_ns or self.rec.largest_srtt() or self.rec.config.base_rtt_ns
         if not srtt:
             return None
-        return out[1] + int(TIMER_RTTS * srtt) + self.window(ev) + self.rec.config.ack_delay_ns
+        return out[1] + int(TIMER_RTTS * srtt) + self.window(ev) + self.holdup_ns + self.rec.config.ack_delay_ns
 
     def timer(self, now: int) -> None:
         """Witnesses unanswered past their deadline, while something sent after them was delivered."""
