@@ -129,8 +129,8 @@ class Recovery:
             self.ledger.progressed(now)
             self.ledger.delivered(sent.pkts, now)
         self._credit(seen, now, sampled, rtt, ce, echo_sent, heard)
-        if self.witness is not None and echo is not None and echo.ev == ack.echo_ev:
-            self.witness.on_echo(echo, now)  # the ACK came back by the echoed EV's way
+        if self.witness is not None and seen:
+            self.witness.on_delivered(seen, now)
         self.policy.detect_losses(self, now, seen)
 
     def on_trimmed(self, nack: TrimNackPacket, now: int) -> bool:

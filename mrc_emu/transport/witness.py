@@ -20,15 +20,19 @@ The rules, each threshold from the EVs' own RTT estimators:
   allowance since that packet left or since it last delivered, whichever is later; or one
   whose losses (loss.py) make a run of `bad_after_losses`. One witness at a time per EV, and
   after an answer the next one waits the EV's srtt.
-- **dead**, on an ACK: the ACK's echoed packet, on another EV of the same plane, left more than
+- **dead**, on an ACK: a packet it delivered, on another EV of the same plane, left more than
   the allowance after the witness: the EV's reorder window (a quarter of its smallest RTT, at
-  least the QP's floor) plus how much longer its smallest RTT is than the echoed EV's. A
-  witness of an EV with no such sibling (a plane of one EV, a plane down) is dead once
-  something sent after it was delivered and twice the EV's srtt, its window and the
-  responder's ACK delay passed (judged at the emulation's horizon, as every timer).
+  least the QP's floor), how much longer its smallest RTT is than that EV's, and a data
+  packet's serialisation at each switch port of the round trip. A witness of an EV none of
+  whose siblings delivered anything sent after it (a plane of one EV, a plane down) is dead
+  once something sent after it was delivered and twice the EV's srtt, its window, the ports'
+  serialisation and the responder's ACK delay passed (judged at the emulation's horizon).
+- **two in a row** (`QpConfig.witnesses`): the first dead witness suspends the EV and sends the
+  next at once; the second makes it ASSUMED_BAD; an answer resumes it.
 - **alive**: the witness's answer arrived, or the EV delivered a packet sent after it.
-A dead witness makes the EV ASSUMED_BAD (as the device does: never below ev_min_active) and
-every packet in flight on it lost at once, resent on the GOOD EVs; probes bring it back.
+A dead witness makes every packet in flight on the EV lost at once, resent on the GOOD EVs;
+the last one makes the EV ASSUMED_BAD (as the device does: never below ev_min_active); probes
+bring it back.
 
 Like loss.py it reads no clock: time comes in as `now`, probes go out through the prober.
 """
@@ -189,25 +193,26 @@ class Witness:
         self.after[ev] = now + int(max(stats.rtt.srtt_ns, stats.rtt.min_rtt_ns))
         self.suspects.discard(ev)
 
-    def on_echo(self, echo: PyPkt, now: int) -> None:
-        """An ACK whose echoed packet is `echo` arrived (by `echo.ev`'s way back): a witness of a
-        sibling EV sent sufficiently before it, still unanswered, is dead."""
+    def on_delivered(self, seen: dict[int, list[int]], now: int) -> None:
+        """An ACK delivered packets (`seen`: EV -> [count, latest send, its tx, bytes, its send
+        began], as SentPackets.deliver fills it): a witness whose EV delivered something sent
+        after it is moot; one whose sibling delivered a packet that left more than the allowance
+        after it, still unanswered, is dead."""
         if not self.out:
             return
-        for ev in self.siblings.get(echo.ev, ()):
-            out = self.out.get(ev)
-            if out is None:
+        evs = self.rec.profile.evs
+        for ev, (_, sent_ns) in list(self.out.items()):
+            if evs[ev].last_delivered_sent_ns > sent_ns:
+                self._alive(ev, sent_ns, now)  # it delivered something sent after its witness
                 continue
-            if self.rec.profile.evs[ev].last_delivered_sent_ns > out[1]:
-                self._alive(ev, out[1], now)  # it delivered something sent after its witness
+            lead = max((seen[k][4] - sent_ns for k in self.siblings.get(ev, ()) if k in seen), default=None)
+            if lead is None:
                 continue
-            lead = echo.left_ns - out[1]
-            if lead > self.allowance(ev, echo.ev):
+            other = max((k for k in self.siblings[ev] if k in seen), key=lambda k: seen[k][4])
+            if lead > self.allowance(ev, other):
                 self.fail(ev, now, DEAD, lead)
             elif lead > self._lead.get(ev, 0):
                 self._lead[ev] = lead
-        if echo.ev in self.out and self.rec.profile.evs[echo.ev].last_delivered_sent_ns > self.out[echo.ev][1]:
-            self._alive(echo.ev, self.out[echo.ev][1], now)
 
     def deadline(self, ev: int) -> int | None:
         """When the timer rule convicts the witness of `ev` (None: none out, no RTT known, or a
