@@ -18,8 +18,8 @@ The rules, each threshold from the EVs' own RTT estimators:
 - **suspect**: a GOOD EV whose oldest packet in flight was sent before a packet now known
   delivered (on any EV), and that has delivered nothing for its smallest RTT and its reorder
   allowance since that packet left or since it last delivered, whichever is later; or one
-  whose losses (loss.py) make a run of `bad_after_losses`. One witness at a time per EV, and
-  after an answer the next one waits the EV's srtt.
+  whose losses (loss.py) make a run of `bad_after_losses`. One witness at a time per EV; after an
+  answer the next one for a quiet EV waits two of its smallest RTTs (not one for losses).
 - **dead**, on an ACK: a packet it delivered, on another EV of the same plane, left more than
   the allowance after the witness: the EV's reorder window (a quarter of its smallest RTT, at
   least the QP's floor), how much longer its smallest RTT is than that EV's, and a data
@@ -54,6 +54,7 @@ DEAD = "its witness probe went unanswered while later packets on its plane were 
 DEAD_TIMER = "its witness probe went unanswered within two RTTs while later packets were acknowledged"
 FOUND_DEAD = "its path failed (witness probe unanswered)"  # the reason its packets in flight are lost
 TIMER_RTTS = 2  # the timer: twice the EV's srtt (and its window and the ACK delay) for an answer
+AFTER_RTTS = 2  # an answered EV's next witness: after two of its smallest RTTs (or windows)
 HOLDUP_PORTS = 6  # switch egress ports of a two-tier path, out and back (leaf, spine, leaf each way)
 FRAME_OVERHEAD = 140  # a data frame's bytes beyond its payload: Ethernet, outer IPv6 and SRH, IPv6, UDP, BTH, RETH, ICRC
 
@@ -120,10 +121,11 @@ class Witness:
             return None
         return max(pkt.sent_ns, self.rec.profile.evs[ev].last_heard_ns) + int(base) + self.window(ev)
 
-    def _eligible(self, ev: int, now: int) -> bool:
+    def _eligible(self, ev: int, now: int | None) -> bool:
+        """Whether `ev` may get a witness now (`now` None: whenever an answer was last heard)."""
         profile = self.rec.profile
         return (ev not in self.out and profile.evs[ev].state is EvState.GOOD and ev in self.prober.paths
-                and ev not in profile.excluded and now >= self.after.get(ev, 0))
+                and ev not in profile.excluded and (now is None or now >= self.after.get(ev, 0)))
 
     # ---- sending ----------------------------------------------------------------------------
 
@@ -133,10 +135,11 @@ class Witness:
         known = rec.decide_at(now)
         due = []
         for ev in rec.sent.by_ev:
-            if not self._eligible(ev, now):
+            if ev in self.suspects:  # losses, or a first dead witness: at once
+                if self._eligible(ev, None):
+                    due.append(ev)
                 continue
-            if ev in self.suspects:
-                due.append(ev)
+            if not self._eligible(ev, now):
                 continue
             pkt = rec.sent.front(ev)
             if pkt is None or pkt.sent_ns >= rec.rack_sent_ns:
@@ -190,7 +193,10 @@ class Witness:
         if stats.lost_after:  # losses of packets sent before it are no longer a run
             stats.lost_after = [t for t in stats.lost_after if t > sent_ns]
             stats.consecutive_losses = len(stats.lost_after)
-        self.after[ev] = now + int(max(stats.rtt.srtt_ns, stats.rtt.min_rtt_ns))
+        # the next witness of an EV still quiet after this answer waits two of its smallest RTTs: its
+        # srtt would do, but an emulator's own queues inflate it (to 10 ms in one demo run, in which
+        # the next witness of the EV then came 9.8 ms after the blackhole)
+        self.after[ev] = now + AFTER_RTTS * max(stats.rtt.min_rtt_ns, self.window(ev))
         self.suspects.discard(ev)
 
     def on_delivered(self, seen: dict[int, list[int]], now: int) -> None:
@@ -255,7 +261,7 @@ class Witness:
             if ev in self.out or rec.profile.evs[ev].state is not EvState.GOOD:
                 self.suspects.discard(ev)  # its witness is out, or its state says enough already
             else:
-                wakes.append(max(now, self.after.get(ev, 0)))
+                wakes.append(now)
         for ev in rec.sent.by_ev:
             if ev in self.out or rec.profile.evs[ev].state is not EvState.GOOD:
                 continue
