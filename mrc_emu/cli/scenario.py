@@ -31,17 +31,28 @@ class _ScenarioCommand(click.Command):
         super().format_epilog(ctx, formatter)
 
 
-def _run_scenario(spec: str, out: str | None, pcap: bool, as_json: bool) -> dict:
+def _run_scenario(spec: str, out: str | None, pcap: bool, as_json: bool, clock: str | None = None,
+                  seed: int | None = None) -> dict:
     from pathlib import Path
 
     from ..experiments.analysis import report
-    from ..experiments.scenarios import runner, scenario
+    from ..experiments.scenarios import runner, scenario, virtual_run
     from ..fabric.nodes import check_prerequisites
 
     scn = scenario.load(spec)
+    if clock is not None:
+        scn.clock = clock
+    virtual = scn.clock == "virtual"
+    if seed is not None and not virtual:
+        raise click.UsageError("--seed is for virtual time (--clock virtual, or clock: virtual in the scenario)")
     if pcap:
+        if virtual:
+            raise click.UsageError("--pcap: virtual time makes no pcap yet")
         scn.capture = True
-    check_prerequisites()
+    if virtual:
+        virtual_run.check(scn)  # what has no model is refused before anything runs
+    else:
+        check_prerequisites()
     out_dir = Path(out or f"results/{scn.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     show = not as_json
     bars: dict[str, Any] = {}
@@ -62,7 +73,10 @@ def _run_scenario(spec: str, out: str | None, pcap: bool, as_json: bool) -> dict
 
         return update
 
-    results = runner.run(scn, out_dir, progress if show else runner._quiet, bar_for)
+    if virtual:
+        results = virtual_run.run(scn, out_dir, seed or 0, progress if show else runner._quiet, bar_for)
+    else:
+        results = runner.run(scn, out_dir, progress if show else runner._quiet, bar_for)
     for bar in bars.values():
         bar.__exit__(None, None, None)
     files = report.write(results, out_dir)
@@ -108,16 +122,23 @@ def _finish(results: dict, as_json: bool) -> None:
 @click.option("--pcap", is_flag=True, help="Also make a pcap per transport (the source host's ports, whole packets) "
                                             "in a separate run of the same scenario, slower if the capture must keep up; "
                                             "a pcap that lost packets is a warning.")
+@click.option("--clock", type=click.Choice(["emulated", "virtual"]), default=None,
+              help="emulated: the namespace fabric (root); virtual: a model of it in virtual time, no root, "
+                   "deterministic per --seed (default: the scenario's `clock:`, else emulated).")
+@click.option("--seed", type=int, default=None, help="Virtual time: the seed of every random choice (default 0); "
+                                                     "the same seed gives the same results.json, byte for byte.")
 @JSON_OPTION
 @friendly
-def run_(scenario_file: str, out: str | None, pcap: bool, as_json: bool) -> None:
+def run_(scenario_file: str, out: str | None, pcap: bool, clock: str | None, seed: int | None, as_json: bool) -> None:
     """Run a scenario (a YAML file or the name of a shipped one, listed below).
 
     Builds its own fabric, runs each transport with the fault schedule, tears down, and writes
-    results.json, plots (PNG) and report.md to --out. Exit 1 if a transfer failed or is not
-    verified (the reason on stderr).
+    results.json, plots (PNG) and report.md to --out. With --clock virtual no fabric is built:
+    the same WRITEs cross a model of the topology in virtual time (the baseline's BGP/BFD repair
+    a model from FRR's timers), and this machine's time goes to wall.json beside results.json.
+    Exit 1 if a transfer failed or is not verified (the reason on stderr).
     """
-    _finish(_run_scenario(scenario_file, out, pcap, as_json), as_json)
+    _finish(_run_scenario(scenario_file, out, pcap, as_json, clock, seed), as_json)
 
 
 @click.command(cls=_ScenarioCommand)

@@ -27,7 +27,7 @@ from ..topology.port_verdict import PortRule
 from ..wire.decoder import open_frame
 from ..wire.format import DropReason
 from .engine import Engine
-from .forwarding import Hop, Rib, end, next_segment
+from .forwarding import HOSTS_BLOCK, Hop, Rib, end, next_segment
 from .ports import NS_BITS, EgressPort
 
 DEFAULT_RATE_BPS = 100_000_000_000  # an unshaped topology's links (no link_rate: the namespace fabric runs them at CPU speed)
@@ -71,6 +71,8 @@ class VirtualFabric:
         self.frames_delivered = 0
         self.packet_hops = 0  # link traversals completed
         self.drops: Counter[str] = Counter()  # frames lost in the fabric, by why (port drops are the ports')
+        # routes to hosts that routing withdrew (routing.py): node -> {(port, leaf index or None: every host)}
+        self.withdrawn: dict[str, set[tuple[int, int | None]]] = {}
 
     # ---- hosts -----------------------------------------------------------------------------
 
@@ -155,6 +157,13 @@ class VirtualFabric:
             if hop is not Hop.PORTS:
                 self.drops["no route" if hop is Hop.NONE else f"{hop.value} at a switch"] += 1
                 return
+            gone = self.withdrawn.get(node)
+            if gone and frame[24:28] == HOSTS_BLOCK:
+                leaf = int.from_bytes(frame[28:30], "big")
+                detail = tuple(k for k in detail if (k, None) not in gone and (k, leaf) not in gone)
+                if not detail:
+                    self.drops["no route (withdrawn)"] += 1
+                    return
             out = self._choose(node, detail, frame)
         if out is None:
             self.drops["no route (link down)"] += 1
@@ -199,6 +208,16 @@ class VirtualFabric:
             self.topo.node(peer)
             raise ValueError(f"no link between {node} and {peer}")
         return port
+
+    def set_route(self, node: str, peer: str, leaf: int | None, present: bool) -> None:
+        """Routing's word at `node` on its routes to hosts via `peer`: those to the hosts of leaf
+        index `leaf` (None: to every host) are withdrawn (`present` False) or back."""
+        entry = (self.ribs[node].port_to[peer], leaf)
+        gone = self.withdrawn.setdefault(node, set())
+        if present:
+            gone.discard(entry)
+        else:
+            gone.add(entry)
 
     def path_rtt_ns(self, links: int, out_bytes: int, back_bytes: int) -> int:
         """The unloaded round trip over a path of `links` links: a frame of `out_bytes` on the wire

@@ -133,6 +133,10 @@ class ControlRecord:
         self.directory = directory(fabric.name)
         self.path = self.directory / RECORD
 
+    @property
+    def topology(self) -> Topology:
+        return self.fabric.topology
+
     def _append(self, line: dict[str, Any]) -> None:
         line.setdefault("time", time.time())
         append_line(self.fabric, self.directory, self.path, line)
@@ -228,6 +232,36 @@ class ControlRecord:
         return out
 
 
+class MemoryRecord:
+    """A controller record held in memory, for a run without a fabric (virtual time): the same
+    operations, checks and state as ControlRecord's, nothing written, no EV event queues."""
+
+    def __init__(self, topology: Topology) -> None:
+        self.topology = topology
+        self._state = State([], {}, {}, {})
+        self._ops = 0
+
+    def size(self) -> int:
+        return self._ops
+
+    def deny(self, selector: Selector, by: str = "cli") -> None:
+        self._state.rules.append((DENY, selector.check(self.topology), by))
+        self._ops += 1
+
+    def allow(self, selector: Selector, by: str = "cli") -> None:
+        self._state.rules.append((ALLOW, selector.check(self.topology), by))
+        self._ops += 1
+
+    def set_port(self, host: str, plane: int, enabled: bool, by: str = "cli") -> None:
+        if self.topology.node(host).role is not Role.HOST or not 0 <= plane < self.topology.planes:
+            raise ValueError(f"{host} plane {plane}: not a host's port of {self.topology.name}")
+        self._state.ports[(host, plane)] = enabled
+        self._ops += 1
+
+    def state(self) -> State:
+        return State(list(self._state.rules), dict(self._state.ports), {}, {})
+
+
 class LiveControl:
     """What the record says, pushed to the QPs of a run: the changes since the last look, as
     (source host, what to set) pairs, read only when the record grew."""
@@ -265,7 +299,7 @@ class LiveControl:
             if host in hosts and self.ports.get((host, plane), True) != enabled:
                 self.ports[(host, plane)] = enabled
                 masks[host] = 0
-        planes = self.record.fabric.topology.planes
+        planes = self.record.topology.planes
         for host in masks:
             masks[host] = sum(1 << (p + 1) for p in range(planes) if self.ports.get((host, p), True))
         return ev_changes, masks
