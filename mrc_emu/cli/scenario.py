@@ -87,7 +87,8 @@ def _run_scenario(spec: str, out: str | None, pcap: bool, as_json: bool, clock: 
 def _scenario_text(results: dict) -> str:
     from ..experiments.analysis import report
 
-    lines = [f"scenario {results['scenario']['name']}: {', '.join(results['scenario']['faults']) or 'no faults'}", "",
+    clock = f" [virtual time, seed {results['seed']}]" if results.get("clock") == "virtual" else ""
+    lines = [f"scenario {results['scenario']['name']}{clock}: {', '.join(results['scenario']['faults']) or 'no faults'}", "",
              report.table(report.summary_rows(results))]
     if (sentence := report.headline(results)) is not None:
         lines += ["", sentence]

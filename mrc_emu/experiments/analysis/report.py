@@ -117,6 +117,8 @@ def write(results: dict[str, Any], out_dir: Path) -> dict[str, str]:
 def _ms(value: float | None, never: str = "never") -> str:
     if value is None:
         return never
+    if value < 1:  # virtual time's figures are microseconds
+        return f"{value * 1000:.1f} us"
     return f"{value:.1f} ms" if value < 10 else f"{value:,.0f} ms"
 
 
@@ -161,7 +163,7 @@ def summary_rows(results: dict[str, Any]) -> list[list[str]]:
         rows.append([
             transport,
             "-" if run["goodput_gbps"] is None else f"{run['goodput_gbps']:.2f} Gbit/s",
-            "-" if run["completion_ms"] is None else f"{run['completion_ms']:.0f} ms",
+            _ms(run["completion_ms"], "-"),
             _ms(fig.get("detection_ms"), none), _ms(fig.get("stall_ms"), none), _ms(fig.get("repair_ms"), none),
             _pct(run.get("inflation")),
             "never" if run.get("unrecovered") else
@@ -243,6 +245,13 @@ def emulation_lines(results: dict[str, Any]) -> list[str]:
     """What each run's emulation block says: faithful, or emulator-bound and why (figures flagged)."""
     lines = []
     for transport, run in results["runs"].items():
+        if run.get("clock") == "virtual":
+            v = run["virtual"]
+            lines.append(f"{transport}: virtual time (seed {v['seed']}): no emulator in the loop, every time is the "
+                         f"model's to the nanosecond; links {v['link_rate_bps'] / 1e9:g} Gbit/s "
+                         f"({v['link_rate_from']}), {v['link_delay_ns'] / 1e3:g} us each; "
+                         f"{v['virtual_ns'] / 1e6:,.3f} ms simulated, {v['packet_hops']:,} packet-hops")
+            continue
         if not run.get("emulation"):
             continue
         emu = Report(**run["emulation"])
@@ -280,7 +289,9 @@ def markdown(results: dict[str, Any]) -> str:
     scn = results["scenario"]
     rows = summary_rows(results)
     lines = [f"# {scn['name']}", "", scn.get("description", ""), "",
-             f"Topology `{scn['topology']}`; faults: {', '.join(scn['faults']) or 'none'}.", "",
+             f"Topology `{scn['topology']}`; faults: {', '.join(scn['faults']) or 'none'}."
+             + (f" **Virtual time** (seed {results['seed']}): the transport over a model of the fabric "
+                "(docs/virtual.md), not the namespace fabric." if results.get("clock") == "virtual" else ""), "",
              "| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
     lines += ["| " + " | ".join(r) + " |" for r in rows[1:]]
     if (sentence := headline(results)) is not None:

@@ -267,8 +267,8 @@ class _Follow:
             self.on_progress(sum(job.requester.bytes_acked for job in self.primary), self.total)
         if not self.left:
             self._over()
-        if not self.engine.stopped:
-            self.engine.after(self.tick_ns, self._tick)
+        if not self.engine.stopped:  # lingering, it only looks for healed EVs: every timeline tick of transfer.py
+            self.engine.after(self.tick_ns if self.left else max(self.tick_ns, TIMELINE_TICK_NS), self._tick)
 
 
 def _block(topo: Topology, fabric: VirtualFabric, engine: Engine, seed: int, rtts: list[int],
