@@ -65,6 +65,7 @@ class VirtualFabric:
                 self._towards[(node, peer)] = port
         self._salt = {name: zlib.crc32(f"{ecmp_seed}:{name}".encode()) for name in topo.nodes}
         self._deliver: dict[str, Deliver] = {}
+        self._hosts = {name for name, rib in self.ribs.items() if rib.role is Role.HOST}
         self._addresses: dict[str, bytes] = {}
         self.frames_sent = 0  # frames the hosts' endpoints handed over
         self.frames_refused = 0  # ... that could not leave the host (no route: its port down)
@@ -133,7 +134,7 @@ class VirtualFabric:
             self.drops["loss"] += 1
             return
         self.packet_hops += 1
-        if self.ribs[port.peer].role is Role.HOST:
+        if port.peer in self._hosts:
             self._receive(port.peer, frame, port.plane)
         else:
             self._forward(port.peer, frame)
