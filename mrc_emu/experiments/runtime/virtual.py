@@ -216,6 +216,8 @@ class _Follow:
         self.linger_until: int | None = None
         self.primary = [job for job, spec in zip(jobs, specs) if spec.start_at is None]
         self.total = sum(len(job.data) for job in self.primary)
+        self.acked = {id(job.requester): 0 for job in self.primary}  # bytes acknowledged, as last seen
+        self.acked_sum = 0  # ... together: progress follows it per delivery, not by a pass over every WRITE
         self.deferred = sorted(((spec.start_at, job) for spec, job in zip(specs, jobs) if spec.start_at is not None),
                                key=lambda d: d[0])
         self.running: dict[int, WriteJob] = {}  # by id(requester)
@@ -233,20 +235,21 @@ class _Follow:
         self.running[id(job.requester)] = job
         self.driver.add_endpoint(job.requester, job.host)
 
-    def _progress(self) -> float:
-        return sum(job.requester.bytes_acked for job in self.primary) / self.total
-
     def _delivered(self, endpoint: Any) -> None:
         job = self.running.get(id(endpoint))
         if job is None:
             return
+        key = id(endpoint)
+        if key in self.acked:
+            acked = endpoint.bytes_acked
+            self.acked_sum += acked - self.acked[key]
+            self.acked[key] = acked
         if self.timeline.waiting or self.deferred or self.hooks:
-            progress = self._progress()
+            progress = self.acked_sum / self.total
             self.timeline.progress(progress)
             while self.hooks and progress >= self.hooks[0][0]:
                 self.hooks.pop(0)[1](self.live)
-            primaries_done = all(j.requester.done for j in self.primary)
-            while self.deferred and (progress >= self.deferred[0][0] or primaries_done):
+            while self.deferred and (progress >= self.deferred[0][0] or all(j.requester.done for j in self.primary)):
                 self._post(self.deferred.pop(0)[1])
         if job.requester.done:
             del self.running[id(endpoint)]
@@ -271,7 +274,7 @@ class _Follow:
                 del self.running[id(job.requester)]
                 self.left -= 1
         if self.on_progress is not None:
-            self.on_progress(sum(job.requester.bytes_acked for job in self.primary), self.total)
+            self.on_progress(self.acked_sum, self.total)
         if not self.left:
             self._over()
         if not self.engine.stopped:  # lingering, it only looks for healed EVs: every timeline tick of transfer.py
