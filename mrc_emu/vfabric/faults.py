@@ -11,7 +11,8 @@ of the namespace fabric that acts on a link has its model here, acting where it 
     delay D     the sending end adds D to the link's propagation delay (each way: 2 D per round trip)
 
 `A B` names both directions of the link between A and B, `A->B` only what A sends to B (not for
-`down`). A fault comes into force at a virtual time after the transfers start (`at 2ms`) or
+`down`). A fault may repeat (a scenario's flap: down for half a period, `repeat` times), and
+whoever listens (routing.py's model) is told when each comes into force and is undone. A fault comes into force at a virtual time after the transfers start (`at 2ms`) or
 when a fraction of their bytes is acknowledged (`at 0.3`, as a scenario's faults), and is
 undone after `for D` if given. One line each (`parse`), as the CLI's --fault takes them:
 
