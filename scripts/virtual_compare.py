@@ -14,6 +14,10 @@ and which EVs had EV events. What is held equal so that the two are comparable:
   otherwise the emulated run measures its idle loop, endpoints' CPU time included, and the
   model computes its unloaded RTT, and NSCC's window differs);
 - no reference runs and no pcaps (they double the emulated time and change nothing compared);
+- not the ECMP hash: `baseline-path` is the link the baseline's flow takes in each, the kernel's
+  jhash there, the model's CRC there (docs/virtual.md), so the demo's and link-down's fault may
+  hit another link, and MRC's EV events fall on another EV: the table names each run's faulted
+  link and says whether every EV event was on an EV through it (false EV events: none);
 - the workload sizes, scaled by --scale (the emulated runs are CPU-heavy on 2 shared cores).
 
 Prints a markdown table and writes the JSON of every figure to --out.
@@ -92,6 +96,8 @@ def figures(results: dict) -> dict:
             "queue_p50": bottleneck.get("queue_p50"), "queue_p99": bottleneck.get("queue_p99"),
             "ce_marked": sum(c["ce_marked"] for c in ports), "trimmed": sum(c["trimmed"] for c in ports),
             "ev_events_on": [f"{label} EV {ev}" for label, ev in evs],
+            "false_ev_events": run.get("false_ev_events", 0),  # on EVs no fault crossed
+            "fault_links": sorted({"-".join(f["link"]) for f in run["faults"] if f.get("link")}),
             "verdict": None if run.get("clock") == "virtual" else run["emulation"]["verdict"],
         }
     return out
@@ -116,9 +122,17 @@ def table(compared: dict) -> str:
                 v, e = virt.get(row), emu.get(row)
                 ratio = f"{v / e:.2f}" if isinstance(v, (int, float)) and isinstance(e, (int, float)) and e else "-"
                 lines.append(f"| {name} | {transport} | {row} | {_cell(v)} | {_cell(e)} | {ratio} |")
-            lines.append(f"| {name} | {transport} | EV events on | {', '.join(virt['ev_events_on']) or 'none'} | "
-                         f"{', '.join(emu.get('ev_events_on', [])) or 'none'} | "
-                         f"{'same' if virt['ev_events_on'] == emu.get('ev_events_on') else 'differ'} |")
+            if virt["ev_events_on"] == emu.get("ev_events_on"):
+                agree = "same"
+            elif not virt["false_ev_events"] and emu and not emu["false_ev_events"]:
+                agree = "each only on EVs through its fault"
+            else:
+                agree = "differ"
+            lines.append(f"| {name} | {transport} | faulted link | {', '.join(virt['fault_links']) or '-'} | "
+                         f"{', '.join(emu.get('fault_links', [])) or '-'} | |")
+            lines.append(f"| {name} | {transport} | EV events on (false) | {', '.join(virt['ev_events_on']) or 'none'} "
+                         f"({virt['false_ev_events']}) | {', '.join(emu.get('ev_events_on', [])) or 'none'} "
+                         f"({emu.get('false_ev_events', '-')}) | {agree} |")
             lines.append(f"| {name} | {transport} | verified / emulation | {virt['verified']} | "
                          f"{emu.get('verified')} / {emu.get('verdict')} | |")
     return "\n".join(lines)
@@ -134,6 +148,7 @@ def compare_main(argv: list[str]) -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", default="virtual-compare.json")
     parser.add_argument("--virtual-only", action="store_true", help="only the virtual runs (no root needed)")
+    parser.add_argument("--keep", default=None, help="a folder to keep every run's results.json and report in")
     args = parser.parse_args(argv)
     args.rate = parse_rate(args.rate)
     names = [n.strip() for n in args.only.split(",") if n.strip()]
@@ -142,7 +157,8 @@ def compare_main(argv: list[str]) -> None:
         parser.error(f"unknown scenario {unknown[0]!r} (known: {', '.join(SCENARIOS)})")
     compared = {}
     with tempfile.TemporaryDirectory(prefix="vcompare-") as tmp:
-        folder = Path(tmp)
+        folder = Path(args.keep or tmp)
+        folder.mkdir(parents=True, exist_ok=True)
         for name in names:
             scn = prepare(name, args, folder)
             began = time.perf_counter()
