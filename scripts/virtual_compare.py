@@ -34,6 +34,7 @@ from pathlib import Path
 
 import yaml
 
+from mrc_emu.experiments.analysis import report
 from mrc_emu.experiments.scenarios import runner, scenario, virtual_run
 from mrc_emu.topology import builtin
 from mrc_emu.topology.units import parse_rate
@@ -99,6 +100,7 @@ def figures(results: dict) -> dict:
             "false_ev_events": run.get("false_ev_events", 0),  # on EVs no fault crossed
             "fault_links": sorted({"-".join(f["link"]) for f in run["faults"] if f.get("link")}),
             "verdict": None if run.get("clock") == "virtual" else run["emulation"]["verdict"],
+            "emulation_reasons": [] if run.get("clock") == "virtual" else run["emulation"]["reasons"],
         }
     return out
 
@@ -168,6 +170,9 @@ def compare_main(argv: list[str]) -> None:
             emu = {"runs": {}, "notes": []} if args.virtual_only else runner.run(
                 scn, folder / f"{name}-emulated", lambda line: print(f"  .. {line}", flush=True))
             emulated_s = time.perf_counter() - began
+            for clock, results in (("virtual", virt), ("emulated", emu)):
+                if results["runs"]:
+                    report.write(results, folder / f"{name}-{clock}")  # results.json, report.md, plots
             compared[name] = {"virtual": figures(virt), "emulated": figures(emu),
                               "wall_s": {"virtual": round(virtual_s, 1), "emulated": round(emulated_s, 1)},
                               "notes": {"virtual": virt["notes"], "emulated": emu["notes"]}}
