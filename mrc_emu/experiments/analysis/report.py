@@ -117,8 +117,8 @@ def write(results: dict[str, Any], out_dir: Path) -> dict[str, str]:
 def _ms(value: float | None, never: str = "never") -> str:
     if value is None:
         return never
-    if value < 1:  # virtual time's figures are microseconds
-        return f"{value * 1000:.1f} us"
+    if 0 < value < 1:  # three figures: virtual time's are tens of microseconds
+        return f"{value:.3g} ms"
     return f"{value:.1f} ms" if value < 10 else f"{value:,.0f} ms"
 
 
