@@ -85,9 +85,12 @@ def test_every_fault_kind_of_the_scenarios_has_a_model_or_is_refused_by_name():
     class Mystery(Fault):
         kind = "mystery"
 
+    virtual_run.check(scn, available=2**30)
+    with pytest.raises(virtual_run.NotModelled, match="move 0.0 GiB.*give the workloads a smaller size"):
+        virtual_run.check(scn, available=2**20)  # 2 MiB of WRITEs need more than 1 MiB
     scn.faults.append(Mystery(0.5, link=("p0l0", "p0s1")))
     with pytest.raises(virtual_run.NotModelled, match="'mystery' has no model in virtual time"):
-        virtual_run.check(scn)
+        virtual_run.check(scn, available=2**30)
 
 
 def test_the_routing_model_withdraws_at_both_ends_then_one_update_later_at_the_planes_other_leaves():

@@ -11,10 +11,11 @@ of the namespace fabric that acts on a link has its model here, acting where it 
     delay D     the sending end adds D to the link's propagation delay (each way: 2 D per round trip)
 
 `A B` names both directions of the link between A and B, `A->B` only what A sends to B (not for
-`down`). A fault may repeat (a scenario's flap: down for half a period, `repeat` times), and
-whoever listens (routing.py's model) is told when each comes into force and is undone. A fault comes into force at a virtual time after the transfers start (`at 2ms`) or
+`down`). A fault comes into force at a virtual time after the transfers start (`at 2ms`) or
 when a fraction of their bytes is acknowledged (`at 0.3`, as a scenario's faults), and is
-undone after `for D` if given. One line each (`parse`), as the CLI's --fault takes them:
+undone after `for D` if given. It may repeat (a scenario's flap: down for half a period,
+`repeat` times), and whoever listens (routing.py's model) is told when each comes into force
+and is undone. One line each (`parse`), as the CLI's --fault takes them:
 
     blackhole p0l0 p0s1 at 0.3          loss p0l0->p0s1 5% at 1ms for 2ms
     degrade p0l1 p0s0 0.25 at 0.3       delay p0l0 p0s1 50us at 0.5       down p0l0 p0s1 at 0.2

@@ -20,6 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from ...fabric import limits
 from ...fabric import routing as frr
 from ...stats import histogram_percentile
 from ...topology import Role, evs_between
@@ -33,6 +34,7 @@ from .runner import FaultRun, Progress, _quiet, _summarise
 from .scenario import Scenario, ScenarioError
 from .transports import Transport
 
+MEMORY_PER_BYTE = 3  # a virtual run's peak memory per byte its WRITEs move (ring512: 1.5 GB for 512 MiB)
 UPDATE_HOP_NS = 1_000_000  # the model's time for a BGP UPDATE to be processed and installed, per hop
 VIRTUAL_TICK_NS = 100_000  # timelines every 0.1 ms: a fault-free WRITE on `default` takes milliseconds
 _LINK_KINDS = {"link-down": FaultKind.DOWN, "flap": FaultKind.DOWN, "loss": FaultKind.LOSS,
@@ -45,9 +47,17 @@ class NotModelled(ScenarioError):
     """A scenario asks for something the virtual fabric has no model of."""
 
 
-def check(scn: Scenario) -> None:
+def check(scn: Scenario, available: int | None = None) -> None:
     """Refuse, by name, what virtual time cannot run: a fault kind without a model, a topology
-    whose ports are not the port program's."""
+    whose ports are not the port program's, WRITEs whose bytes do not fit in memory (`available`
+    bytes, or the kernel's MemAvailable): one process holds every source and destination buffer."""
+    total = sum(n for _, _, n in scn.transfers())
+    available = limits.available_memory() if available is None else available
+    if available is not None and total * MEMORY_PER_BYTE > available:
+        raise NotModelled(f"{scn.source or scn.name}: its WRITEs move {total / 2**30:.1f} GiB, which virtual time holds "
+                          f"in this one process (source and destination buffers, the transport's records: about "
+                          f"{total * MEMORY_PER_BYTE / 2**30:.1f} GiB); {available / 2**30:.1f} GiB is available: "
+                          f"give the workloads a smaller size")
     for fault in scn.faults:
         if fault.kind not in _LINK_KINDS and fault.kind not in _NO_LINKS and not fault.controller:
             raise NotModelled(f"{scn.source or scn.name}: fault kind {fault.kind!r} has no model in virtual time "
