@@ -172,6 +172,9 @@ def run_virtual(topo: Topology, specs: list[TransferSpec], seed: int = 0, faults
         jobs.append(prepare_write(muxes[spec.src], controls[spec.src], key, spec.src, qpn_req, qpn_resp, plan.forward,
                                   spec.config, spec.cc, spec.ev_min_active, start_psn, region.to_dict(), data,
                                   hashlib.sha256(data).hexdigest(), spec.imm, transport_rng.getrandbits))
+        # the ledger's gaps (the fault figures' stall) at the model's resolution: one unloaded RTT,
+        # not the 100 us a worker's ACK clock needs on the namespace fabric
+        jobs[-1].requester.recovery.ledger.gap_ns = rtts[key]
         driver.add_endpoint(responder, spec.dst)
         responders.append(responder)
         regions.append(region)
