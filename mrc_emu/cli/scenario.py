@@ -46,8 +46,6 @@ def _run_scenario(spec: str, out: str | None, pcap: bool, as_json: bool, clock: 
     if seed is not None and not virtual:
         raise click.UsageError("--seed is for virtual time (--clock virtual, or clock: virtual in the scenario)")
     if pcap:
-        if virtual:
-            raise click.UsageError("--pcap: virtual time makes no pcap yet")
         scn.capture = True
     if virtual:
         virtual_run.check(scn)  # what has no model is refused before anything runs
@@ -122,7 +120,8 @@ def _finish(results: dict, as_json: bool) -> None:
 @click.option("--out", "-o", default=None, help="Output folder (default: results/<name>-<time>).")
 @click.option("--pcap", is_flag=True, help="Also make a pcap per transport (the source host's ports, whole packets) "
                                             "in a separate run of the same scenario, slower if the capture must keep up; "
-                                            "a pcap that lost packets is a warning.")
+                                            "a pcap that lost packets is a warning. In virtual time: of the measured "
+                                            "run itself, with virtual timestamps.")
 @click.option("--clock", type=click.Choice(["emulated", "virtual"]), default=None,
               help="emulated: the namespace fabric (root); virtual: a model of it in virtual time, no root, "
                    "deterministic per --seed (default: the scenario's `clock:`, else emulated).")

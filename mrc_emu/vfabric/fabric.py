@@ -74,6 +74,9 @@ class VirtualFabric:
         self.drops: Counter[str] = Counter()  # frames lost in the fabric, by why (port drops are the ports')
         # routes to hosts that routing withdrew (routing.py): node -> {(port, leaf index or None: every host)}
         self.withdrawn: dict[str, set[tuple[int, int | None]]] = {}
+        # what a capture on a host's ports sees: tap(frame, ifname, outbound, time_ns) for each frame
+        # the host sends (as it leaves for its NIC queue) or that arrives at it
+        self.taps: dict[str, Callable[[bytes, str, bool, int], None]] = {}
 
     # ---- hosts -----------------------------------------------------------------------------
 
@@ -99,6 +102,9 @@ class VirtualFabric:
             if out is None:
                 self.frames_refused += 1
                 return False
+            tap = self.taps.get(host)
+            if tap is not None:
+                tap(bytes(data), out.ifname, True, self.engine.now)
             out.offer(data)
             return True
 
@@ -178,6 +184,9 @@ class VirtualFabric:
     def _receive(self, host: str, frame: bytearray, plane: int) -> None:
         """What arrives at a host: its own (decapsulated and checked as its kernel does), or
         forwarded on (a host forwards SIDs of others, as every node does)."""
+        tap = self.taps.get(host)
+        if tap is not None:
+            tap(bytes(frame), self._towards[(host, self.topo.leaf_of(host, plane))].ifname, False, self.engine.now)
         hop, _ = self.ribs[host].lookup(bytes(frame[24:40]))
         if hop is not Hop.LOCAL:
             self._forward(host, frame)

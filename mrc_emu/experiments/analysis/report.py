@@ -47,12 +47,13 @@ _CAPTURE = {  # the pcap's own run (runner.capture_run) and tcpdump's counts (fa
                  "left_in_ring", "lost", "complete", "snaplen", "problem", "completion_ms", "verified", "time_dilation",
                  "ring_kib", "attempts"],
     "properties": {
-        "path": {"type": "string"}, "run": {"const": "separate"}, "host": {"type": "string"},
+        # "separate": the namespace fabric captures a second run; "same": virtual time captures the measured one
+        "path": {"type": "string"}, "run": {"enum": ["separate", "same"]}, "host": {"type": "string"},
         "interfaces": {"type": "array", "items": {"type": "string"}},
         "packets": _COUNT, "received": _COUNT, "dropped_kernel": _COUNT, "dropped_interface": _COUNT,
         "left_in_ring": _COUNT, "lost": _COUNT, "complete": {"type": "boolean"}, "snaplen": _COUNT,
         "problem": {"type": ["string", "null"]}, "completion_ms": _NUM, "verified": {"type": "boolean"},
-        "time_dilation": {"type": "number", "minimum": 1}, "ring_kib": {"type": "integer", "minimum": 1},
+        "time_dilation": {"type": "number", "minimum": 1}, "ring_kib": {"type": ["integer", "null"], "minimum": 1},
         "attempts": {"type": "array", "minItems": 1, "items": {"type": "object",
                                                                "required": ["time_dilation", "ring_kib", "lost"]}},
     },
@@ -269,6 +270,9 @@ def pcap_line(transport: str, run: dict[str, Any], markdown: bool = True) -> str
     kept = "?" if cap["packets"] is None else f"{cap['packets']:,}"
     snap = f"the first {cap['snaplen']} bytes of each" if cap["snaplen"] else "whole packets"
     path = f"`{Path(cap['path']).name}`" if markdown else cap["path"]
+    if cap["run"] == "same":  # virtual time: capturing changes nothing, the measured run is the captured one
+        return (f"pcap ({transport}): {path}, {kept} packets of {cap['host']}'s ports ({', '.join(cap['interfaces'])}; "
+                f"{snap}, virtual timestamps), from the measured run itself")
     took = "did not complete" if cap["completion_ms"] is None else f"took {cap['completion_ms']:.0f} ms"
     measured = "" if run.get("completion_ms") is None else f" against {run['completion_ms']:.0f} ms uncaptured"
     tries = cap["attempts"]

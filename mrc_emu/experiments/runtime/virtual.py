@@ -134,7 +134,8 @@ def run_virtual(topo: Topology, specs: list[TransferSpec], seed: int = 0, faults
                 link_delay_ns: int = DEFAULT_LINK_DELAY_NS, default_rate_bps: int = DEFAULT_RATE_BPS,
                 limit_ns: int = DEFAULT_LIMIT_NS, on_progress: Callable[[int, int], None] | None = None,
                 hooks: list[tuple[float, Callable[[Live], None]]] = (), routing: RoutingTimers | None = None,
-                linger_ns: int = 0, tick_ns: int = TIMELINE_TICK_NS) -> VirtualRun:
+                linger_ns: int = 0, tick_ns: int = TIMELINE_TICK_NS,
+                taps: dict[str, Callable[[bytes, str, bool, int], None]] | None = None) -> VirtualRun:
     """Run every WRITE of `specs` at once (a spec's `start_at`: when the others reach that
     progress) over the virtual fabric of `topo`, with `faults` on its links; one result per
     spec, in order. `limit_ns`: virtual time after which what has not completed has failed.
@@ -143,11 +144,13 @@ def run_virtual(topo: Topology, specs: list[TransferSpec], seed: int = 0, faults
     called once with the run's `Live` when that fraction of the bytes is acknowledged.
     `routing`: the timers of the routing repair model (vfabric/routing.py; None: routes stay
     as they are, but for a link's two ends). `linger_ns`: after the WRITEs complete, run on
-    (probes reviving EVs) until no EV is ASSUMED_BAD, or this long."""
+    (probes reviving EVs) until no EV is ASSUMED_BAD, or this long. `taps`: host -> what sees
+    every frame the host sends or receives (VirtualFabric.taps: a capture)."""
     specs = prepared_specs(specs)
     engine = Engine()
     fabric = VirtualFabric(topo, engine, random.Random(f"{seed}:fabric"), link_delay_ns, default_rate_bps,
                            ecmp_seed=seed)
+    fabric.taps.update(taps or {})
     driver = HostDriver(engine, fabric)
     transport_rng = random.Random(f"{seed}:transport")
     plans = [plan_paths(topo, spec) for spec in specs]
