@@ -81,7 +81,11 @@ def _run_schema(transports: list[str], fault_kinds: list[str]) -> dict[str, Any]
             "emulation": {"type": "object", "required": ["verdict", "reasons", "workers", "time_dilation", "loop_lag_us",
                                                          "cpu_busy", "packets_per_s", "kernel_drops"],
                           "properties": {"verdict": {"enum": ["faithful", "emulator-bound"]}}},
+            "clock": {"enum": ["virtual"]},  # absent on the namespace fabric
         },
+        # only virtual time captures the measured run itself: the namespace fabric's pcap is a separate run's
+        "if": {"not": {"required": ["clock"]}},
+        "then": {"properties": {"capture": {"properties": {"run": {"const": "separate"}}}}},
     }
 
 
