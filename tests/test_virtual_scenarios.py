@@ -112,6 +112,11 @@ def test_the_routing_model_withdraws_at_both_ends_then_one_update_later_at_the_p
     assert fabric.withdrawn["p0s1"] == {(fabric.ribs["p0s1"].port_to["p0l0"], None)}
     others = [leaf for leaf in fabric.withdrawn if leaf not in ("p0l0", "p0s1")]
     assert others and all(fabric.withdrawn[leaf] == {(fabric.ribs[leaf].port_to["p0s1"], 0)} for leaf in others)
+    silent = BgpRepair(Engine(), VirtualFabric(DEFAULT, Engine(), random.Random(0)),
+                       virtual_run.routing_timers(_scenario([], routing="bgp", bfd=False)), random.Random(1))
+    silent.on_fault(fault, True)  # without BFD the hold timer (9 s, keepalives every 3 s) gives up
+    silent.engine.run()
+    assert 6e9 <= silent.events[0]["time_ns"] <= 9e9
     repair.on_fault(fault, False)  # repaired: back a connect retry later
     engine.run(until_ns=engine.now + timers.connect_retry_ns + timers.update_hop_ns)
     assert repair.events[-1]["event"] == "up" and not any(fabric.withdrawn.values())

@@ -266,7 +266,8 @@ class _Follow:
 
     def _over(self) -> None:
         """Every WRITE is done: stop, or linger while an EV is ASSUMED_BAD (ticks look again)."""
-        if self.linger_ns and any(job.requester.profile.any_assumed_bad() for job in self.jobs):
+        # only a QP that had an EV event can have an EV ASSUMED_BAD: the others are not asked (512 of them, each tick)
+        if self.linger_ns and any(job.requester.ev_events and job.requester.profile.any_assumed_bad() for job in self.jobs):
             if self.linger_until is None:
                 self.linger_until = self.engine.now + self.linger_ns
             if self.engine.now < self.linger_until:
