@@ -27,6 +27,7 @@ from ...fabric import limits
 from ...fabric import routing as frr
 from ...stats import histogram_percentile
 from ...topology import Role, evs_between
+from ...topology.evs import EvFormat
 from ...vfabric.faults import FaultKind, LinkFault
 from ...vfabric.routing import RoutingTimers
 from ..runtime.controller import LiveControl, MemoryRecord, qp_evs
@@ -220,7 +221,7 @@ def run_transport(scn: Scenario, transport: Transport, link: tuple[str, str] | N
         faults += link_faults(scn, fault, fr.link, tag)
     if steps:
         control = LiveControl(record, {key: (spec.src, qp_evs(plan_paths(topo, spec)))
-                                       for key, spec in enumerate(specs) if spec.ev_format.value != "UDP"})
+                                       for key, spec in enumerate(specs) if spec.ev_format is not EvFormat.UDP})
         control.changes()  # nothing yet: the record starts empty
         hooks = [(fault.at, _controller(fr, record, control, f"scenario {scn.name}")) for fr, fault in steps]
     progress(f"{transport}: {len(specs)} WRITE(s) in virtual time, faults: "
