@@ -220,6 +220,7 @@ class _Follow:
         self.engine, self.driver, self.jobs, self.timeline, self.on_progress = engine, driver, jobs, timeline, on_progress
         self.hooks, self.live, self.linger_ns, self.tick_ns = list(hooks), live, linger_ns, tick_ns
         self.linger_until: int | None = None
+        self.reported = 0  # the bytes acknowledged on_progress was last told
         self.primary = [job for job, spec in zip(jobs, specs) if spec.start_at is None]
         self.total = sum(len(job.data) for job in self.primary)
         self.acked = {id(job.requester): 0 for job in self.primary}  # bytes acknowledged, as last seen
@@ -264,8 +265,15 @@ class _Follow:
             if not self.left:
                 self._over()
 
+    def _report(self) -> None:
+        """on_progress at a tick, and once at the end; not again while lingering."""
+        if self.on_progress is not None and self.reported < self.total:
+            self.reported = self.acked_sum
+            self.on_progress(self.acked_sum, self.total)
+
     def _over(self) -> None:
         """Every WRITE is done: stop, or linger while an EV is ASSUMED_BAD (ticks look again)."""
+        self._report()
         # only a QP that had an EV event can have an EV ASSUMED_BAD: the others are not asked (512 of them, each tick)
         if self.linger_ns and any(job.requester.ev_events and job.requester.profile.any_assumed_bad() for job in self.jobs):
             if self.linger_until is None:
@@ -280,8 +288,7 @@ class _Follow:
             if job.sample(now):
                 del self.running[id(job.requester)]
                 self.left -= 1
-        if self.on_progress is not None:
-            self.on_progress(self.acked_sum, self.total)
+        self._report()
         if not self.left:
             self._over()
         if not self.engine.stopped:  # lingering, it only looks for healed EVs: every timeline tick of transfer.py
