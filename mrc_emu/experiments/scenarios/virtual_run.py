@@ -265,6 +265,8 @@ def run(scn: Scenario, out_dir: Path, seed: int = 0, progress: Progress = _quiet
     notes = results["notes"]
     if scn.time_dilation != 1:
         notes.append(f"time_dilation {scn.time_dilation:g} does not apply in virtual time (no machine to slow down)")
+    if scn.workers is not None:
+        notes.append(f"workers: {scn.workers} does not apply in virtual time (one process drives every endpoint)")
     if scn.routing == "bgp" and any(t.needs_routing for t in scn.transports):
         notes.append(f"the baseline's routing repair is a model (vfabric/routing.py), from FRR's timers as the "
                      f"namespace fabric sets them: {routing_timers(scn).describe()}")
