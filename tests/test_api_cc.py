@@ -19,6 +19,14 @@ def test_the_nscc_field_names_are_the_transports():
     NsccParams(**{name: 1 for name in NSCC_CONFIG_FIELDS})  # the experiments layer's mapping is by name
 
 
+def test_the_dcqcn_field_names_are_the_transports():
+    """The emulator's DCQCN has no OCP struct: its CC profile config is DcqcnParams' fields by name."""
+    from mrc_emu.api.cc import DCQCN_CONFIG_FIELDS
+    from mrc_emu.transport.cc.dcqcn import DcqcnParams
+
+    assert list(DCQCN_CONFIG_FIELDS) == [f.name for f in dataclasses.fields(DcqcnParams)]
+
+
 def test_lifecycle_init_offline_online_offline_init():
     cc = CcProfile(3)
     cc.modify(state=OFFLINE, algorithm=NSCC)

@@ -33,7 +33,8 @@ class FakeOps:
         for req_id, dst, ev in requests:
             rtt = self.rtts[(host, dst, ev)].pop(0)
             if rtt is not None:
-                batch.responses.append({"req_id": req_id, "rtt": rtt, "adj_svc_time": rtt - 250_000, "service_ns": 250_000})
+                batch.responses.append({"req_id": req_id, "rtt_raw": rtt, "rtt": rtt - 250_000, "adj_svc_time": 1,
+                                        "service_ns": 250_000})
         batch.timed_out = len(batch.responses) < len(requests)
         batch.done.set()
         return batch

@@ -165,7 +165,8 @@ def test_send_ev_profile_broken_file_is_one_line_naming_file_and_field(tmp_path,
 
 
 def test_send_in_virtual_time_needs_no_fabric_and_says_so(state_dir):
-    result = run("send", "h0", "h2", "--size", "1MiB", "--clock", "virtual", "--seed", "3",
+    # 2 MiB: a 1 MiB WRITE is over (0.1 ms) before EV 1's second witness probe goes unanswered
+    result = run("send", "h0", "h2", "--size", "2MiB", "--clock", "virtual", "--seed", "3",
                  "--fault", "blackhole p0l0 p0s1 at 0.3")
     assert result.exit_code == 0, result.output
     out = result.output
@@ -204,3 +205,33 @@ def test_send_in_virtual_time_on_no_such_link_or_host_is_one_line(state_dir):
         "mrc-emu: error: down p0l0-p1s0 at 50%: no link between p0l0 and p1s0")
     result = run("send", "h0", "h99", "--size", "4k", "--clock", "virtual")
     assert result.exit_code == 1 and "no node 'h99'" in result.output and "\n" not in result.output.strip()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["ev", "replace", "h0", "h2", "--ev", "1"], "give --value HEX|IPV6 or --reset"),
+    (["ev", "replace", "h0", "h2", "--ev", "1", "--value", "zz"], "is neither hex digits nor an IPv6 address"),
+    (["ev", "replace", "h0", "h2", "--ev", "1", "--value", "0x00"], "not all zero"),
+    (["ev", "replace", "h0", "h2", "--ev", "1", "--reset", "--port", "2"], "no --port with it"),
+    (["ev", "probe", "h0", "h2"], "give --ev K or --value HEX"),
+    (["ev", "probe", "h0", "h2", "--ev", "1", "--value", "fc00::1"], "give --ev K or --value HEX"),
+    (["ev", "events", "--host", "h0", "--for", "3"], "--for goes with --follow"),
+    (["send", "h0", "h2", "--cc-config", "maxwnd=4"], "config.maxwnd: not a field of uet-1.0-nscc"),
+    (["send", "h0", "h2", "--cc-config", "max_cwnd"], "'max_cwnd' is not NAME=NUMBER"),
+    (["send", "h0", "h2", "--clock", "virtual", "--cc-config", "max_cwnd=4096"], "--cc-config: no meaning in virtual"),
+    (["send", "h0", "h2", "--clock", "virtual", "--qp-cap", "SVC_TIME_DEST_UNSUPPORTED"], "--qp-cap: no meaning"),
+])
+def test_controller_commands_refuse_bad_input_before_touching_a_fabric(args, message, state_dir):
+    """ev replace/probe/events and send's CC config and QP caps: usage errors naming the option, exit 2,
+    before any fabric is opened (none exists here)."""
+    result = run(*args)
+    assert result.exit_code == 2 and message in result.output, result.output
+
+
+def test_ev_values_from_the_command_line():
+    from mrc_emu.cli.ev import _ev_value
+
+    assert _ev_value("0x1234c001") == bytes.fromhex("1234c001")
+    assert _ev_value("c001") == bytes.fromhex("c001") and _ev_value("0xabc") == bytes.fromhex("0abc")
+    assert _ev_value("fc00:0:5:b:6:3:f0d6::") == bytes.fromhex("fc0000000005000b00060003f0d60000")
+    assert _ev_value("fc00:0:b:3:f0d6::,fc00:0:3:f0d6::") == bytes.fromhex(
+        "fc000000000b0003f0d6000000000000" "fc0000000003f0d60000000000000000")

@@ -113,3 +113,39 @@ def test_run_events_are_queued_from_the_hosts_controllers(record):
     events, dropped = record.poll("h0", 10)
     assert [(e["dst"], e["state"]) for e in events] == [("h2", "ASSUMED_BAD"), ("h2", "GOOD")]
     assert events[0]["drop_count"] == 2 and record.poll("h1", 10) == ([], 0)
+
+
+def test_replace_ev_in_the_record_reaches_the_runs_qps_once_and_a_refused_one_is_withdrawn(record):
+    """`ev replace` lines: the run's QP from the EV's source to its destination is sent each new value once
+    (a reset recorded before the run sends it nothing); one its QP refused is withdrawn from the state, so
+    `ev list` and later runs keep the EV's value before it."""
+    from mrc_emu.experiments.runtime.worker import Progress
+
+    topo = record.fabric.topology
+    record.replace("h0", "h2", 1, None, None)  # a reset before the run: nothing to send
+    live = LiveControl(record, {0: ("h0", {e.index: e for e in evs_between(topo, "h0", "h2")}),
+                                1: ("h1", {e.index: e for e in evs_between(topo, "h1", "h3")})})
+    live.changes()
+    assert live.replaces == []
+    carrier = bytes.fromhex("fc0000000005000b00060003f0d60000")
+    first = record.replace("h0", "h2", 1, carrier, None)
+    live.changes()
+    (sent,) = live.replaces
+    assert sent[:2] == (0, "h0") and (sent[2].ev, sent[2].value, sent[2].port, sent[2].ident) == (1, carrier, None, first)
+    live.asked[(0, 1)], live.replaces = first, []
+    live.report(Progress({}, {}, ((0, 1, ""),)), {})
+    assert record.replaced(first) == [{"key": 0, "error": None}]
+    assert [r["value"] for r in record.listing("h0", "h2") if r["ev"] == 1] == [carrier.hex()]
+    refused = record.replace("h0", "h2", 1, bytes(16) + carrier, 2)
+    live.changes()
+    (sent,) = live.replaces
+    live.asked[(0, 1)], live.replaces = refused, []
+    live.report(Progress({}, {}, ((0, 1, "an SRV6 value needs its outer destination"),)), {})
+    assert record.replaced(refused)[0]["error"].startswith("an SRV6 value")
+    assert record.state().values[("h0", "h2", 1)][2] == first  # withdrawn: the EV keeps the value before it
+    live.changes()
+    assert live.replaces == []  # and the run is not sent that again
+    with pytest.raises(ValueError, match="EVs 0..7"):
+        record.replace("h0", "h2", 8, carrier, None)
+    with pytest.raises(ValueError, match="ports 1..2"):
+        record.replace("h0", "h2", 1, carrier, 3)

@@ -60,6 +60,9 @@ def test_port_disable_mid_transfer_stops_its_evs_at_once_without_a_resend(tmp_pa
     _no_losses(t)
     off, on = t["ev_ops"]
     assert off["deny"] == [4, 5, 6, 7] and on["allow"] == [4, 5, 6, 7] and off["reason"] == "h0 port(s) 2 disabled"
+    # the host controller's port admin state followed: query_port(2) read DISABLED, then ENABLED
+    assert {int(k): v for k, v in off["port_admin"].items()} == {1: "ENABLED", 2: "DISABLED"}
+    assert {int(k): v for k, v in on["port_admin"].items()} == {1: "ENABLED", 2: "ENABLED"}
     for ev in ("4", "5", "6", "7"):
         assert on["sent"][ev] == off["sent"][ev] > 0  # nothing on the port's EVs while it was disabled
     assert all(on["sent"][ev] > off["sent"][ev] for ev in ("0", "1", "2", "3"))

@@ -158,9 +158,47 @@ def test_controller_ev_probe_batch_is_answered_by_the_peer_endpoint():
     for r in got:
         ev = requests[r.req_id].ev
         assert r.port == PATHS.forward[ev].plane + 1
-        assert r.rtt == 2 * net.fault(ev).delay_ns and r.adj_svc_time == r.rtt - r.service_ns
+        assert r.rtt_raw == 2 * net.fault(ev).delay_ns and r.rtt == r.rtt_raw - r.service_ns and r.adj_svc_time == 1
     assert muxes["h2"].endpoint.answers.answered == len(requests)
     assert endpoint.take_responses() == []  # not buffered between calls
+
+
+def test_a_probe_of_an_ev_value_goes_out_on_that_value_and_is_answered():
+    """EV_PROBE of a value no QP uses (OCP's req_ev): h0's endpoint sends it with the value's outer
+    destination (here p0s2's short carrier, with its SRH segment left to the destination's
+    decapsulation address) and EV VALUE_PROBE_EV; h2's endpoint answers along its first usable
+    path; the response is the header's: the RTT corrected for h2's service time, flag 1."""
+    import ipaddress
+
+    from mrc_emu.api.formats import EvFormatMode
+    from mrc_emu.topology.evs import udp_sport
+    from mrc_emu.transport.endpoint import VALUE_PROBE_EV
+    from mrc_emu.transport.multipath.evvalues import value_paths
+    from mrc_emu.wire.decoder import open_frame
+
+    muxes = {}
+    for name, address in (("h0", SRC), ("h2", DST)):
+        muxes[name] = HostMux(address)
+        muxes[name].serve(HostEndpoint(address, muxes[name], paths_to(name), PORTS))
+    carrier = ad.usid_carrier([TOPO.node("p0s2").node_id, TOPO.node("h2").node_id], ad.USID_DECAP_FUNCTION)
+    value = ipaddress.IPv6Address(carrier).packed
+    path = value_paths(TOPO, "h0", "h2", EvFormatMode.SRV6).path(VALUE_PROBE_EV, value, 1, udp_sport(0))
+    endpoint = muxes["h0"].endpoint
+    endpoint.ev_probe([EpRequest(7, DST, VALUE_PROBE_EV, path)])
+    out, back = [], []
+    endpoint.pump(1_000, lambda frame, p: out.append((bytes(frame), p)) or True)
+    (frame, sent_on), = out
+    assert frame[24:40] == value and sent_on is path and sent_on.first_hop == carrier
+    assert frame[48:64] == ipaddress.IPv6Address(ad.decap_sid(TOPO.node("h2").node_id)).packed
+    _deliver(muxes["h2"].endpoint, frame, SRC, port=1)
+    muxes["h2"].endpoint.pump(5_000, lambda f, p: back.append((bytes(f), p)) or True)
+    (answer, way), = back
+    assert way.template.ends.dst == PATHS.src_address  # back to h0 along one of h2's paths
+    opened = open_frame(answer)
+    endpoint.on_datagram(bytes(opened.payload), DST, opened.sport, 21_000, opened.tclass, 1)
+    (rsp,) = endpoint.take_responses()
+    assert (rsp.req_id, rsp.port, rsp.adj_svc_time, rsp.rtt_raw) == (7, 1, 1, 20_000)
+    assert rsp.rtt == rsp.rtt_raw - rsp.service_ns < rsp.rtt_raw
 
 
 def test_port_status_masks():

@@ -134,10 +134,26 @@ def test_same_leaf_hosts_turn_at_the_leaf():
     assert paths.back[1].first_hop == "fc00:0:7:1:f0d6::"
 
 
-def test_only_srv6_gen_or_exp_profiles_map_onto_paths():
-    stev = load(PROFILES / "example-gen.yaml")
-    with pytest.raises(EvProfileError, match=r"example-gen.yaml: format.mode: STEV: only SRV6 profiles"):
-        profile_paths(builtin(), stev, "h0", "h2")
+def test_stev_and_udp_profiles_map_onto_plain_paths():
+    """A STEV profile's values are flow label bits and source port, each EV's port going round the planes;
+    a UDP profile's the source port; a profile whose EVs share a source port is refused (the responder
+    tells a QP's EVs apart by it), as the shipped STEV example's fixed 0xBEEF field does."""
+    topo = builtin()
+    stev = from_dict({"format": {"mode": "STEV", "fields": [32]},
+                      "profile": {"mode": "EXP", "ev_count": 3, "ev_min_active": 1, "fields": [{"width": 32}],
+                                  "evs": ["0x0000c000", "0x1234c001", "0xbeefc002"]}}, "<stev>")
+    paths = profile_paths(topo, stev, "h0", "h2")
+    assert [(p.template.flow_label, p.template.ends.sport, p.plane) for p in paths.forward.values()] == [
+        (0, 0xC000, 0), (0x1234, 0xC001, 1), (0xBEEF, 0xC002, 0)]  # a value without label bits is STEV still
+    assert paths.back[1].template.flow_label == 0x1234 and paths.topology_evs == paths.evs
+    udp = from_dict({"format": {"mode": "UDP", "fields": [16]},
+                     "profile": {"mode": "EXP", "ev_count": 2, "ev_min_active": 1, "fields": [{"width": 16}],
+                                 "evs": ["0xd000", "0xd001"]}}, "<udp>")
+    paths = profile_paths(topo, udp, "h0", "h2")
+    assert [(p.first_hop, p.template.ends.sport, p.template.encap.outer) for p in paths.forward.values()] == [
+        (paths.dst_address, 0xD000, b""), (paths.dst_address, 0xD001, b"")]
+    with pytest.raises(EvProfileError, match=r"example-gen.yaml: EV 1: UDP source port 0xbeef is EV 0's too"):
+        profile_paths(topo, load(PROFILES / "example-gen.yaml"), "h0", "h2")
 
 
 def test_carrier_usids_reads_nodes_and_function():

@@ -9,11 +9,15 @@ TRIM NACKs and CNPs delivered or lost on the way back, EVs made ASSUMED_BAD, DEN
 again mid-stream, and EVs whose frames cannot leave the host. After every event both must have
 sent the same frames on the same EVs and agree on the sent-packet table, recovery and its ledger,
 the CC's state and every call made to it (per packet for on_sent, with the packet's send time),
-pacing, the EV statistics and schedule, and the completions.
+pacing, the EV statistics and schedule, and the completions. Each requester is bound to an api EV
+profile of its host's controller and follows the values its slots hold: a REPLACE_EV mid-stream
+(a SRV6 EV moved to another spine's carrier, a STEV EV given other flow label bits) re-paths the
+EV's next frames in both loops alike.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import random
 import socket
 from unittest import mock
@@ -23,12 +27,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mrc_emu.api.events import EvState
-from mrc_emu.topology import builtin
-from mrc_emu.topology.evs import default_stev
+from mrc_emu.api.formats import EvFormatMode
+from mrc_emu.experiments.runtime.hostctl import HostControl
+from mrc_emu.topology import addressing as ad
+from mrc_emu.topology import builtin, evs_between
+from mrc_emu.topology.evs import EvFormat, default_stev
 from mrc_emu.transport import requester as requester_module
 from mrc_emu.transport import sent as sent_module
 from mrc_emu.transport.cc.registry import make_cc
 from mrc_emu.transport.config import QpConfig
+from mrc_emu.transport.multipath.evvalues import value_paths
 from mrc_emu.transport.multipath.paths import qp_paths, stev_paths
 from mrc_emu.transport.multipath.rtt import RttEstimator
 from mrc_emu.transport.requester import Requester
@@ -47,6 +55,11 @@ _PATHS = {8: qp_paths(TOPO, "h0", "h2")} | {
     n: stev_paths(TOPO, "h0", "h2", [default_stev(i) for i in range(n)]) for n in (C_EV_LIMIT, C_EV_LIMIT + 1, 100)}
 _DATA_OPCODES = (fmt.Opcode.RDMA_WRITE_ONLY, fmt.Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE)
 _DATA = bytes(range(251)) * (1 + (1 << 20) // 251)  # what WRITEs carry: no two packets alike
+# a REPLACE_EV's new values: for the SRV6 QP, each spine's short carrier to h2 (fabric EV k's spine) on its plane's
+# port; for the STEV ones, other flow label bits over the same source port
+_CARRIERS = [(ipaddress.IPv6Address(ad.usid_carrier([TOPO.node(ev.spine).node_id, TOPO.node("h2").node_id],
+                                                    ad.USID_DECAP_FUNCTION)).packed, ev.plane + 1)
+             for ev in evs_between(TOPO, "h0", "h2")]
 _CC_CALLS = ("on_sent", "on_acked", "on_lost", "on_trimmed", "on_timeout", "on_cnp")
 _RTT = RttEstimator.__slots__
 
@@ -86,9 +99,16 @@ class _World:
             setattr(cc, name, self._recording(name, getattr(cc, name)))
         # the reference keeps pure-Python packet records, so delivery and front() run in Python as well
         records = sent_module.Pkt if c_loop else sent_module.PyPkt
+        ev_format = EvFormat.SRV6 if n_evs == 8 else EvFormat.STEV
+        self.control = HostControl("h0", TOPO.planes)  # the host's controller: the QP's EV profile, REPLACE_EV
+        self.profile_id = self.control.ev_profile("h2", paths.forward, 1, EvFormatMode.SRV6 if n_evs == 8
+                                                  else EvFormatMode.STEV)
         with mock.patch.object(sent_module, "Pkt", records):
             self.requester = Requester(src, 0x11, 0x22, paths.forward, config, cc, start_psn=setup["start_psn"],
-                                       c_loop=c_loop, random_bits=random.Random(2).getrandbits)
+                                       c_loop=c_loop, random_bits=random.Random(2).getrandbits,
+                                       ev_profile=self.control.ctl.ev_profile(self.profile_id),
+                                       ev_events=self.control.ctl.events,
+                                       value_paths=value_paths(TOPO, "h0", "h2", ev_format))
         assert (self.requester._spray is not None) == c_loop
         self.sprayed = 0  # packets the C loop sent itself
         self.widest = 0  # the most EVs one call of the C loop sent on
@@ -104,6 +124,7 @@ class _World:
         self.wire: list[bytes] = []  # data frames and probes on their way to the responder
         self.back: list[bytes] = []  # ACKs, NAKs, TRIM NACKs, CNPs and probe answers on their way back
         self.frames: list[tuple[int, bytes]] = []  # every frame the requester sent since the last snapshot
+        self.frames_log: list[tuple[int, bytes]] = []  # every frame the requester sent
 
     def _recording(self, name: str, call):
         def recorded(*args, **kwargs):
@@ -122,6 +143,7 @@ class _World:
     def _send(self, frame, path) -> bool:
         data = bytes(frame)  # a C loop's frame is a view of a slot it reuses
         self.frames.append((path.ev, data))
+        self.frames_log.append((path.ev, data))
         if path.ev in self.refuse:
             return False
         self.wire.append(data)
@@ -171,6 +193,18 @@ class _World:
                 r.profile.deny(ev, self.now, "test")
             else:
                 r.profile.allow(ev, self.now, EvState.GOOD if what == "allow_good" else EvState.ASSUMED_BAD)
+        elif kind == "replace":  # REPLACE_EV of an EV's value by the host's controller
+            index, choice = args
+            ev = self.evs[index % len(self.evs)]
+            if len(self.evs) == 8:
+                value, port = _CARRIERS[choice % len(_CARRIERS)]
+            else:
+                old = r.paths[ev].template
+                value, port = ((choice * 0x3A5 + 1 & 0xFFFF) << 16 | old.ends.sport).to_bytes(4, "big"), choice % 2 + 1
+            try:
+                self.control.replace_ev(self.profile_id, ev, value, port)
+            except ValueError:  # another EV holds its value already: REPLACE_EV could not name this one
+                pass
         elif kind == "refuse":
             self.refuse ^= {self.evs[args[0] % len(self.evs)]}
         elif kind == "post":
@@ -225,7 +259,7 @@ class _World:
             "schedule": (list(profile.schedule), profile._cursor, profile._cycles, profile._dirty),
             "ev_events": [e.to_dict() for e in profile.events], "summary": r.summary(), "error": r.error,
             "writes": [(wr.wr_id, wr.next_offset, wr.acked) for wr in r.active], "queued": [wr.wr_id for wr in r.queue],
-            "completions": [(c.wr_id, c.length, c.time_ns, c.imm) for c in r.completions],
+            "completions": [(c.wr_id, c.length, c.time_ns, c.imm) for c in r.completions], "repaths": list(r.values.repaths),
             "responder": dict(self.responder.stats),
         }
 
@@ -260,6 +294,7 @@ event = st.one_of(
     st.tuples(st.just("overtake")),
     st.tuples(st.just("ev"), st.integers(0, 200), st.sampled_from(["bad", "bad", "deny", "allow_good", "allow_bad"])),
     st.tuples(st.just("refuse"), st.integers(0, 200)),
+    st.tuples(st.just("replace"), st.integers(0, 200), st.integers(0, 200)),
     st.tuples(st.just("post"), _size, st.sampled_from([None, None, 9])),
 )
 setup = st.fixed_dictionaries({
@@ -383,3 +418,30 @@ def test_the_packets_that_fill_the_window_ask_for_an_ack():
     c, _ = _compare(setup, 8, [("pump", 0, 0)])
     ack_req = [bool(open_frame(frame).payload[8] & 0x80) for _, frame in c.last_frames]
     assert c.sprayed == 12 and ack_req == [False] * 9 + [True] * 3
+
+
+@pytest.mark.parametrize("n_evs", [8, C_EV_LIMIT + 1])
+def test_a_replaced_ev_value_reaches_the_c_loop_at_its_next_pump(n_evs):
+    """REPLACE_EV under traffic: EV 1 of the SRV6 QP moved from spine p0s1 to p0s2's carrier (EV 1 of the
+    STEV QP, on port 2, given other flow label bits and port 1), between pumps. Both loops send EV 1's next frames
+    on the new value (outer destination and SRH segment, or flow label; its first hop and plane), the
+    C loop among them, and agree on every frame and all state; the WRITE completes."""
+    before = [("pump", 0, 0), ("arrive", 0, "ok"), ("answer", 0, False), ("pump", 1_000, 300)]
+    after = [("pump", 1_000, 300), ("flush",)] * 12
+    c, _ = _compare(_setup(burst=80, mtu=256, first_write=60_000), n_evs, before + [("replace", 1, 2)] + after)
+    r = c.requester
+    path = r.paths[1]
+    frames = [frame for ev, frame in c.frames_log if ev == 1 and open_frame(frame).payload[0] in _DATA_OPCODES]
+    if n_evs == 8:
+        carrier = _CARRIERS[2][0]
+        assert path.first_hop == str(ipaddress.IPv6Address(carrier)) and path.plane == 0
+        decap = ipaddress.IPv6Address(ad.decap_sid(TOPO.node("h2").node_id)).packed
+        assert frames[0][24:40] != carrier and frames[-1][24:40] == carrier and frames[-1][48:64] == decap
+    else:
+        label = (2 * 0x3A5 + 1) & 0xFFFF
+        gateway = value_paths(TOPO, "h0", "h2", EvFormat.STEV).gateways[1]
+        assert path.template.flow_label == label and path.plane == 0 and path.first_hop == gateway
+        flow_label = [int.from_bytes(frame[:4], "big") & 0xFFFFF for frame in frames]
+        assert flow_label[0] != label and flow_label[-1] == label
+    assert [(ev, port) for _, ev, _, port in r.values.repaths] == [(1, 1)]
+    assert c.sprayed > 0 and r.done and r.error is None

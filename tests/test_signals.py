@@ -392,7 +392,7 @@ def test_a_trimmed_packet_is_resent_first_once_the_window_has_room():
 
 
 def test_trim_repair_figures_count_trims_before_any_rtt_apart():
-    from mrc_emu.transport.requester import trim_repair
+    from mrc_emu.transport.ledger import trim_repair
 
     figures = trim_repair([(5_000_000, 3_000_000.0, 2_000_000), (7_000_000, 3_000_000.0, 1_000_000),
                            (1_000_000, 0.0, 400_000)])

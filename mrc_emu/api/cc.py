@@ -31,7 +31,13 @@ NSCC_CONFIG_FIELDS: dict[str, str] = {
     "eta": "float", "fi": "float", "fi_scale": "float", "gamma": "float", "max_md_jump": "float",
     "max_cwnd": "u32", "qa_gate": "u8", "qa_threshold": "u32", "target_delay": "u32",
 }
-CONFIG_FIELDS = {NSCC: NSCC_CONFIG_FIELDS, CC_DISABLED: {}, DCQCN: {}}
+# the emulator's DCQCN reaction point (no OCP struct): its parameters by name (times ns, rates bit/s, sizes bytes)
+DCQCN_CONFIG_FIELDS: dict[str, str] = {
+    "line_rate_bps": "float", "g": "float", "alpha_timer_ns": "u32", "increase_timer_ns": "u32", "byte_counter": "u32",
+    "fast_recovery_steps": "u32", "rate_ai_bps": "float", "rate_hai_bps": "float", "min_rate_bps": "float",
+    "window": "u32",
+}
+CONFIG_FIELDS = {NSCC: NSCC_CONFIG_FIELDS, CC_DISABLED: {}, DCQCN: DCQCN_CONFIG_FIELDS}
 
 
 def check_config(algorithm: str, config: Any) -> dict[str, int | float]:

@@ -26,7 +26,7 @@ from .events import EvEvent, EvEventQueue
 from .evops import EvOp, EvOpEntry, ev_op
 from .formats import EvFormatMode, EvFormatProfile, ProfileState, parse_mode
 from .ports import PortAdmin, PortAdminState, PortAttr
-from .profiles import EvProfile, EvProfileMode
+from .profiles import ONLINE_ATTRIBUTES, EvProfile, EvProfileMode
 from .qp import DeviceAttr, Qp
 
 U64 = (1 << 64) - 1
@@ -218,7 +218,10 @@ class Controller:
         """mrc_ctl_modify_ev_profile(id, state=, cur_state=, mode=, fmt_id=, ev_count=, ev_min_active=,
         ev_event_mask=, fields=) with the device's limits; EV_OP is `ev_op()`. An id never seen is created."""
         profile = self.ev_profiles[profile_id] if profile_id in self.ev_profiles else self._new("ev", profile_id)
-        if self.ev_active_qps.get(profile_id):
+        modify_online = self.has(OptAttr.EV_PROFILE_MODIFY_ONLINE)
+        online = (modify_online and profile.state == ProfileState.ONLINE and attrs.get("state") in (None, ProfileState.ONLINE)
+                  and {k for k, v in attrs.items() if v is not None} - {"state", "cur_state"} <= ONLINE_ATTRIBUTES)
+        if self.ev_active_qps.get(profile_id) and not online:
             raise MrcApiError(f"state: {self.ev_active_qps[profile_id]} active QP(s) use EV profile {profile_id}",
                               errno.EBUSY)
         if "fmt" in attrs:
@@ -236,7 +239,7 @@ class Controller:
         if fields is not None and sum(getattr(f, "width", 0) for f in fields) > self.attrs.ev_max_width:
             raise MrcApiError(f"fields: total width {sum(f.width for f in fields)} extends past the device's "
                               f"ev_max_width {self.attrs.ev_max_width}", errno.E2BIG)
-        profile.modify(**attrs)
+        profile.modify(**attrs, modify_online=modify_online)
         self.ev_profiles[profile_id] = profile
         return profile
 

@@ -188,6 +188,7 @@ def _apply(profile: EvProfile, op: EvOp, entry: EvOpEntry, where: str, events: E
             profile.explicit[index], profile.ev_ports[index], states[index] = new_value, entry.port_new, state
             profile.state_setters[index] = "controller"
         profile.state_version += 1
+        profile.values_version += 1
         return
     hits = _matches(profile, value, entry.port, entry.flags, where)
     if profile.mode == EvProfileMode.EXP and (value, entry.port) == (UNPOPULATED, 0):

@@ -110,6 +110,9 @@ def check_fields(fields: Sequence[EvField], fmt: EvFormatProfile) -> tuple[EvFie
     return tuple(fields)
 
 
+ONLINE_ATTRIBUTES = {"ev_event_mask", "fields"}  # what an ONLINE profile may change with EV_PROFILE_MODIFY_ONLINE
+
+
 class EvProfile:
     """One EV profile: `modify()` is mrc_ctl_modify_ev_profile without its EV operations.
 
@@ -131,13 +134,17 @@ class EvProfile:
         # where they read their spray schedule, so a change reaches them at no cost while nothing changes
         self.state_version = 0
         self.state_setters: dict[int, str] = {}  # slot -> who set its state last: "controller" or "device"
+        # bumped whenever an EV's value or port may have changed (REPLACE_EV, new fields, mode or count): the
+        # requesters bound to the profile rebuild the frames of the slots whose value moved (multipath/evvalues.py)
+        self.values_version = 0
 
     def modify(self, *, state: ProfileState | None = None, cur_state: ProfileState | None = None,
                mode: EvProfileMode | str | None = None, fmt: EvFormatProfile | None = None, ev_count: int | None = None,
                ev_min_active: int | None = None, ev_event_mask: int | None = None,
-               fields: Sequence[EvField] | None = None) -> None:
+               fields: Sequence[EvField] | None = None, modify_online: bool = False) -> None:
         """Apply the attributes given (None = not in attr_mask; `fields` = EV_FIELDS_OP MODIFY_FIELDS), or raise
-        before changing anything."""
+        before changing anything. `modify_online` (EV_PROFILE_MODIFY_ONLINE): an ONLINE profile may change
+        its EVENT_MASK and fields (MODIFY_FIELDS; a GEN profile's new EVs start GOOD)."""
         if cur_state is not None and ProfileState(cur_state) != self.state:
             raise MrcApiError(f"cur_state: the profile is {self.state.name}, not {ProfileState(cur_state).name}")
         given = {name for name, value in (("mode", mode), ("fmt", fmt), ("ev_count", ev_count),
@@ -149,7 +156,7 @@ class EvProfile:
                "ev_count": self.ev_count if ev_count is None else check_count(ev_count, "ev_count"),
                "ev_min_active": self.ev_min_active if ev_min_active is None else check_count(ev_min_active, "ev_min_active"),
                "ev_event_mask": self.ev_event_mask if ev_event_mask is None else check_event_mask(ev_event_mask)}
-        self._check_transition(target, given, new)
+        self._check_transition(target, given, new, modify_online)
         if new["mode"] != EvProfileMode.AUTO and new["fmt"] is not None and not new["fmt"].fields:
             raise MrcApiError("fmt: the format profile has no fields yet (MODIFY_FIELDS it first)")
         new_fields = self.fields if fields is None else ()
@@ -178,10 +185,12 @@ class EvProfile:
         elif new["mode"] != EvProfileMode.EXP and given & {"mode", "fmt", "ev_count", "fields"}:
             self.ev_states = []  # generated EVs from new fields are new EVs: their states start afresh
             self.states_reset()
+        if given & {"mode", "fmt", "ev_count", "fields"}:
+            self.values_version += 1
         if target == ProfileState.INIT:
             self._reset()
 
-    def _check_transition(self, target: ProfileState, given: set[str], new: dict) -> None:
+    def _check_transition(self, target: ProfileState, given: set[str], new: dict, modify_online: bool) -> None:
         if self.state == ProfileState.INIT:
             if target != ProfileState.OFFLINE:
                 raise MrcApiError("state: an INIT EV profile may only move to OFFLINE")
@@ -190,9 +199,10 @@ class EvProfile:
             if missing:
                 raise MrcApiError(f"{missing[0]}: INIT -> OFFLINE needs MODE, FMT_ID, COUNT and MODIFY_FIELDS")
         elif self.state == ProfileState.ONLINE:
-            if target != ProfileState.OFFLINE or given:
+            online = modify_online and target == ProfileState.ONLINE and given <= ONLINE_ATTRIBUTES
+            if not online and (target != ProfileState.OFFLINE or given):
                 raise MrcApiError("state: an ONLINE EV profile may only move to OFFLINE "
-                                  "(EVENT_MASK and MODIFY_FIELDS online need EV_PROFILE_MODIFY_ONLINE, not mirrored)")
+                                  "(or change EVENT_MASK and MODIFY_FIELDS, with EV_PROFILE_MODIFY_ONLINE)")
         elif target == ProfileState.INIT and given:
             raise MrcApiError(f"{sorted(given)[0]}: OFFLINE -> INIT takes no other attribute")
 

@@ -121,12 +121,22 @@ def _virtual_lines(v: dict) -> list[str]:
               help="Bytes to WRITE (4096, 100k, 64MiB, 1GiB).")
 @click.option("--evs", default=None, help="EVs to spray over: a count (first N) or a list like 0,3,5 (default: all).")
 @click.option("--ev-profile", "ev_profile", type=click.Path(dir_okay=False), default=None,
-              help="Spray over the EVs of this OCP EV profile file (SRV6 format, GEN or EXP; see 'mrc-emu ev expand'), "
-                   "EV i = its slot i, each carrier a path of the fabric from SRC to DST; its ev_min_active is the "
+              help="Spray over the EVs of this OCP EV profile file (SRV6, STEV or UDP format, GEN or EXP; see 'mrc-emu "
+                   "ev expand'), made on SRC's controller and bound by id: EV i = its slot i (SRV6: each carrier a "
+                   "path of the fabric from SRC to DST; STEV and UDP need --routing); its ev_min_active is the "
                    "QP's. Instead of --evs, --format and --ev-min-active. "
                    "Example: mrc_emu/topologies/ev-profiles/default-h0-h2-gen.yaml.")
 @click.option("--cc", type=click.Choice(profile_names()), default="nscc", show_default=True,
               help="Congestion control profile.")
+@click.option("--cc-config", "cc_config", default=None, metavar="NAME=VALUE[,...]",
+              help="The QP's CC profile config, by the OCP field names: NSCC's mrc_ctl_cc_nscc_cfg (max_cwnd, "
+                   "base_rtt, target_delay, gamma, eta, fi, ...; bytes and ns), or DCQCN's parameters (window, "
+                   "byte_counter, ...). E.g. --cc-config max_cwnd=16384. Emulated clock.")
+@click.option("--qp-cap", "qp_caps", multiple=True,
+              type=click.Choice(["TRIM_NACK_DEST_UNSUPPORTED", "SVC_TIME_DEST_UNSUPPORTED", "DYNAMIC_MPR"]),
+              help="A cap of the destination's QP (mrc.h's enum mrc_qp_cap; repeatable): TRIM_NACK_DEST_UNSUPPORTED, "
+                   "it sends no TRIM NACKs (a trimmed packet is a loss to the requester); SVC_TIME_DEST_UNSUPPORTED, "
+                   "its ACKs report no service time. Emulated clock.")
 @click.option("--mtu", type=int, default=4096, show_default=True, help="Payload bytes per packet (path MTU).")
 @click.option("--format", "ev_format", type=click.Choice(["SRV6", "SRV6_USID", "UDP", "STEV"]),
               default="SRV6", show_default=True,
@@ -161,7 +171,8 @@ def _virtual_lines(v: dict) -> list[str]:
 @NAME_OPTION
 @JSON_OPTION
 @friendly
-def send(src: str, dst: str, size: int, evs: str | None, ev_profile: str | None, cc: str, mtu: int, ev_format: str,
+def send(src: str, dst: str, size: int, evs: str | None, ev_profile: str | None, cc: str, cc_config: str | None,
+         qp_caps: tuple[str, ...], mtu: int, ev_format: str,
          ev_min_active: int, imm: int | None, recvs: int | None, ack_timeout_exp: int, retry_exp: int,
          workers: int | None, dilation: float, clock: str, topology: str | None, seed: int | None,
          faults: tuple[str, ...], link_delay: str | None, name: str, as_json: bool) -> None:
@@ -172,6 +183,7 @@ def send(src: str, dst: str, size: int, evs: str | None, ev_profile: str | None,
     Exit code 1 if the transfer fails or the placed bytes differ from the source.
     """
     from ..api.files import load as load_profile
+    from ..api.qp import QpCap
     from ..experiments.runtime.spec import TransferError
     from ..experiments.runtime.transfer import send as run_send
     from ..fabric import routing, static_routes
@@ -187,16 +199,18 @@ def send(src: str, dst: str, size: int, evs: str | None, ev_profile: str | None,
             raise click.UsageError(f"--ev-profile names the EVs, their format and ev_min_active itself: not with "
                                    f"{', '.join(given).replace('--ev-format', '--format')}")
         loaded = load_profile(ev_profile)  # before the fabric: a bad file is one line naming it and the field
+    cc_fields = _cc_config(cc, cc_config) if cc_config is not None else None
     if problem := memory_problem(size, available_memory()):
         raise TransferError(problem)  # up front: short of memory, a worker fails or is killed mid-run
     virtual_only = [f"--{o.replace('_', '-')}" for o in ("topology", "seed", "faults", "link_delay")
                     if source(o) is not click.core.ParameterSource.DEFAULT]
     if clock == "virtual":
-        emulated_only = [f"--{o}" for o in ("workers", "dilation", "name")
+        flags = {"dilation": "time-dilation", "cc_config": "cc-config", "qp_caps": "qp-cap"}
+        emulated_only = [f"--{flags.get(o, o)}" for o in ("workers", "dilation", "name", "cc_config", "qp_caps")
                          if source(o) is not click.core.ParameterSource.DEFAULT]
         if emulated_only:
-            raise click.UsageError(f"{', '.join(emulated_only).replace('dilation', 'time-dilation')}: no meaning in "
-                                   f"virtual time (--clock virtual runs no fabric and no workers)")
+            raise click.UsageError(f"{', '.join(emulated_only)}: no meaning in virtual time (--clock virtual runs no "
+                                   f"fabric and no workers; its QPs take no CC profile config or QP caps yet)")
         config = QpConfig(mtu=mtu, ack_timeout_exp=ack_timeout_exp, retry_exp=retry_exp, cnp=cc == "dcqcn")
         result = _send_virtual(src, dst, size, evs, cc, ev_format, ev_min_active, imm, recvs, config, topology,
                                seed or 0, faults, link_delay, loaded if ev_profile is not None else None, as_json)
@@ -209,8 +223,10 @@ def send(src: str, dst: str, size: int, evs: str | None, ev_profile: str | None,
         raise click.UsageError(f"{', '.join(virtual_only).replace('--faults', '--fault')} needs --clock virtual{hint}")
     with Fabric.open(name) as fabric:
         count = len(evs_between(fabric.topology, src, dst))
-        if ev_format in ("UDP", "STEV") and not (routing.running(fabric) or static_routes.installed(fabric)):
-            raise click.UsageError(f"--format {ev_format} needs plain IPv6 routing: bring the fabric up with 'mrc-emu up "
+        wire = loaded.fmt.mode.name if ev_profile is not None else ev_format
+        if wire in ("UDP", "STEV") and not (routing.running(fabric) or static_routes.installed(fabric)):
+            raise click.UsageError(f"{'a ' + wire + ' EV profile' if ev_profile else '--format ' + wire} needs plain "
+                                   f"IPv6 routing: bring the fabric up with 'mrc-emu up "
                                    f"--routing static' (or --routing bgp) (fabric {name!r} has neither)")
         selection = _ev_selection(evs, count)
         _check_imm(imm)
@@ -218,10 +234,32 @@ def send(src: str, dst: str, size: int, evs: str | None, ev_profile: str | None,
         with _progress_bar(size, f"{src} -> {dst}", as_json) as progress:
             result = run_send(fabric, src, dst, size, selection, cc, mtu, EvFormat(ev_format), ev_min_active, imm,
                               config, on_progress=progress, workers=workers, dilation=dilation, recvs=recvs,
-                              ev_profile=loaded if ev_profile is not None else None)
+                              ev_profile=loaded if ev_profile is not None else None, cc_config=cc_fields,
+                              qp_caps=sum(int(QpCap[name]) for name in set(qp_caps)))
     emit(result.to_dict(), as_json, _transfer_text(result))
     if not result.verified:
         fail(f"{src} -> {dst} not verified: {result.error or 'the placed bytes differ from the source (SHA-256)'}")
+
+
+def _cc_config(cc: str, text: str) -> dict:
+    """--cc-config NAME=VALUE,...: the fields by name, numbers, checked against the CC's profile fields."""
+    from ..api import cc as api_cc
+    from ..api.errors import MrcApiError
+    from ..experiments.runtime.hostctl import ALGORITHM
+
+    fields = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, sep, value = item.partition("=")
+        try:
+            if not sep:
+                raise ValueError
+            fields[name.strip()] = int(value, 0) if value.strip().lstrip("-").isdigit() else float(value)
+        except ValueError:
+            raise click.BadParameter(f"{item!r} is not NAME=NUMBER", param_hint="--cc-config") from None
+    try:
+        return api_cc.check_config(ALGORITHM[cc], fields)
+    except MrcApiError as exc:
+        raise click.BadParameter(f"--cc {cc}: {exc}", param_hint="--cc-config") from None
 
 
 def _check_imm(imm: int | None) -> None:

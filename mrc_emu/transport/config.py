@@ -42,6 +42,10 @@ class QpConfig:
     ack_delay_ns: int = 250_000  # ... or this long after the first packet it has not acknowledged
     probe_interval_ns: int = 1_000_000
     reorder_floor_ns: int = 10_000  # the least reorder window of an EV (loss.window)
+    # witness probes in a row that must go unanswered before an EV's path is taken for failed
+    # (transport/witness.py): the first suspends the EV (its packets resent, none sent on it), the
+    # second decides; 2 because a host's CPUs can reorder one path's packets (docs/transport.md)
+    witnesses: int = 2
     burst: int = 32  # packets per pump, so receiving is never starved
     pkey: int = fmt.DEFAULT_PKEY
     path_avoidance: bool = True  # False for the single-path baseline: no EV states, no probes
@@ -49,6 +53,10 @@ class QpConfig:
     trimmable: bool = True  # data packets as DSCP_TRIMMABLE; False: DSCP_NO_TRIM (RoCEv2 RC: a switch drops, never trims)
     cnp: bool = False  # DCQCN's notification point: the responder answers CE marks with CNPs ...
     cnp_interval_ns: int = 50_000  # ... at most one per this long per QP
+    # the responder side of the QP, as its api QP's caps leave it (mrc.h: a peer that lacks the feature
+    # turns it off per QP with TRIM_NACK_DEST_UNSUPPORTED / SVC_TIME_DEST_UNSUPPORTED)
+    trim_nack: bool = True  # a trimmed packet is answered with a TRIM NACK (False: ignored, left to loss detection)
+    svc_time: bool = True  # ACKs carry the responder's service time (False: 0, the requester's RTT keeps it)
     # for the CC profile (cc.registry.make_cc), in the transport's (emulated) time: under time dilation K the
     # topology's rate, not the rate / K the links are shaped to; None: unknown (an unshaped fabric)
     link_rate_bps: float | None = None  # the slower end's link rate (NSCC's BDP, DCQCN's line rate)

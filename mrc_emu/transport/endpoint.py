@@ -9,8 +9,12 @@ QPs (transport/mux.py routes datagrams for that QPN here):
 - an EV probe goes out along the EV's forward path, exactly as data would, to the peer's
   endpoint, which answers along the reverse EV (the way its ACKs for that EV go) with the
   1-based port the probe arrived at and its service time (the probe's arrival to the
-  response's send); the response gives the batch {req_id, port, rtt, adj_svc_time}, where
-  adj_svc_time is the RTT less that service time (OCP: non-zero = RTT corrected for it);
+  response's send); the response gives the batch {req_id, port, rtt, adj_svc_time} as the
+  header has it: rtt is the RTT corrected for that service time and adj_svc_time the flag that
+  says so (always 1 here), with the RTT as measured (`rtt_raw`) and the service time beside;
+- a probe of an EV *value* (OCP's req_ev: one the QPs may not use yet) carries its own path
+  (`EpRequest.path`, made of the value by multipath/evvalues.py) and the EV number
+  VALUE_PROBE_EV; the peer answers it along its first usable path back;
 - `set_port_status(mask)` applies a new mask of this host's ports at once (its QPs stop using
   EVs of a disabled port for data, retransmissions, probes and ACKs), and sends
   PORT_STATUS_UPDATE to every peer its QPs talk to, resent until acknowledged; a peer that
@@ -28,12 +32,13 @@ from __future__ import annotations
 import ipaddress
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..wire import format as fmt
 from ..wire.decoder import decode_udp
 from ..wire.format import DropReason, PortStatusPacket, ProbePacket, ProbeResponsePacket
+from .multipath.evvalues import VALUE_PROBE_EV
 from .multipath.paths import Path, Send
 from .multipath.portstatus import PortStatus
 
@@ -113,22 +118,25 @@ class EpRequest:
     req_id: int  # u16, unique among the outstanding ones
     peer: bytes  # the destination host's packed address (dgid)
     ev: int
+    path: Path | None = None  # a probe of an EV value (req_ev): its path; `ev` is then VALUE_PROBE_EV
 
 
 @dataclass(frozen=True)
 class EpResponse:
-    """mrc_ctl_ep_batch_rsp: the port the probe arrived at (1-based), the RTT in ns, and the RTT
-    less the responder's service time (adj_svc_time; the service time is kept beside it)."""
+    """mrc_ctl_ep_batch_rsp: the port the probe arrived at (1-based), the RTT in ns corrected for the
+    responder's service time, and adj_svc_time, the header's flag that it was (1); beside them the
+    RTT as measured and the service time."""
 
     req_id: int
     port: int
     rtt: int
     adj_svc_time: int
     service_ns: int
+    rtt_raw: int
 
     def to_dict(self) -> dict:
         return {"req_id": self.req_id, "port": self.port, "rtt": self.rtt, "adj_svc_time": self.adj_svc_time,
-                "service_ns": self.service_ns}
+                "service_ns": self.service_ns, "rtt_raw": self.rtt_raw}
 
 
 class HostEndpoint:
@@ -174,7 +182,7 @@ class HostEndpoint:
         for r in requests:
             if not 0 <= r.req_id <= 0xFFFF or r.req_id in ids:
                 raise ValueError(f"req_id {r.req_id} is outstanding or not a u16")
-            if r.ev not in self._paths(r.peer):
+            if r.path is None and r.ev not in self._paths(r.peer):
                 raise ValueError(f"req_id {r.req_id}: no EV {r.ev} towards that host")
             ids.add(r.req_id)
         self._queued += requests
@@ -252,8 +260,8 @@ class HostEndpoint:
                 return
             del self._outstanding[packet.probe_id]
             rtt = now - sent[1]
-            self.responses.append(EpResponse(sent[0].req_id, packet.port, rtt, max(0, rtt - packet.service_ns),
-                                             packet.service_ns))
+            self.responses.append(EpResponse(sent[0].req_id, packet.port, max(0, rtt - packet.service_ns), 1,
+                                             packet.service_ns, rtt))
         elif isinstance(packet, PortStatusPacket):
             if packet.ack:
                 update = self._updates.get(src)
@@ -289,8 +297,13 @@ class HostEndpoint:
             self._apply()
         for r in self._queued:
             t = clock() if clock is not None else now
-            if self._send(send, r.peer, ProbePacket(fmt.ENDPOINT_QPN, r.req_id, r.ev, t, self.pkey), r.ev):
-                self._outstanding[r.req_id] = (r, t)
+            probe = ProbePacket(fmt.ENDPOINT_QPN, r.req_id, VALUE_PROBE_EV if r.path is not None else r.ev, t, self.pkey)
+            if r.path is not None:
+                sent = send(r.path.template.encode(probe), r.path)
+            else:
+                sent = self._send(send, r.peer, probe, r.ev)
+            if sent:
+                self._outstanding[r.req_id] = (replace(r, ev=probe.ev), t)
         self._queued = []
         if self.answers.due:
             self.answers.flush(now, send, clock, lambda probe, src: self._answer_way(probe, src))
@@ -309,7 +322,7 @@ class HostEndpoint:
             self._updates[peer] = (req_id, mask, now + UPDATE_RETRY_NS, tries - 1)
 
     def _answer_way(self, probe: ProbePacket, src: bytes) -> tuple[Path, int, int] | None:
-        path = self._way(src, probe.ev)
+        path = self._way(src, None if probe.ev == VALUE_PROBE_EV else probe.ev)
         return None if path is None else (path, fmt.ENDPOINT_QPN, self.pkey)
 
     def next_wakeup(self) -> int | None:

@@ -15,13 +15,35 @@ the EVs through it (experiments/analysis/metrics.py `fault_figures`):
   lost on a failed EV).
 
 A packet counts once, at its first loss: a resend lost again is still the same repair. Trimmed
-packets are kept apart (`trim_repairs`: a trim is a full queue, not a loss; requester.trim_repair).
+packets are kept apart (`trim_repairs`: a trim is a full queue, not a loss; `trim_repair`).
 """
 
 from __future__ import annotations
 
+from ..stats import percentile
+
 GAP_NS = 100_000  # shorter pauses between acknowledgements are the ACK clock, not a stall
 # (on the namespace fabric; a driver whose clock is exact may record finer: Ledger.gap_ns)
+
+
+def trim_repair(repairs: list[tuple[int, float, int]]) -> dict | None:
+    """How fast trimmed packets were repaired: from the trimmed copy's send until the resent one
+    was acknowledged (p50/p99/max, us), split at the TRIM NACK (`nack_p50_us`: send -> NACK
+    heard; `after_nack_p50_us`: NACK -> acknowledged), and, of those whose RTT was known when the
+    TRIM NACK came (the trimmed EV's srtt, else the QP's longest), the share repaired within two
+    of it; `before_rtt`: trims that came before any RTT sample. None: no trim."""
+    if not repairs:
+        return None
+    times = [t for t, _, _ in repairs]
+    nacks = [n for _, _, n in repairs]
+    after = [t - n for t, _, n in repairs]
+    known = [(t, rtt) for t, rtt, _ in repairs if rtt]
+    within = sum(1 for t, rtt in known if t <= 2 * rtt)
+    return {"count": len(times), "p50_us": round(percentile(times, 50) / 1e3, 1),
+            "p99_us": round(percentile(times, 99) / 1e3, 1), "max_us": round(max(times) / 1e3, 1),
+            "nack_p50_us": round(percentile(nacks, 50) / 1e3, 1),
+            "after_nack_p50_us": round(percentile(after, 50) / 1e3, 1), "before_rtt": len(repairs) - len(known),
+            "within_2_rtt": round(within / len(known), 4) if known else None}
 
 
 class Ledger:

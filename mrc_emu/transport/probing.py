@@ -92,6 +92,7 @@ class EvProber:
         self.probes_returned = 0
         self.probes_paced = 0  # probes due but held back by the QP's or the host's budget
         self.answers: dict[int, ProbeAnswer] = {}  # EV -> its last answered probe
+        self.witness = None  # the requester's witness probes (witness.py), told of every answer
 
     def _allowed(self, now: int) -> bool:
         if now - self._window_start >= self.interval_ns:
@@ -118,16 +119,21 @@ class EvProber:
             backoff = self._backoff.get(ev, 1)
             stats.probe_due_ns = now + backoff * self.interval_ns
             self._backoff[ev] = min(MAX_BACKOFF, 2 * backoff)
-            path = self.paths[ev]
-            probe_id = next(self._ids) & 0xFFFFFFFF
-            frame = path.template.encode(ProbePacket(self.dest_qp, probe_id, ev, now))
-            if send(frame, path):
-                self.pending[probe_id] = (ev, now)
+            if self.send_probe(ev, now, send) is not None:
                 stats.probes_sent += 1
                 self.probes_sent += 1
         if len(self.pending) > PENDING_LIMIT:
             stale = now - STALE_INTERVALS * self.interval_ns
             self.pending = {k: v for k, v in self.pending.items() if v[1] > stale}
+
+    def send_probe(self, ev: int, now: int, send: Send) -> int | None:
+        """One probe along `ev`, sent at `now`, awaited; its id (None: it could not leave the host)."""
+        path = self.paths[ev]
+        probe_id = next(self._ids) & 0xFFFFFFFF
+        if not send(path.template.encode(ProbePacket(self.dest_qp, probe_id, ev, now)), path):
+            return None
+        self.pending[probe_id] = (ev, now)
+        return probe_id
 
     def on_response(self, rsp: ProbeResponsePacket, now: int) -> str | None:
         """A probe was answered; None if it counts, else why not: `unknown_probe` (an id we
@@ -140,7 +146,8 @@ class EvProber:
         if rsp.port and plane is not None and rsp.port != plane + 1:
             return "probe_wrong_port"
         del self.pending[rsp.probe_id]
-        self.probes_returned += 1
+        if self.witness is None or not self.witness.on_answer(rsp.ev, rsp.probe_id, now):
+            self.probes_returned += 1  # a witness (witness.py) is counted there
         self._backoff.pop(rsp.ev, None)  # the path answers: if it fails again, probe it promptly
         rtt = now - sent[1]
         self.answers[rsp.ev] = ProbeAnswer(now, rtt, rsp.service_ns, rsp.port)

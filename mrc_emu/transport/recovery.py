@@ -71,6 +71,7 @@ class Recovery:
         # fires on a packet whose ACK still waits, unread, behind a starved emulator process.
         self.horizon: int | None = None
         self.deferred = 0  # timer decisions put off because the emulation had not seen that far
+        self.witness = None  # the requester's witness probes (witness.py), which decide path failures
         self._last_deferred = -1
 
     def decide_at(self, now: int) -> int:
@@ -128,6 +129,8 @@ class Recovery:
             self.ledger.progressed(now)
             self.ledger.delivered(sent.pkts, now)
         self._credit(seen, now, sampled, rtt, ce, echo_sent, heard)
+        if self.witness is not None and echo is not None and echo.ev == ack.echo_ev:
+            self.witness.on_echo(echo, now)  # the ACK came back by the echoed EV's way
         self.policy.detect_losses(self, now, seen)
 
     def on_trimmed(self, nack: TrimNackPacket, now: int) -> bool:
@@ -237,8 +240,11 @@ class Recovery:
 
     # ---- losses --------------------------------------------------------------------------
 
-    def lose(self, pkt: PyPkt, now: int, why: str) -> None:
-        """`pkt` is lost: out of flight, queued to resend, counted against its EV and told to the CC."""
+    def lose(self, pkt: PyPkt, now: int, why: str, path_failed: bool = False) -> None:
+        """`pkt` is lost: out of flight, queued to resend, counted against its EV and told to the CC
+        (not as congestion when its path failed). With witness probes, a run of losses on an EV
+        asks for one (witness.py), which decides whether the path failed; the ACK timeout still
+        fails it alone."""
         self.ledger.lost(pkt, now)
         self.lost_by[why] = self.lost_by.get(why, 0) + 1
         self.sent.out_of_flight(pkt)
@@ -246,12 +252,15 @@ class Recovery:
         stats = self.profile.evs[pkt.ev]
         run = 0
         if self.config.path_avoidance:
-            run = self.profile.on_lost(pkt.ev, now, why, pkt.sent_ns)
+            decide = self.witness is None or why is ACK_TIMEOUT
+            run = self.profile.on_lost(pkt.ev, now, why, pkt.sent_ns, decide)
+            if not decide and run >= self.profile.bad_after_losses:
+                self.witness.suspect(pkt.ev)
         else:
             stats.packets_lost += 1
         # An isolated loss, or one on a path that keeps delivering, is congestion: the window shrinks.
         # A run of losses on one EV is a failing path: the EV's state handles it, not the window.
-        congestion = run <= 1
+        congestion = run <= 1 and not path_failed
         if why is ACK_TIMEOUT:
             self.cc.on_timeout(now, pkt.ev, pkt.length, stats.rtt.srtt_ns, congestion)
         else:

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 
 from ..api.events import EvEventQueue
 from ..api.profiles import EvProfile as ApiEvProfile
-from ..stats import percentile
 from ..wire import format as fmt
 from ..wire.decoder import decode_udp
 from ..wire.encoder import payload_sums
@@ -27,10 +26,13 @@ from ..wire.format import AckPacket, CnpPacket, DropReason, ProbeResponsePacket,
 from .cc.base import CongestionControl
 from .cc.registry import make_cc
 from .config import QpConfig, RandomBits
+from .ledger import trim_repair
 from .multipath.ev import EvProfile
+from .multipath.evvalues import FollowedValues, ValuePaths
 from .multipath.paths import Path, Send
 from .probing import EvProber, ProbeBudget
 from .recovery import Recovery
+from .witness import Witness
 
 try:  # the C send loop for first transmissions (optional; see _spray.c)
     from . import _spray
@@ -50,26 +52,6 @@ _FATAL_NAKS = {
     Syndrome.NAK_REMOTE_OPERATIONAL: "remote operational error (a WRITE_WITH_IMM found no receive posted at the "
                                      "responder: MRC has no RNR, so the QP is in error; post receives in advance)",
 }
-
-
-def trim_repair(repairs: list[tuple[int, float, int]]) -> dict | None:
-    """How fast trimmed packets were repaired: from the trimmed copy's send until the resent one
-    was acknowledged (p50/p99/max, us), split at the TRIM NACK (`nack_p50_us`: send -> NACK
-    heard; `after_nack_p50_us`: NACK -> acknowledged), and, of those whose RTT was known when the
-    TRIM NACK came (the trimmed EV's srtt, else the QP's longest), the share repaired within two
-    of it; `before_rtt`: trims that came before any RTT sample. None: no trim."""
-    if not repairs:
-        return None
-    times = [t for t, _, _ in repairs]
-    nacks = [n for _, _, n in repairs]
-    after = [t - n for t, _, n in repairs]
-    known = [(t, rtt) for t, rtt, _ in repairs if rtt]
-    within = sum(1 for t, rtt in known if t <= 2 * rtt)
-    return {"count": len(times), "p50_us": round(percentile(times, 50) / 1e3, 1),
-            "p99_us": round(percentile(times, 99) / 1e3, 1), "max_us": round(max(times) / 1e3, 1),
-            "nack_p50_us": round(percentile(nacks, 50) / 1e3, 1),
-            "after_nack_p50_us": round(percentile(after, 50) / 1e3, 1), "before_rtt": len(repairs) - len(known),
-            "within_2_rtt": round(within / len(known), 4) if known else None}
 
 
 @dataclass
@@ -106,22 +88,27 @@ class Requester:
     def __init__(self, address: bytes, qpn: int, dest_qp: int, paths: dict[int, Path], config: QpConfig | None = None,
                  cc: CongestionControl | None = None, start_psn: int = 0, ev_min_active: int = 1,
                  c_loop: bool = True, *, random_bits: RandomBits, probe_budget: ProbeBudget | None = None,
-                 ev_profile: ApiEvProfile | None = None, ev_events: EvEventQueue | None = None) -> None:
+                 ev_profile: ApiEvProfile | None = None, ev_events: EvEventQueue | None = None,
+                 value_paths: ValuePaths | None = None) -> None:
         """`ev_profile`: an ONLINE api EV profile (slot i = EV i) holding the EV states, shared with its other
-        QPs, and its ev_min_active (else a private one); `ev_events`: the queue for this QP's EV events."""
+        QPs, and its ev_min_active (else a private one); `ev_events`: the queue for this QP's EV events;
+        `value_paths`: how an EV value of that profile becomes a path: given, each EV's frames follow the value
+        its slot holds (a REPLACE_EV re-paths it at the next pump; multipath/evvalues.py)."""
         if not paths:
             raise ValueError("a requester needs at least one path (EV)")
         self.address = address
         self.qpn = qpn
         self.dest_qp = dest_qp
-        self.paths = paths
+        self.paths = dict(paths)  # its own: a REPLACE_EV re-paths this QP's EVs, not the caller's dict
         self.config = config or QpConfig()
         self.cc = cc or make_cc("nscc", self.config.mtu, self.config.link_rate_bps, self.config.base_rtt_ns,
                                 **(self.config.cc_options or {}))
         self.profile = EvProfile(sorted(paths), ev_min_active=ev_min_active, shared=ev_profile, events=ev_events)
         self.recovery = Recovery(self.config, self.profile, self.cc, start_psn)
         self.sent = self.recovery.sent
-        self.prober = EvProber(qpn, dest_qp, paths, self.profile, self.config.probe_interval_ns, random_bits, probe_budget)
+        self.prober = EvProber(qpn, dest_qp, self.paths, self.profile, self.config.probe_interval_ns, random_bits, probe_budget)
+        # path failures decided by witness probes (witness.py) where the QP avoids paths
+        self.witness = Witness(self.recovery, self.prober, self.paths) if self.config.path_avoidance else None
         self.start_psn = start_psn
         self.queue: deque[WriteRequest] = deque()  # posted, not all packets sent yet
         self.active: deque[WriteRequest] = deque()  # posted, not completed (in order)
@@ -149,6 +136,8 @@ class Requester:
         self._pace_tokens = math.inf  # inf: not paced
         self._pace_at = 0
         self._pace_rate: float | None = None
+        # its EVs' paths as its profile's values have them (None: the paths as given, always)
+        self.values = FollowedValues(self.profile.api, self.paths, value_paths) if value_paths is not None else None
 
     # ---- API -----------------------------------------------------------------------------
 
@@ -251,12 +240,16 @@ class Requester:
         each burst, and `next_wakeup` says when the next packet may go."""
         self._last_now = now
         self.profile.sync(now)  # what the QPs sharing its EV profile, or the controller, changed since
+        if self.values is not None and self.values.changed:
+            self._repath(self.values.follow(now))
         self.recovery.horizon = horizon
         if self.error is not None:
             return
         self.error = self.recovery.on_timer(now)
         if self.error is not None:
             return
+        if self.witness is not None:
+            self.witness.pump(now, send, clock)
         if self.config.path_avoidance and self.prober.paths and self.profile.any_assumed_bad():
             self.prober.send_due(now, send)
         if self.profile.stalled:
@@ -354,6 +347,16 @@ class Requester:
         if sent:
             rec.ledger.started(now)
 
+    def _repath(self, evs: list[int]) -> None:
+        """EVs whose path `values` rebuilt (in `paths`, the prober's too): the C loop's heads and writers with it."""
+        for ev in evs:
+            if self._native:
+                self._writers[ev] = self.paths[ev].template.writer(self.dest_qp, self.config.mtu, self.config.pkey)
+                self._heads[ev] = self.paths[ev].template.head(self.dest_qp, self.config.mtu, self.config.pkey)
+        self._frame_overhead = DATA_OVERHEAD + max(len(p.template.encap.outer) for p in self.paths.values())
+        if self.witness is not None:
+            self.witness.replan(self.paths)
+
     def _refill(self, now: int) -> float:
         """The pacing bucket at `now` (inf when the CC profile does not pace)."""
         self.cc.advance(now)
@@ -409,6 +412,8 @@ class Requester:
             wakes.append(deadline)
         if self.config.path_avoidance and (probe := self.prober.next_wakeup()) is not None:
             wakes.append(probe)
+        if self.witness is not None and (witness := self.witness.next_wakeup(self._last_now)) is not None:
+            wakes.append(witness)
         return min(wakes) if wakes else None
 
     # ---- reports -------------------------------------------------------------------------
@@ -433,6 +438,7 @@ class Requester:
                 "probes_sent": self.prober.probes_sent,
                 "probes_returned": self.prober.probes_returned, "probes_paced": self.prober.probes_paced,
                 "probe_answers": {ev: a.to_dict() for ev, a in sorted(self.prober.answers.items())},
+                "witness": None if self.witness is None else self.witness.summary(),
                 "cwnd": int(self.cc.cwnd), "cc_decreases": self.cc.decreases, "stalled": self.stalled, "timers_deferred": rec.deferred,
                 "psns_sent": rec.next_psn - self.start_psn, "psns_acked": rec.una - self.start_psn}
 

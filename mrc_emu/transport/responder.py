@@ -279,6 +279,9 @@ class Responder:
         ce = tclass & fmt.ECN_MASK == fmt.ECN_CE
         if ce:
             self._maybe_cnp(qp, now)  # the NACK itself echoes the mark to an MRC requester
+        if not qp.config.trim_nack:  # its peer takes no TRIM NACK (TRIM_NACK_DEST_UNSUPPORTED): a loss to it
+            self.drops["trimmed_no_trim_nack"] += 1
+            return
         if qp.in_order_only:
             # RoCEv2 RC (the baseline) knows no trimming: its NIC drops a packet whose ICRC is
             # missing, and the gap it leaves is found by the next packet's sequence NAK
@@ -344,7 +347,8 @@ class Responder:
             syndrome, psn = Syndrome.ACK, qp.epsn - 1
         return AckPacket(qp.peer_qpn, psn & (PSN_MOD - 1), syndrome, (qp.epsn - qp.start_psn) & (PSN_MOD - 1),
                          qp.epsn & (PSN_MOD - 1), qp.echo_psn, _ev(qp, qp.echo_ev) & 0xFFFF, qp.ecn, bitmap,
-                         qp.pkey, now - qp.echo_at, self._take_ce(qp.ce_counts, functools.partial(_ev, qp)) if qp.ce_counts else ())
+                         qp.pkey, now - qp.echo_at if qp.config.svc_time else 0,
+                         self._take_ce(qp.ce_counts, functools.partial(_ev, qp)) if qp.ce_counts else ())
 
     def _probe_qp(self, probe: ProbePacket, src: bytes) -> _PyQp | _CQp | None:
         """The QP a probe is for: one of ours, from its peer, of an EV it has a way back for."""

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ...stats import percentile
-from ...transport.requester import trim_repair
+from ...transport.ledger import trim_repair
 
 
 def jain(values: Iterable[float]) -> float | None:

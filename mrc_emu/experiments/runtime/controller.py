@@ -18,20 +18,25 @@ the latest deny/allow that matches it is a deny. The record never acts on the fa
 from __future__ import annotations
 
 import json
+import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ...api.formats import EvFormatMode
 from ...fabric import registry
 from ...fabric.faults.fault_record import append_line
 from ...fabric.running import Fabric
 from ...topology import Role, Topology, TopologyError, evs_between
 from ...topology.evs import Ev
-from .worker import SetEvStates
+from ...transport.multipath.evvalues import VALUE_PROBE_EV, value_probe_path
+from .worker import Progress, ReplaceEv, SetEvStates
 
 RECORD = "record"
 DENY, ALLOW, PORT, EVENTS, POLLED = "deny", "allow", "port", "events", "polled"
+REPLACE, REPLACED = "replace", "replaced"  # REPLACE_EV asked for; what a running QP made of it
+PROBE, PROBED = "probe", "probed"  # an EV_PROBE asked of the run serving its source; its answer
 
 
 def directory(name: str) -> Path:
@@ -110,6 +115,11 @@ class State:
     ports: dict[tuple[str, int], bool]  # (host, plane) -> enabled; absent: enabled
     events: dict[str, list[dict[str, Any]]]  # host -> EV events not yet polled, oldest first
     dropped: dict[str, int]  # host -> events dropped since the last poll
+    # (src, dst, EV) -> (value, port or None, the asking line's id): the latest REPLACE_EV of each EV
+    values: dict[tuple[str, str, int], tuple[bytes, int | None, str]] = field(default_factory=dict)
+    replaced: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # asking id -> what the QPs said
+    probes: dict[str, dict[str, Any]] = field(default_factory=dict)  # id -> an EV_PROBE asked of a run
+    probed: dict[str, dict[str, Any]] = field(default_factory=dict)  # id -> its answer (responses, or error)
 
     def denied_by(self, ev: Ev) -> str | None:
         """What denies this EV now (the selector, described, and by whom), or None: it may carry data."""
@@ -132,10 +142,9 @@ class ControlRecord:
         self.fabric = fabric
         self.directory = directory(fabric.name)
         self.path = self.directory / RECORD
-
-    @property
-    def topology(self) -> Topology:
-        return self.fabric.topology
+        self._offset = 0  # bytes of the record parsed into _state
+        self._state = State([], {}, {}, {})
+        self._replaces: list[tuple[tuple[str, str, int], tuple[bytes | None, int | None, str]]] = []
 
     def _append(self, line: dict[str, Any]) -> None:
         line.setdefault("time", time.time())
@@ -165,6 +174,38 @@ class ControlRecord:
             raise ValueError(f"plane {plane}: {topo.name} has planes 0..{topo.planes - 1} (ports 1..{topo.planes})")
         self._append({"op": PORT, "host": host, "plane": plane, "enabled": enabled, "by": by})
 
+    def replace(self, src: str, dst: str, ev: int, value: bytes | None, port: int | None, by: str = "cli") -> str:
+        """REPLACE_EV of EV `ev` from `src` to `dst` (its QPs' EV profile slot `ev`): `value` on `port`
+        (None: the EV's own; `value` None: back to its first value, what its QPs were set up with). Running
+        QPs take it at once, later ones start with it. The line's id."""
+        topo = self.fabric.topology
+        Selector(ev=(src, dst, ev)).check(topo)
+        if value is not None and (not value or len(value) > 32 or not any(value)):
+            raise ValueError(f"an EV value is 1..32 bytes, not all zero (got {len(value)} bytes)")
+        if port is not None and not 1 <= port <= topo.planes:
+            raise ValueError(f"port {port}: {src} has ports 1..{topo.planes}")
+        ident = f"{os.getpid()}-{time.monotonic_ns()}"
+        self._append({"op": REPLACE, "src": src, "dst": dst, "ev": ev, "value": value and value.hex(), "port": port,
+                      "id": ident, "by": by})
+        return ident
+
+    def replaced(self, ident: str) -> list[dict[str, Any]]:
+        """What running QPs reported of the REPLACE_EV `ident`: [{"key", "error"}] (empty: none yet)."""
+        return self.state().replaced.get(ident, [])
+
+    def probe(self, src: str, dst: str, ev: int | None, value: bytes | None, mode: str, port: int | None,
+              rsp_timeout_ns: int) -> str:
+        """Ask the running transfer whose workers serve `src` for one EV_PROBE (of EV `ev`, or of `value` in
+        format `mode`); its id, for `probed`."""
+        ident = f"{os.getpid()}-{time.monotonic_ns()}"
+        self._append({"op": PROBE, "id": ident, "src": src, "dst": dst, "ev": ev, "mode": mode, "port": port,
+                      "value": None if value is None else value.hex(), "timeout_ns": rsp_timeout_ns})
+        return ident
+
+    def probed(self, ident: str) -> dict[str, Any] | None:
+        """The answer to probe `ident`: {"responses": [...], "timed_out"} or {"error"}; None while none came."""
+        return self.state().probed.get(ident)
+
     def post_events(self, host: str, events: list[dict[str, Any]]) -> None:
         """EV events a run's QPs of `host` posted (already filtered by their profile's event mask)."""
         if events:
@@ -180,32 +221,60 @@ class ControlRecord:
         return events, state.dropped.get(host, 0) if events else 0
 
     def state(self) -> State:
-        state = State([], {}, {}, {})
+        """The state the record's lines make, read incrementally: the record only grows, so only the lines
+        written since the last call are parsed (a run's watch looks at it every step, and its EV events
+        are written to it as they happen)."""
         try:
-            text = self.path.read_text()
+            with open(self.path, "rb") as f:
+                f.seek(self._offset)
+                data = f.read()
         except FileNotFoundError:
-            return state
-        for raw in text.splitlines():
-            try:
-                line = json.loads(raw)
-                op = line["op"]
-                if op in (DENY, ALLOW):
-                    state.rules.append((op, Selector.from_dict(line["sel"]), line.get("by", "?")))
-                elif op == PORT:
-                    state.ports[(line["host"], int(line["plane"]))] = bool(line["enabled"])
-                elif op == EVENTS:
-                    queue = state.events.setdefault(line["host"], [])
-                    queue += line["events"]
-                    over = len(queue) - self.MAX_EVENTS
-                    if over > 0:
-                        del queue[:over]
-                        state.dropped[line["host"]] = state.dropped.get(line["host"], 0) + over
-                elif op == POLLED:
-                    del state.events.setdefault(line["host"], [])[:int(line["count"])]
-                    state.dropped.pop(line["host"], None)
-            except (ValueError, KeyError, TypeError):
-                continue  # a line cut short by a kill, or one this version does not know
+            data = b""
+        end = data.rfind(b"\n") + 1  # a line still being written (or cut by a kill) waits for its newline
+        for raw in data[:end].decode(errors="replace").splitlines():
+            self._apply(raw)
+        self._offset += end
+        state = self._state
+        refused = {ident for ident, answers in state.replaced.items() if any(a["error"] for a in answers)}
+        state.values = {}
+        for key, value in self._replaces:  # a REPLACE_EV a running QP refused is withdrawn: the EV keeps its value
+            if value[2] not in refused:
+                state.values[key] = value
         return state
+
+    def _apply(self, raw: str) -> None:
+        """One line of the record into the state."""
+        state = self._state
+        try:
+            line = json.loads(raw)
+            op = line["op"]
+            if op in (DENY, ALLOW):
+                state.rules.append((op, Selector.from_dict(line["sel"]), line.get("by", "?")))
+            elif op == PORT:
+                state.ports[(line["host"], int(line["plane"]))] = bool(line["enabled"])
+            elif op == EVENTS:
+                queue = state.events.setdefault(line["host"], [])
+                queue += line["events"]
+                over = len(queue) - self.MAX_EVENTS
+                if over > 0:
+                    del queue[:over]
+                    state.dropped[line["host"]] = state.dropped.get(line["host"], 0) + over
+            elif op == REPLACE:
+                port = line.get("port")
+                value = None if line["value"] is None else bytes.fromhex(line["value"])  # None: back to the first
+                self._replaces.append(((line["src"], line["dst"], int(line["ev"])),
+                                       (value, None if port is None else int(port), line.get("id", ""))))
+            elif op == PROBE:
+                state.probes[line["id"]] = line
+            elif op == PROBED:
+                state.probed[line["id"]] = line
+            elif op == REPLACED:
+                state.replaced.setdefault(line["id"], []).append({"key": line.get("key"), "error": line.get("error")})
+            elif op == POLLED:
+                del state.events.setdefault(line["host"], [])[:int(line["count"])]
+                state.dropped.pop(line["host"], None)
+        except (ValueError, KeyError, TypeError):
+            pass  # a line cut short by a kill, or one this version does not know
 
     def listing(self, src: str | None = None, dst: str | None = None,
                 selector: Selector | None = None) -> list[dict[str, Any]]:
@@ -226,52 +295,35 @@ class ControlRecord:
                     if selector is not None and not selector.matches(ev):
                         continue
                     why = state.denied_by(ev)
+                    value = state.values.get((a, b, ev.index))
+                    value = None if value is None or value[0] is None else value
                     out.append({"src": a, "dst": b, "ev": ev.index, "plane": ev.plane, "spine": ev.spine,
                                 "port": ev.plane + 1, "port_enabled": state.port_enabled(a, ev.plane),
-                                "state": "DENIED" if why else "ALLOWED", "why": why})
+                                "state": "DENIED" if why else "ALLOWED", "why": why,
+                                "value": None if value is None else value[0].hex(),  # REPLACE_EV's, if any
+                                "value_port": None if value is None else value[1]})
         return out
-
-
-class MemoryRecord:
-    """A controller record held in memory, for a run without a fabric (virtual time): the same
-    operations, checks and state as ControlRecord's, nothing written, no EV event queues."""
-
-    def __init__(self, topology: Topology) -> None:
-        self.topology = topology
-        self._state = State([], {}, {}, {})
-        self._ops = 0
-
-    def size(self) -> int:
-        return self._ops
-
-    def deny(self, selector: Selector, by: str = "cli") -> None:
-        self._state.rules.append((DENY, selector.check(self.topology), by))
-        self._ops += 1
-
-    def allow(self, selector: Selector, by: str = "cli") -> None:
-        self._state.rules.append((ALLOW, selector.check(self.topology), by))
-        self._ops += 1
-
-    def set_port(self, host: str, plane: int, enabled: bool, by: str = "cli") -> None:
-        if self.topology.node(host).role is not Role.HOST or not 0 <= plane < self.topology.planes:
-            raise ValueError(f"{host} plane {plane}: not a host's port of {self.topology.name}")
-        self._state.ports[(host, plane)] = enabled
-        self._ops += 1
-
-    def state(self) -> State:
-        return State(list(self._state.rules), dict(self._state.ports), {}, {})
 
 
 class LiveControl:
     """What the record says, pushed to the QPs of a run: the changes since the last look, as
     (source host, what to set) pairs, read only when the record grew."""
 
-    def __init__(self, record: ControlRecord | None, evs_by_key: dict[int, tuple[str, dict[int, Ev]]]) -> None:
+    def __init__(self, record: ControlRecord | None, evs_by_key: dict[int, tuple[str, dict[int, Ev]]],
+                 since: float | None = None) -> None:
+        """`since`: when the run began (time.time()); EV_PROBEs asked before it are not its."""
         self.record = record
         self.evs_by_key = evs_by_key  # transfer key -> (source host, its QP's EVs by transport index)
         self.size = -1
         self.denied: dict[int, set[int]] = {key: set() for key in evs_by_key}
         self.ports: dict[tuple[str, int], bool] = {}
+        self.values: dict[tuple[int, int], set[str]] = {}  # (key, EV) -> the REPLACE_EV ids pushed to it
+        self.replaces: list[tuple[int, str, ReplaceEv]] = []  # found by `changes`, sent by `push`
+        self.asked: dict[tuple[int, int], str] = {}  # (key, EV) -> REPLACE_EV id sent, its answer awaited
+        self.probes_seen: set[str] = set()
+        self.since = time.time() if since is None else since
+        self.probes: list[dict[str, Any]] = []  # EV_PROBEs asked of this run, not yet sent
+        self.batches: dict[str, Any] = {}  # probe id -> its endpoint_ops.EpBatch, until answered
 
     def changes(self) -> tuple[list[tuple[int, str, tuple[int, ...], tuple[int, ...], str]], dict[str, int]]:
         """([(key, host, EVs to deny, EVs to allow, why)], {host: its port-status mask}) since the
@@ -293,13 +345,28 @@ class LiveControl:
                 why = "; ".join(sorted({reasons[i] for i in deny})) or "allowed"
                 ev_changes.append((key, host, deny, allow, why))
             self.denied[key] = now
+        for key, (host, evs) in self.evs_by_key.items():
+            for index, ev in evs.items():
+                value = state.values.get((host, ev.dst, index))
+                pushed = self.values.setdefault((key, index), set())
+                if value is not None and value[2] not in pushed:
+                    first = not pushed
+                    pushed.add(value[2])
+                    if value[0] is None and first:
+                        continue  # put back before this run: its QP has its first value already
+                    self.replaces.append((key, host, ReplaceEv(key, index, value[0], value[1], value[2])))
+        for ident, line in state.probes.items():
+            # a probe asked before this run began was another run's (left unanswered when it ended)
+            if ident not in self.probes_seen and ident not in state.probed and line.get("time", 0) >= self.since:
+                self.probes_seen.add(ident)
+                self.probes.append(line)
         masks = {}
         hosts = {host for host, _ in self.evs_by_key.values()}
         for (host, plane), enabled in state.ports.items():
             if host in hosts and self.ports.get((host, plane), True) != enabled:
                 self.ports[(host, plane)] = enabled
                 masks[host] = 0
-        planes = self.record.topology.planes
+        planes = self.record.fabric.topology.planes
         for host in masks:
             masks[host] = sum(1 << (p + 1) for p in range(planes) if self.ports.get((host, p), True))
         return ev_changes, masks
@@ -313,7 +380,45 @@ class LiveControl:
             worker_of[host].send(SetEvStates(key, deny, allow, why))
         for host, mask in port_masks.items():
             endpoint.set_port_status(host, mask)
+        for key, host, message in self.replaces:
+            worker_of[host].send(message)
+            self.asked[(key, message.ev)] = message.ident
+        self.replaces = []
+        for line in self.probes:
+            if line["src"] in worker_of:  # a probe from a host of another run is that run's
+                self._ask_probe(line, endpoint, topo)
+        self.probes = []
         endpoint.step(worker_of, address_of, topo)
+        for ident, batch in list(self.batches.items()):
+            if batch.done.is_set():
+                del self.batches[ident]
+                self.record._append({"op": PROBED, "id": ident, "responses": batch.responses,
+                                     "timed_out": batch.timed_out})
+
+    def _ask_probe(self, line: dict[str, Any], endpoint: Any, topo: Topology) -> None:
+        """One EV_PROBE the record asks for, through the run's endpoint operations."""
+        try:
+            if line.get("value") is None:
+                request = (1, line["dst"], int(line["ev"]))
+            else:
+                path = value_probe_path(topo, line["src"], line["dst"], EvFormatMode[line["mode"]],
+                                        bytes.fromhex(line["value"]), line.get("port"))
+                request = (1, line["dst"], VALUE_PROBE_EV, path)
+        except (ValueError, KeyError, TypeError) as exc:
+            self.record._append({"op": PROBED, "id": line["id"], "error": f"the probe: {exc}"})
+            return
+        self.batches[line["id"]] = endpoint.ev_probe(line["src"], [request], int(line["timeout_ns"]))
+
+    def report(self, progress: Progress, host_of: dict[str, str]) -> None:
+        """A worker's progress report: its hosts' EV events go on the record as they happen (`ev events
+        --follow`), and what each QP made of a REPLACE_EV (done, or why not) is written for the asker."""
+        if self.record is None:
+            return
+        post_host_events(self.record, progress.ev_queues, host_of)
+        for key, ev, error in progress.replaced:
+            ident = self.asked.pop((key, ev), None)
+            if ident:
+                self.record._append({"op": REPLACED, "id": ident, "key": key, "ev": ev, "error": error or None})
 
 
 def qp_evs(paths: Any) -> dict[int, Ev]:
@@ -330,9 +435,15 @@ def post_run_events(record: ControlRecord, finals: list, host_of: dict[str, str]
     QPs' devices posted, by their profiles' ev_event_mask, so GOOD and ASSUMED_BAD only, never
     DENIED) on the fabric's record, for `mrc-emu ev events`. `host_of`: address -> host name."""
     for final in finals:
-        for host, (events, dropped) in getattr(final, "ev_queues", {}).items():
-            if events:
-                named = [{**e, "dst": host_of.get(e["peer"], e["peer"])} for e in events]
-                if dropped:
-                    named[0]["drop_count"] = dropped
-                record.post_events(host, named)
+        post_host_events(record, getattr(final, "ev_queues", {}), host_of)
+
+
+def post_host_events(record: ControlRecord, queues: dict[str, tuple[list[dict[str, Any]], int]],
+                     host_of: dict[str, str]) -> None:
+    """Queue hosts' EV events (host -> (events, drops before them)) on the record, each named by its peer host."""
+    for host, (events, dropped) in queues.items():
+        if events:
+            named = [{**e, "dst": host_of.get(e["peer"], e["peer"])} for e in events]
+            if dropped:
+                named[0]["drop_count"] = dropped
+            record.post_events(host, named)

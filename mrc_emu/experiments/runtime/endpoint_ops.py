@@ -51,7 +51,7 @@ class PortStatusSet:
 class EpProbe:
     host: str
     batch: int
-    requests: tuple[tuple[int, str, int], ...]  # (req_id, destination address, EV index)
+    requests: tuple[tuple[int, str, int, Path | None], ...]  # (req_id, destination address, EV index, a value's path)
     rsp_timeout_ns: int
 
 
@@ -70,7 +70,7 @@ class EpBatch:
     """One EV_PROBE batch asked for from another thread; `done` is set when it is answered."""
 
     host: str
-    requests: list[tuple[int, str, int]]  # (req_id, destination host, EV index)
+    requests: list[tuple]  # (req_id, destination host, EV index[, the path of an EV value probed: evvalues.py])
     rsp_timeout_ns: int
     responses: list[dict] = field(default_factory=list)
     timed_out: bool = False
@@ -92,7 +92,9 @@ class EndpointOps:
     def set_port_status(self, host: str, mask: int) -> None:
         self._asked.put(SetPortStatus(host, mask))
 
-    def ev_probe(self, host: str, requests: list[tuple[int, str, int]], rsp_timeout_ns: int = 2_000_000) -> EpBatch:
+    def ev_probe(self, host: str, requests: list[tuple], rsp_timeout_ns: int = 2_000_000) -> EpBatch:
+        """EV_PROBE from `host`: (req_id, destination host, EV index) each, or (req_id, destination host,
+        transport.endpoint.VALUE_PROBE_EV, the path of the EV value to probe)."""
         batch = EpBatch(host, list(requests), rsp_timeout_ns)
         self._asked.put(batch)
         return batch
@@ -120,13 +122,13 @@ class EndpointOps:
             ids, self._next = self._next, self._next + 1
             self._batches[ids] = op
             wire = []
-            for req_id, dst, ev in op.requests:
+            for req_id, dst, ev, *value in op.requests:
                 if dst == op.host or dst not in address_of:
                     continue  # no such peer in the run: never answered (the batch times out)
                 if dst in of:  # the destination answers along its paths back
                     self._teach(of, address_of, topo, dst, op.host)
                 self._teach(of, address_of, topo, op.host, dst)
-                wire.append((req_id, address_of[dst], ev))
+                wire.append((req_id, address_of[dst], ev, value[0] if value else None))
             of[op.host].send(EpProbe(op.host, ids, tuple(wire), op.rsp_timeout_ns))
         for worker in set(of.values()):
             while (done := worker.poll(EpProbeDone)) is not None:
@@ -163,7 +165,8 @@ class WorkerOps:
 
     def probe(self, msg: EpProbe) -> None:
         endpoint, now = self._endpoint(msg.host), self.loop.clock.now()
-        requests = [EpRequest(req_id, socket.inet_pton(socket.AF_INET6, dst), ev) for req_id, dst, ev in msg.requests if dst]
+        requests = [EpRequest(req_id, socket.inet_pton(socket.AF_INET6, dst), ev, path)
+                    for req_id, dst, ev, path in msg.requests if dst]
         try:
             endpoint.ev_probe(requests)
         except ValueError:

@@ -16,9 +16,11 @@ import ipaddress
 from dataclasses import dataclass, field
 from typing import Any
 
+from ...api.formats import EvFormatMode
 from ...api.qp import WrOpcode
 from ...transport.cc.registry import make_cc
 from ...transport.config import QpConfig, RandomBits
+from ...transport.multipath.evvalues import ValuePaths
 from ...transport.multipath.paths import Path
 from ...transport.requester import Requester
 from ...transport.responder import Responder
@@ -41,14 +43,15 @@ def since(ledger: dict, start_ns: int) -> dict:
 
 def accept_write(mux: Any, control: HostControl, key: int, size: int, qpn: int, peer_qpn: int, start_psn: int,
                  back: dict[int, Path], peer: str, config: QpConfig, recvs: int,
-                 random_bits: RandomBits) -> tuple[Responder, Any]:
+                 random_bits: RandomBits, mode: EvFormatMode | None = None, caps: int = 0) -> tuple[Responder, Any]:
     """At the destination host (`mux`, its controller `control`): register `size` bytes for
     transfer `key` (its own protection domain) and accept the QP that writes them, with `recvs`
-    receives posted; (the responder, its memory region)."""
+    receives posted and its QP caps `caps` (api.QpCap: without TRIM NACKs or service times, as
+    the header's *_DEST_UNSUPPORTED say); (the responder, its memory region)."""
+    _, config = control.responder_qp(peer, back, config, recvs, mode, caps)  # INIT -> RTR, receives posted
     responder = Responder(mux.address, config, random_bits=random_bits)
     region = responder.register(bytearray(size), va=0x1000_0000 + (key << 36), pd=key)
     responder.accept(qpn, peer_qpn, start_psn, back, peer=ipaddress.IPv6Address(peer).packed, pd=key)
-    control.responder_qp(peer, back, config, recvs)  # INIT -> RTR, receives posted
     responder.post_recv(qpn, recvs)
     mux.add(qpn, responder)
     return responder, region
@@ -107,15 +110,16 @@ class WriteJob:
         """Its EVs whose port (plane + 1) a port-status `mask` has disabled."""
         return {ev for ev, path in self.requester.paths.items() if not mask >> ((path.plane or 0) + 1) & 1}
 
-    def record_port_status(self, was: int, mask: int, now: int) -> None:
+    def record_port_status(self, was: int, mask: int, now: int, port_admin: Any = None) -> None:
         """Its host's port-status mask went from `was` to `mask` at `now`: the EVs that took out of
-        use or gave back, with the per-EV packets sent then (the report's controller table)."""
+        use or gave back, with the per-EV packets sent then (the report's controller table), and
+        the host controller's port admin state then (`port_admin`, HostControl.follow_ports)."""
         off, before = self.port_excluded(mask), self.port_excluded(was)
         ports = {(path.plane or 0) + 1 for path in self.requester.paths.values()}
         disabled = sorted(p for p in ports if not mask >> p & 1)
         self.ev_ops.append({"time_ns": now, "deny": sorted(off - before), "allow": sorted(before - off),
                             "reason": f"{self.host} port(s) {', '.join(map(str, disabled))} disabled" if disabled
-                            else f"{self.host} ports enabled",
+                            else f"{self.host} ports enabled", "port_admin": port_admin,
                             "sent": {str(ev): s.packets_sent for ev, s in self.requester.profile.evs.items()}})
 
     def report(self, now: int) -> dict[str, Any]:
@@ -123,7 +127,8 @@ class WriteJob:
         r = self.requester
         done_ns = r.completions[-1].time_ns if r.completions and r.error is None else None
         share = r.profile.share()
-        per_ev = [{**stats.to_dict(), "share": round(share[ev], 4), "bytes_in_flight": r.ev_bytes_in_flight(ev)}
+        per_ev = [{**stats.to_dict(), "share": round(share[ev], 4), "bytes_in_flight": r.ev_bytes_in_flight(ev),
+                   "first_hop": r.paths[ev].first_hop}  # where its value sends it now (a REPLACE_EV moves it)
                   for ev, stats in r.profile.evs.items()]
         return {
             "error": r.error, "start_ns": self.start_ns, "end_ns": self.end_ns or now,
@@ -139,16 +144,22 @@ class WriteJob:
 def prepare_write(mux: Any, control: HostControl, key: int, host: str, qpn: int, dest_qp: int,
                   forward: dict[int, Path], config: QpConfig, cc: str, ev_min_active: int, start_psn: int,
                   region: dict[str, Any], data: bytes, sha256_source: str, imm: int | None,
-                  random_bits: RandomBits) -> WriteJob:
+                  random_bits: RandomBits, values: ValuePaths | None = None, cc_config: dict[str, Any] | None = None,
+                  ev_profile_id: int | None = None) -> WriteJob:
     """At the source host: the QP to RTS on its EV and CC profiles by id (hostctl.py; its EV
-    states are its EV profile's, shared with the host's other QPs towards that peer), and its
-    requester, given the transport config the api gave; nothing posted yet."""
-    profile, api_qp, config = control.requester_qp(next(iter(forward.values())).template.ends.dst, forward, config, cc,
-                                                   ev_min_active)
+    states are its EV profile's, shared with the host's other QPs towards that peer; the EV
+    profile `ev_profile_id` when given), and its requester, given the transport config the api
+    gave and a CC made with the CC profile's config (`cc_config`: NSCC or DCQCN fields by name,
+    over the run's own options). With `values`, the requester sends each EV on the value its
+    profile holds now (a REPLACE_EV re-paths it); nothing posted yet."""
+    profile, api_qp, config, profile_cc = control.requester_qp(
+        next(iter(forward.values())).template.ends.dst, forward, config, cc, ev_min_active,
+        values.mode if values is not None else None, cc_config, ev_profile_id)
+    options = {**(config.cc_options or {}), **profile_cc}
     requester = Requester(mux.address, qpn, dest_qp, forward, config,
-                          make_cc(cc, config.mtu, config.link_rate_bps, config.base_rtt_ns, **(config.cc_options or {})),
+                          make_cc(cc, config.mtu, config.link_rate_bps, config.base_rtt_ns, **options),
                           start_psn=start_psn, random_bits=random_bits, probe_budget=mux.probe_budget,
-                          ev_profile=profile, ev_events=control.ctl.events)
+                          ev_profile=profile, ev_events=control.ctl.events, value_paths=values)
     mux.add(qpn, requester)
     return WriteJob(key, host, requester, data, region, imm, sha256_source, api_qp=api_qp)
 

@@ -16,11 +16,13 @@ from typing import Any
 
 from ...api.files import ProfileFile
 from ...api.files import load as load_profile
+from ...api.formats import EvFormatMode
 from ...topology import Topology
 from ...topology.evs import EvFormat
 from ...transport.cc.nscc import max_wnd_for
 from ...transport.config import QpConfig
 from ...transport.multipath.evpaths import ProfileQpPaths, profile_paths
+from ...transport.multipath.evvalues import ValuePaths, value_paths
 from ...transport.multipath.paths import QpPaths, qp_paths
 
 
@@ -44,10 +46,13 @@ class TransferSpec:
     label: str = ""
     start_at: float | None = None  # start when the other transfers reach this progress (competing flows)
     recvs: int | None = None  # receives the destination posts first (None: one for a WRITE_WITH_IMM, else none)
-    # an OCP SRV6 EV profile (loaded, or its file) whose EVs the QP sprays over instead of `evs` and
-    # `ev_format`; its ev_min_active is the QP's (evpaths.py)
+    # an OCP EV profile (loaded, or its file; SRV6, STEV or UDP) whose EVs the QP sprays over instead of `evs`
+    # and `ev_format`; its ev_min_active is the QP's (evpaths.py), and the source's controller holds it (by id)
     ev_profile: ProfileFile | str | None = None
     stev_values: list[int | tuple[int, int]] | None = None  # EvFormat.STEV: EV i's value [, port] (paths.stev_paths)
+    # the QP's CC profile config (hostctl.py): NSCC's mrc_ctl_cc_nscc_cfg fields or DCQCN's parameters, by name
+    cc_config: dict[str, Any] | None = None
+    qp_caps: int = 0  # the destination QP's api.QpCap bits (TRIM_NACK_DEST_UNSUPPORTED: no TRIM NACKs, ...)
 
 
 @dataclass
@@ -104,9 +109,9 @@ def prepared_specs(specs: list[TransferSpec]) -> list[TransferSpec]:
             raise TransferError(f"size must be at least one byte, not {spec.size}")
     if all(s.start_at is not None for s in specs):
         raise TransferError("at least one transfer must start at once")
-    specs = [replace(s, config=replace(s.config, path_avoidance=False)) if s.ev_format is EvFormat.UDP else s
-             for s in specs]
-    return [_with_profile(s) for s in specs]
+    specs = [_with_profile(s) for s in specs]
+    return [replace(s, config=replace(s.config, path_avoidance=False)) if s.ev_format is EvFormat.UDP else s
+            for s in specs]
 
 
 def _with_profile(spec: TransferSpec) -> TransferSpec:
@@ -116,7 +121,9 @@ def _with_profile(spec: TransferSpec) -> TransferSpec:
     if spec.evs is not None:
         raise TransferError("an EV profile names the EVs itself: give it or a selection of EVs, not both")
     profile = load_profile(spec.ev_profile) if isinstance(spec.ev_profile, str) else spec.ev_profile
-    return replace(spec, ev_profile=profile, ev_format=EvFormat.SRV6_USID, ev_min_active=profile.profile.ev_min_active)
+    ev_format = {EvFormatMode.SRV6: EvFormat.SRV6_USID, EvFormatMode.STEV: EvFormat.STEV,
+                 EvFormatMode.UDP: EvFormat.UDP}[profile.fmt.mode]
+    return replace(spec, ev_profile=profile, ev_format=ev_format, ev_min_active=profile.profile.ev_min_active)
 
 
 def plan_paths(topo: Topology, spec: TransferSpec) -> QpPaths:
@@ -124,6 +131,13 @@ def plan_paths(topo: Topology, spec: TransferSpec) -> QpPaths:
     if isinstance(spec.ev_profile, ProfileFile):
         return profile_paths(topo, spec.ev_profile, spec.src, spec.dst, spec.config.trimmable)
     return qp_paths(topo, spec.src, spec.dst, spec.ev_format, spec.evs, spec.config.trimmable, spec.stev_values)
+
+
+def plan_values(topo: Topology, spec: TransferSpec) -> ValuePaths:
+    """How the QP's requester makes a path of an EV value of its profile (evvalues.py): in its EV profile's
+    format mode, or its topology EV format's."""
+    mode = spec.ev_profile.fmt.mode if isinstance(spec.ev_profile, ProfileFile) else spec.ev_format
+    return value_paths(topo, spec.src, spec.dst, mode, spec.config.trimmable)
 
 
 def result_of(spec: TransferSpec, paths: QpPaths, req: dict, resp: dict, kernel_udp: dict[str, int], unknown_qp: int,
@@ -137,7 +151,8 @@ def result_of(spec: TransferSpec, paths: QpPaths, req: dict, resp: dict, kernel_
     per_ev = []
     for entry in req["per_ev"]:
         ev = next(e for e in paths.evs if e.index == entry["ev"])
-        per_ev.append({**entry, "plane": ev.plane, "spine": ev.spine, "first_hop": paths.forward[ev.index].first_hop})
+        per_ev.append({**entry, "plane": ev.plane, "spine": ev.spine,
+                       "first_hop": entry.get("first_hop", paths.forward[ev.index].first_hop)})
     return TransferResult(
         ok=ok, error=req["error"] or (None if ok else "the transfer was stopped before it completed"),
         src=spec.src, dst=spec.dst, size=spec.size, mtu=spec.config.mtu, ev_format=spec.ev_format.value, cc=req["cc"],

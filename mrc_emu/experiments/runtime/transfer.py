@@ -25,18 +25,19 @@ from ...api.files import ProfileFile
 from ...fabric import build
 from ...fabric.faults import fault_ops
 from ...fabric.kernel.waiting import WaitTimeout, until
-from ...fabric.procs import Child, Stop
+from ...fabric.procs import Child, ChildError, Stop
 from ...fabric.running import Fabric
 from ...io.clock import Clock, Horizon
 from ...topology import Topology
+from ...topology import addressing as ad
 from ...topology.evs import EvFormat
 from ...transport.config import QpConfig
 from ..analysis import emulation
 from . import base_rtt as idle_loop
 from .base_rtt import BaseRtt
 from .controller import ControlRecord, LiveControl, post_run_events, qp_evs
-from .endpoint_ops import EndpointOps
-from .spec import TransferError, TransferResult, TransferSpec, cc_options, plan_paths, prepared_specs, result_of
+from .endpoint_ops import EndpointOps, EpBatch
+from .spec import TransferError, TransferResult, TransferSpec, cc_options, plan_paths, plan_values, prepared_specs, result_of
 from .stev import check_fabric
 from .worker import Accept, Accepted, Final, Hash, Hashed, HostSpec, JobProgress, Prepare, Prepared, Progress, Start, Started, serve_hosts
 
@@ -126,6 +127,7 @@ def run_transfers(fabric: Fabric, specs: list[TransferSpec], control: Control | 
     if workers is not None and workers < 1:
         raise TransferError(f"--workers {workers}: at least one worker")
     control = control or Control()
+    began = time.time()  # an EV_PROBE asked of the run from then on is its to send (controller.py)
     specs = prepared_specs(specs)
     if any(s.ev_format is EvFormat.STEV for s in specs):
         check_fabric(fabric)
@@ -148,11 +150,13 @@ def run_transfers(fabric: Fabric, specs: list[TransferSpec], control: Control | 
             start_psn = int.from_bytes(os.urandom(3), "big")
             dst, src = pool.of[spec.dst], pool.of[spec.src]
             recvs = spec.recvs if spec.recvs is not None else int(spec.imm is not None)
+            values = plan_values(fabric.topology, spec)
             dst.send(Accept(key, spec.dst, spec.size, qpn_resp, qpn_req, start_psn, paths.back, paths.src_address,
-                            spec.config, recvs))
+                            spec.config, recvs, values.mode, spec.qp_caps))
             region = _expect_key(dst, Accepted, key).region
             src.send(Prepare(key, spec.src, qpn_req, qpn_resp, paths.forward, spec.config, spec.cc,
-                             spec.ev_min_active, start_psn, region, spec.size, spec.imm))
+                             spec.ev_min_active, start_psn, region, spec.size, spec.imm, values, spec.cc_config,
+                             spec.ev_profile if isinstance(spec.ev_profile, ProfileFile) else None))
         for key, spec in enumerate(specs):
             _expect_key(pool.of[spec.src], Prepared, key, timeout=120.0)
             if on_prepare is not None:
@@ -160,7 +164,8 @@ def run_transfers(fabric: Fabric, specs: list[TransferSpec], control: Control | 
         # the controller's record (EVs denied, ports disabled) holds from the first packet on, and
         # is followed live while the WRITEs run (UDP EVs are the fabric's hash: no controller)
         live = LiveControl(ControlRecord(fabric), {key: (spec.src, qp_evs(plans[key]))
-                                                   for key, spec in enumerate(specs) if spec.ev_format is not EvFormat.UDP})
+                                                   for key, spec in enumerate(specs) if spec.ev_format is not EvFormat.UDP},
+                           began)
         live.push(pool.of, control.endpoint, address_of, fabric.topology)
         now_keys: dict[Child, list[int]] = {}
         for key, spec in enumerate(specs):
@@ -172,8 +177,10 @@ def run_transfers(fabric: Fabric, specs: list[TransferSpec], control: Control | 
             worker.send(Start(tuple(now_keys.get(worker, ()))))
         control.started_ns = min(s.start_ns for s in (w.expect(Started) for w in pool.workers) if s.keys)
         deferred.sort(key=lambda d: d[0])
+        host_of = {a: h for h, a in address_of.items()}
         _watch(pool.workers, specs, control, on_progress, linger_s, timeout_s, deferred,
-               lambda: live.push(pool.of, control.endpoint, address_of, fabric.topology))
+               lambda: live.push(pool.of, control.endpoint, address_of, fabric.topology),
+               lambda report: live.report(report, host_of))
         placed = {}
         for key, spec in enumerate(specs):
             pool.of[spec.dst].send(Hash(key))
@@ -190,9 +197,37 @@ def run_transfers(fabric: Fabric, specs: list[TransferSpec], control: Control | 
                          by_host[spec.dst].kernel_udp[spec.dst], by_host[spec.dst].unknown_qp[spec.dst], placed[key],
                          idle_loop.source_of(fabric.topology, spec, measured))
                for key, spec in enumerate(specs)]
-    post_run_events(live.record, finals, {a: h for h, a in address_of.items()})
+    post_run_events(live.record, finals, host_of)
     report = emulation.assess(finals, results, kernel_before, emulation.softnet(), dilation)
     return Run(results, report, pool.clock, finals, measured)
+
+
+class EndpointBusy(TransferError):
+    """A host's MRC endpoint is served by a running transfer's workers already (its port 4791 is taken)."""
+
+
+def probe(fabric: Fabric, src: str, dst: str, requests: list[tuple], rsp_timeout_ns: int) -> EpBatch:
+    """One EV_PROBE batch from `src` to `dst` between no transfers: an endpoint worker serves both hosts
+    for as long as it takes (requests as EndpointOps.ev_probe takes them); the batch, answered or timed
+    out. A host serving a running transfer cannot be served twice (its port 4791 is taken): EndpointBusy."""
+    topo = fabric.topology
+    address_of = {host: ad.host_address(topo, host) for host in (src, dst)}
+    try:
+        pool = _Pool(fabric, address_of, 1, 1.0)
+    except ChildError as exc:
+        raise EndpointBusy(f"no endpoint could serve {src} and {dst} here ({exc}): a transfer runs on them") from None
+    try:
+        ops = EndpointOps()
+        batch = ops.ev_probe(src, requests, rsp_timeout_ns)
+
+        def answered() -> bool:
+            ops.step(pool.of, address_of, topo)
+            return batch.done.is_set()
+
+        until(answered, 30.0 + rsp_timeout_ns / 1e9, f"{src}'s EV probes", interval=0.001, wake=pool.workers)
+    finally:
+        pool.stop()
+    return batch
 
 
 class Run(list):
@@ -232,11 +267,12 @@ def _expect_key(worker: Child, kind: type, key: int, timeout: float = 30.0):
 
 def _watch(workers: list[Child], specs: list[TransferSpec], control: Control,
            on_progress: Callable[[int, int], None] | None, linger_s: float, timeout_s: float,
-           deferred: list[tuple[float, Child, int]], on_step: Callable[[], None]) -> None:
+           deferred: list[tuple[float, Child, int]], on_step: Callable[[], None],
+           on_report: Callable[[Progress], None] | None = None) -> None:
     """Follow the workers' progress reports until every transfer is done (and lingering ended);
     `on_step` runs at every step (after the hooks: the controller's changes and endpoint
-    operations go out at once)."""
-    watch = _Watch(workers, specs, control, on_progress, linger_s, deferred, on_step)
+    operations go out at once), `on_report` with each progress report (its EV events)."""
+    watch = _Watch(workers, specs, control, on_progress, linger_s, deferred, on_step, on_report)
     try:
         until(watch.step, timeout_s, "the transfers to finish", interval=0.05, wake=list(workers))
     except WaitTimeout:
@@ -248,9 +284,10 @@ class _Watch:
 
     def __init__(self, workers: list[Child], specs: list[TransferSpec], control: Control,
                  on_progress: Callable[[int, int], None] | None, linger_s: float,
-                 deferred: list[tuple[float, Child, int]], on_step: Callable[[], None]) -> None:
+                 deferred: list[tuple[float, Child, int]], on_step: Callable[[], None],
+                 on_report: Callable[[Progress], None] | None = None) -> None:
         self.workers, self.specs, self.control, self.on_progress = workers, specs, control, on_progress
-        self.on_step = on_step
+        self.on_step, self.on_report = on_step, on_report
         self.linger_s, self.deferred = linger_s, deferred
         self.primary = {k for k, s in enumerate(specs) if s.start_at is None}
         self.total = sum(s.size for k, s in enumerate(specs) if k in self.primary)
@@ -265,6 +302,8 @@ class _Watch:
         for worker in self.workers:
             while (report := worker.poll(Progress)) is not None:  # other answers wait for their expect
                 latest.update(report.jobs)
+                if self.on_report is not None:
+                    self.on_report(report)
         acked = sum(v.bytes_acked for k, v in latest.items() if k in self.primary)
         control.bytes_acked = acked
         control.progress = acked / self.total
@@ -298,19 +337,21 @@ def send(fabric: Fabric, src: str, dst: str, size: int, evs: list[int] | None = 
          imm: int | None = None, config: QpConfig | None = None, control: Control | None = None,
          on_progress: Callable[[int, int], None] | None = None, linger_s: float = 0.0,
          workers: int | None = None, dilation: float = 1.0, recvs: int | None = None,
-         ev_profile: ProfileFile | str | None = None) -> TransferResult:
+         ev_profile: ProfileFile | str | None = None, cc_config: dict | None = None,
+         qp_caps: int = 0) -> TransferResult:
     """WRITE `size` random bytes from host `src` to a buffer registered at host `dst` (over the EVs of
     `ev_profile` if given: an SRV6 GEN/EXP profile, loaded or its file, see evpaths.py). Without a
     `config`, the QP learns the fabric's link rate and base RTT (its CC's BDP) from the topology
     (NSCC: its `base_rtt` if it gives one, else the idle loop measured before the WRITE), and a
-    DCQCN QP's responder answers CE marks with CNPs."""
+    DCQCN QP's responder answers CE marks with CNPs. `cc_config`: its CC profile's config (NSCC's or
+    DCQCN's fields by name), which its CC is made with; `qp_caps`: the destination QP's api.QpCap bits."""
     if config is None:
         topo = fabric.topology
         base_rtt = topo.ports.base_rtt_ns if cc != "nscc" or topo.ports.base_rtt_given else None
         config = QpConfig(mtu=mtu, link_rate_bps=topo.link_rate_bps, base_rtt_ns=base_rtt,
                           cnp=cc == "dcqcn", cc_options=cc_options(cc, topo.link_rate_bps, base_rtt))
     spec = TransferSpec(src, dst, size, evs, ev_format, config, cc, ev_min_active, imm, recvs=recvs,
-                        ev_profile=ev_profile)
+                        ev_profile=ev_profile, cc_config=cc_config, qp_caps=qp_caps)
     run = run_transfers(fabric, [spec], control, on_progress, linger_s, workers=workers, dilation=dilation)
     result = run[0]
     result.emulation = run.emulation.to_dict()

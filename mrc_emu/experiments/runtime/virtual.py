@@ -86,8 +86,9 @@ class _NoEmulator:
 class Live:
     """What a hook (a controller step at a progress) reaches while a virtual run goes on."""
 
-    def __init__(self, engine: Engine, driver: HostDriver, jobs: list[WriteJob], muxes: dict[str, HostMux]) -> None:
-        self.engine, self.driver, self.jobs, self.muxes = engine, driver, jobs, muxes
+    def __init__(self, engine: Engine, driver: HostDriver, jobs: list[WriteJob], muxes: dict[str, HostMux],
+                 controls: dict[str, HostControl]) -> None:
+        self.engine, self.driver, self.jobs, self.muxes, self.controls = engine, driver, jobs, muxes, controls
 
     def set_ev_states(self, key: int, deny: tuple[int, ...], allow: tuple[int, ...], reason: str) -> None:
         job = self.jobs[key]
@@ -98,10 +99,11 @@ class Live:
         endpoint, now = self.muxes[host].endpoint, self.engine.now
         was = endpoint.status.local
         endpoint.set_port_status(mask, now)
+        admin = self.controls[host].follow_ports(mask)  # the api's port admin state is the endpoint's
         self.driver.wake(endpoint)
         for job in self.jobs:
             if job.host == host:
-                job.record_port_status(was, mask, now)
+                job.record_port_status(was, mask, now, admin)
                 self.driver.wake(job.requester)
 
 
@@ -186,7 +188,7 @@ def run_virtual(topo: Topology, specs: list[TransferSpec], seed: int = 0, faults
     if routing is not None:
         repair = BgpRepair(engine, fabric, routing, random.Random(f"{seed}:routing"))
         timeline.listeners.append(repair.on_fault)
-    live = Live(engine, driver, jobs, muxes)
+    live = Live(engine, driver, jobs, muxes, controls)
     follow = _Follow(engine, driver, specs, jobs, timeline, on_progress, sorted(hooks, key=lambda h: h[0]), live,
                      linger_ns, tick_ns)
     began = time.perf_counter()

@@ -27,12 +27,16 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any
 
+from ...api.errors import MrcApiError
+from ...api.files import ProfileFile
+from ...api.formats import EvFormatMode
 from ...fabric.kernel import netns
 from ...fabric.procs import Parent, Stop
 from ...io.loop import Clock, EventLoop, Horizon, Port
 from ...io.sockets import udp_receiver
 from ...transport.config import QpConfig
 from ...transport.endpoint import HostEndpoint
+from ...transport.multipath.evvalues import ValuePaths
 from ...transport.multipath.paths import Path
 from ...transport.mux import HostMux
 from ...transport.responder import Responder
@@ -73,6 +77,8 @@ class Accept:
     peer: str  # the requester's address
     config: QpConfig
     recvs: int = 0  # receives posted before the WRITE starts (one per WRITE_WITH_IMM: MRC has no RNR)
+    mode: EvFormatMode | None = None  # the api format of its EV profile (None: from the paths)
+    caps: int = 0  # its api QP caps (QpCap): TRIM_NACK_DEST_UNSUPPORTED, SVC_TIME_DEST_UNSUPPORTED
 
 
 @dataclass(frozen=True)
@@ -91,6 +97,9 @@ class Prepare:
     region: dict[str, Any]  # the remote region: rkey, va, length
     size: int
     imm: int | None
+    values: ValuePaths | None = None  # how its EVs' values become paths: the requester follows its profile's
+    cc_config: dict[str, Any] | None = None  # its CC profile's config
+    profile: ProfileFile | None = None  # the EV profile file its EVs come from: the host's controller holds it
 
 
 @dataclass(frozen=True)
@@ -109,6 +118,18 @@ class SetEvStates:
     deny: tuple[int, ...]
     allow: tuple[int, ...]
     reason: str
+
+
+@dataclass(frozen=True)
+class ReplaceEv:
+    """REPLACE_EV on the EV profile of transfer `key`'s QP: EV `ev` takes `value` on `port` (None: its own);
+    `value` None puts its first value back."""
+
+    key: int
+    ev: int
+    value: bytes | None
+    port: int | None
+    ident: str  # the controller record's id of the REPLACE_EV (its answer names it)
 
 
 @dataclass(frozen=True)
@@ -155,6 +176,9 @@ class JobProgress:
 @dataclass(frozen=True)
 class Progress:
     jobs: dict[int, JobProgress]  # by transfer key, for the WRITEs this worker's hosts posted
+    # per host: the EV events its controller queued since the last report (hostctl.take_events), and drops
+    ev_queues: dict[str, tuple[list[dict[str, Any]], int]] = field(default_factory=dict)
+    replaced: tuple[tuple[int, int, str], ...] = ()  # (key, EV, why not) of each refused ReplaceEv ("" = done)
 
 
 @dataclass(frozen=True)
@@ -212,7 +236,9 @@ class _Worker:
         self.ctl = {name: HostControl(name, max(1, len(spec.ports))) for name, spec in hosts.items()}  # OCP controllers
         self.ops = WorkerOps(parent, loop, ports)  # EV_PROBE batches, port status (experiments/runtime/endpoint_ops.py)
         self.handlers = {Accept: self.accept, Prepare: self.prepare, Start: self.start, Hash: self.hash,
-                         SetEvStates: self.set_ev_states, Stop: self.stop, **self.ops.handlers}
+                         SetEvStates: self.set_ev_states, ReplaceEv: self.replace_ev, Stop: self.stop,
+                         **self.ops.handlers}
+        self.replaced: list[tuple[int, int, str]] = []
         self.handlers[SetPortStatus] = self.set_port_status
     def on_control(self) -> None:
         while self.parent.poll():
@@ -222,17 +248,24 @@ class _Worker:
     def accept(self, msg: Accept) -> None:
         port = self.ports[msg.host]
         responder, mr = accept_write(port.mux, self.ctl[msg.host], msg.key, msg.size, msg.qpn, msg.peer_qpn,
-                                     msg.start_psn, msg.back, msg.peer, msg.config, msg.recvs, secrets.randbits)
+                                     msg.start_psn, msg.back, msg.peer, msg.config, msg.recvs, secrets.randbits,
+                                     msg.mode, msg.caps)
         self.responders[msg.key], self.regions[msg.key] = responder, mr
         self.loop.add_endpoint(responder, port, first=True)
         self.parent.send(Accepted(msg.key, mr.to_dict()))
 
     def prepare(self, msg: Prepare) -> None:
+        profile_id = None
+        if msg.profile is not None:  # made on the host's controller as the file says, bound by id
+            ports = {ev: (path.plane or 0) + 1 for ev, path in msg.forward.items()}
+            peer = next(iter(msg.forward.values())).template.ends.dst
+            profile_id = self.ctl[msg.host].load_profile(msg.profile, peer, ports)
         data = os.urandom(msg.size)
         digest = hashlib.sha256(data).hexdigest()  # before the clock starts: hashing is not the transfer
         self.jobs[msg.key] = prepare_write(self.ports[msg.host].mux, self.ctl[msg.host], msg.key, msg.host, msg.qpn,
                                            msg.dest_qp, msg.forward, msg.config, msg.cc, msg.ev_min_active,
-                                           msg.start_psn, msg.region, data, digest, msg.imm, secrets.randbits)
+                                           msg.start_psn, msg.region, data, digest, msg.imm, secrets.randbits,
+                                           msg.values, msg.cc_config, profile_id)
         self.parent.send(Prepared(msg.key))
 
     def start(self, msg: Start) -> None:
@@ -248,15 +281,37 @@ class _Worker:
     def set_ev_states(self, msg: SetEvStates) -> None:
         self.jobs[msg.key].set_ev_states(msg.deny, msg.allow, msg.reason, self.clock.now())
 
+    def replace_ev(self, msg: ReplaceEv) -> None:
+        """The controller's REPLACE_EV on the QP's EV profile: its frames follow at the next pump."""
+        job = self.jobs.get(msg.key)
+        why = "no such transfer here"
+        if job is not None:
+            profile, now = job.requester.profile, self.clock.now()
+            try:
+                old = self.ctl[job.host].replace_ev(profile.api.profile_id, msg.ev, msg.value, msg.port)
+                why = ""
+            except (ValueError, MrcApiError) as exc:
+                why = str(exc)
+            else:
+                job.ev_ops.append({"time_ns": now, "deny": [], "allow": [], "replace": msg.ev,
+                                   "old": old[0].rstrip(bytes(1)).hex(), "value": msg.value and msg.value.hex(),
+                                   "port": msg.port, "id": msg.ident,
+                                   "reason": f"REPLACE_EV: EV {msg.ev} " + (f"value 0x{msg.value.hex()}" if msg.value
+                                                                            else "back to its first value"),
+                                   "sent": {str(ev): s.packets_sent for ev, s in profile.evs.items()}})
+                self.loop.wake(job.requester)
+        self.replaced.append((msg.key, msg.ev, why))
+
     def set_port_status(self, msg: SetPortStatus) -> None:
         """A host's port-status mask (endpoint_ops), and, for the report, what it did to each of the
         host's QPs (qps.WriteJob.record_port_status)."""
         was = self.ports[msg.host].mux.endpoint.status.local
         self.ops.port_status(msg)
+        admin = self.ctl[msg.host].follow_ports(msg.mask)  # the api's port admin state is the endpoint's
         now = self.clock.now()
         for job in self.jobs.values():
             if job.host == msg.host:
-                job.record_port_status(was, msg.mask, now)
+                job.record_port_status(was, msg.mask, now, admin)
 
     def hash(self, msg: Hash) -> None:
         self.loop.measure(False)
@@ -270,11 +325,13 @@ class _Worker:
         self.running = [job for job in self.running if not job.sample(now)]
         if now >= self.next_report and self.jobs:
             self.next_report = now + REPORT_NS
+            events = {host: taken for host, hc in self.ctl.items() if (taken := hc.take_events())[0]}
             self.parent.send(Progress({
                 k: JobProgress(j.requester.bytes_acked, j.end_ns is not None, j.requester.error,
                                j.requester.profile.assumed_bad,
                                {e: s.state.name for e, s in j.requester.profile.evs.items()} if k == 0 else None)
-                for k, j in self.jobs.items() if j.start_ns}))
+                for k, j in self.jobs.items() if j.start_ns}, events, tuple(self.replaced)))
+            self.replaced = []
 
     def final(self, before: dict[str, dict[str, int]], loop_stats: dict[str, Any]) -> Final:
         kernel = {}

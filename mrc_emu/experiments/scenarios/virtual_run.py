@@ -19,18 +19,18 @@ import hashlib
 import json
 import struct
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from ...fabric import limits
 from ...fabric import routing as frr
 from ...stats import histogram_percentile
-from ...topology import Role, evs_between
+from ...topology import Role, Topology, evs_between
 from ...topology.evs import EvFormat
 from ...vfabric.faults import FaultKind, LinkFault
 from ...vfabric.routing import RoutingTimers
-from ..runtime.controller import LiveControl, MemoryRecord, qp_evs
+from ..runtime.controller import ALLOW, DENY, LiveControl, Selector, State, qp_evs
 from ..runtime.spec import plan_paths
 from ..runtime.virtual import Live, run_virtual
 from .faults import Fault
@@ -70,6 +70,44 @@ def check(scn: Scenario, available: int | None = None) -> None:
     if scn.topology.ports.model != "bpf":
         raise NotModelled(f"{scn.source or scn.name}: topology {scn.topology.name} has port model "
                           f"{scn.topology.ports.model!r}; virtual time models the port program's rule only (bpf)")
+
+
+@dataclass(frozen=True)
+class _NoFabric:
+    """What a controller record's `fabric` is asked for: its topology (virtual time has no fabric)."""
+
+    topology: Topology
+
+
+class MemoryRecord:
+    """A controller record held in memory, for a run without a fabric (virtual time): the same
+    operations, checks and state as ControlRecord's, nothing written, no EV event queues."""
+
+    def __init__(self, topology: Topology) -> None:
+        self.topology = topology
+        self.fabric = _NoFabric(topology)  # LiveControl asks a record's fabric for its topology
+        self._state = State([], {}, {}, {})
+        self._ops = 0
+
+    def size(self) -> int:
+        return self._ops
+
+    def deny(self, selector: Selector, by: str = "cli") -> None:
+        self._state.rules.append((DENY, selector.check(self.topology), by))
+        self._ops += 1
+
+    def allow(self, selector: Selector, by: str = "cli") -> None:
+        self._state.rules.append((ALLOW, selector.check(self.topology), by))
+        self._ops += 1
+
+    def set_port(self, host: str, plane: int, enabled: bool, by: str = "cli") -> None:
+        if self.topology.node(host).role is not Role.HOST or not 0 <= plane < self.topology.planes:
+            raise ValueError(f"{host} plane {plane}: not a host's port of {self.topology.name}")
+        self._state.ports[(host, plane)] = enabled
+        self._ops += 1
+
+    def state(self) -> State:
+        return State(list(self._state.rules), dict(self._state.ports), {}, {})
 
 
 def link_faults(scn: Scenario, fault: Fault, link: tuple[str, str] | None, tag: int) -> list[LinkFault]:
@@ -221,7 +259,8 @@ def run_transport(scn: Scenario, transport: Transport, link: tuple[str, str] | N
         faults += link_faults(scn, fault, fr.link, tag)
     if steps:
         control = LiveControl(record, {key: (spec.src, qp_evs(plan_paths(topo, spec)))
-                                       for key, spec in enumerate(specs) if spec.ev_format is not EvFormat.UDP})
+                                       for key, spec in enumerate(specs) if spec.ev_format is not EvFormat.UDP},
+                              since=0.0)  # no wall clock: the in-memory record has no EV_PROBEs of other runs
         control.changes()  # nothing yet: the record starts empty
         hooks = [(fault.at, _controller(fr, record, control, f"scenario {scn.name}")) for fr, fault in steps]
     progress(f"{transport}: {len(specs)} WRITE(s) in virtual time, faults: "

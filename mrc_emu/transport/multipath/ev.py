@@ -64,6 +64,7 @@ class EvStats:
     consecutive_losses: int = 0  # lost packets sent after the latest-sent one it delivered (len(lost_after))
     last_delivered_sent_ns: int = -1  # send time of the latest-sent packet known delivered on this EV
     last_heard_ns: int = -1  # when an ACK last said a packet of this EV arrived (it is alive, if queued)
+    alive_sent_ns: int = -1  # send time of the latest witness probe answered (transport/witness.py)
     lost_after: list[int] = field(default_factory=list, repr=False)  # their send times
     probe_due_ns: int = 0
     probes_sent: int = 0
@@ -131,6 +132,8 @@ class EvProfile:
         # EVs no packet may use, whatever their state: a port they cross is disabled, here or at the
         # peer (PORT_STATUS_UPDATE; transport/multipath/portstatus.py). Per QP: a peer's ports are the peer's.
         self.excluded: frozenset[int] = frozenset()
+        # EVs carrying nothing new while a second witness probe decides their fate (witness.py)
+        self.suspended: set[int] = set()
         self._now = 0  # the latest time the QP told its profile (what a change found without one is stamped)
         # the api profile's state_version last read, with the states it starts with (no events)
         states, self._version = self.states.states(), self.api.state_version
@@ -164,6 +167,7 @@ class EvProfile:
         self._bad += (new is EvState.ASSUMED_BAD) - (old is EvState.ASSUMED_BAD)
         self._barred += _barred(new) - _barred(old)
         stats.state = new
+        self.suspended.discard(ev)  # a state decides now
         stats.consecutive_losses = 0
         stats.lost_after.clear()
         stats.probe_due_ns = now
@@ -195,6 +199,21 @@ class EvProfile:
         evs = frozenset(evs) & frozenset(self.evs)
         if evs != self.excluded:
             self.excluded = evs
+            self._dirty = True
+
+    def suspend(self, ev: int) -> bool:
+        """Take GOOD `ev` out of the spray schedule until `resume` (its state unchanged); never the
+        last GOOD EV that may carry data. True if suspended."""
+        usable = [k for k in self.good() if k not in self.excluded and k not in self.suspended]
+        if ev not in usable or len(usable) < 2:
+            return False
+        self.suspended.add(ev)
+        self._dirty = True
+        return True
+
+    def resume(self, ev: int) -> None:
+        if ev in self.suspended:
+            self.suspended.discard(ev)
             self._dirty = True
 
     def good(self) -> list[int]:
@@ -267,26 +286,34 @@ class EvProfile:
         s.trim += TRIM_GAIN * (1.0 - s.trim)
         self._dirty = True
 
-    def on_lost(self, ev: int, now: int, why: str, sent_ns: int | None = None) -> int:
+    def on_lost(self, ev: int, now: int, why: str, sent_ns: int | None = None, decide: bool = True) -> int:
         """A packet sent on `ev` at `sent_ns` (default: `now`) is lost. The EV fails (ASSUMED_BAD)
-        after `bad_after_losses` lost packets sent after the latest one it delivered: a path that
-        delivered a packet sent later than a lost one is working (it reordered or dropped one),
-        so that loss does not count towards its failure. Returns how many lost packets in a row
+        after `bad_after_losses` lost packets sent after the latest one it delivered, or the
+        latest witness probe it answered: a path that delivered a packet (or answered a probe)
+        sent later than a lost one is working (it reordered, queued or dropped one), so that loss
+        does not count towards its failure. `decide` False: the run alone fails nothing (a
+        witness probe decides, transport/witness.py). Returns how many lost packets in a row
         this one makes (0: it does not count, a later one arrived)."""
         self.sync(now)
         s = self.evs[ev]
         s.packets_lost += 1
         sent_ns = now if sent_ns is None else sent_ns
         run = 0
-        if sent_ns > s.last_delivered_sent_ns:
+        if sent_ns > s.last_delivered_sent_ns and sent_ns > s.alive_sent_ns:
             s.lost_after.append(sent_ns)
             run = s.consecutive_losses = len(s.lost_after)
         s.loss += LOSS_GAIN * (1.0 - s.loss)
-        if s.state is EvState.GOOD and s.consecutive_losses >= self.bad_after_losses:
+        if decide and s.state is EvState.GOOD and s.consecutive_losses >= self.bad_after_losses:
             self.set_state(ev, EvState.ASSUMED_BAD, now, f"{s.consecutive_losses} consecutive losses ({why})")
         else:
             self._dirty = True
         return run
+
+    def path_failed(self, ev: int, now: int, why: str) -> None:
+        """`ev`'s path failed (its witness probe was lost): ASSUMED_BAD, as the device decides."""
+        self.sync(now)
+        if self.evs[ev].state is EvState.GOOD:
+            self.set_state(ev, EvState.ASSUMED_BAD, now, why)
 
     def on_probe(self, ev: int, now: int, rtt_ns: int) -> None:
         """A probe of `ev` returned: GOOD again for every QP of the profile (unless another QP's revived
@@ -324,7 +351,7 @@ class EvProfile:
         different EVs and each EV's share follows its weight; sorting the positions costs far
         less than a weighted round robin picking slot by slot (this runs every few hundred packets).
         """
-        out = self.excluded
+        out = self.excluded | self.suspended
         good = ([k for k in self.good() if k not in out]
                 or [k for k, s in self.evs.items() if s.state is EvState.ASSUMED_BAD and k not in out])
         self._dirty = False

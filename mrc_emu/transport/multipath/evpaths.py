@@ -1,4 +1,4 @@
-"""A QP's paths from an OCP EV profile (GEN or EXP, SRV6 format) over the fabric's uSID plan.
+"""A QP's paths from an OCP EV profile (GEN or EXP; SRV6 over the fabric's uSID plan, STEV, UDP).
 
 Why it exists: `send --ev-profile FILE` runs a transfer on the EVs a controller's profile yields
 instead of the fabric's own EV list. An SRV6 EV's bytes 0-15 are the packet's outer destination, a
@@ -33,7 +33,7 @@ from ...topology.evs import Ev, udp_sport
 from ...wire import format as fmt
 from ...wire.encoder import Encap, FrameTemplate
 from ...wire.format import Endpoints
-from .paths import Path, QpPaths
+from .paths import Path, QpPaths, stev_paths
 
 MAX_NODE_ID = ad.ENDX_FUNCTION_BASE - 1  # 16-bit groups above it are local functions, never nodes
 
@@ -121,10 +121,9 @@ def slot_ev(topo: Topology, profile: ProfileFile, src: str, dst: str, ev: Expand
     raise EvProfileError(f"{where} names {' > '.join((src,) + names)}, not a path of the fabric from {src} to {dst}")
 
 
-def _check_profile(profile: ProfileFile) -> list[ExpandedEv]:
-    if profile.fmt.mode != EvFormatMode.SRV6:
-        raise EvProfileError(f"{profile.path}: format.mode: {profile.fmt.mode.name}: only SRV6 profiles are mapped onto "
-                             "the fabric's paths (--format and --evs give the fabric's own EV list)")
+def _check_profile(profile: ProfileFile, mode: EvFormatMode = EvFormatMode.SRV6) -> list[ExpandedEv]:
+    if profile.fmt.mode != mode:
+        raise EvProfileError(f"{profile.path}: format.mode: {profile.fmt.mode.name}, not {mode.name}")
     if profile.profile.mode == EvProfileMode.AUTO:
         raise EvProfileError(f"{profile.path}: profile.mode: AUTO names no EVs (give a GEN or EXP profile)")
     evs = profile.expanded()
@@ -161,9 +160,42 @@ def _back_carrier(topo: Topology, rev: Ev, short: bool) -> str:
     return ad.usid_carrier([topo.node(turn).node_id, topo.node(rev.dst).node_id], ad.USID_DECAP_FUNCTION)
 
 
+def _plain_paths(topo: Topology, profile: ProfileFile, src: str, dst: str, trimmable: bool) -> ProfileQpPaths:
+    """A STEV or UDP profile's QP: slot i's value is EV i's (STEV: 32 bits, its port going round the planes;
+    UDP: the source port, the fabric's hash picks the path). Two slots with one UDP source port are refused:
+    the responder tells EVs apart by it."""
+    evs, mode = _check_profile(profile, profile.fmt.mode), profile.fmt.mode
+    sports: dict[int, int] = {}
+    for ev in evs:
+        sport = int.from_bytes(ev.expanded[2:4] if mode == EvFormatMode.STEV else ev.expanded[:2], "big")
+        if sport in sports:
+            raise EvProfileError(f"{profile.path}: EV {ev.index}: UDP source port 0x{sport:04x} is EV {sports[sport]}'s "
+                                 "too (the responder tells a QP's EVs apart by it)")
+        sports[sport] = ev.index
+    if mode == EvFormatMode.STEV:
+        values = [int.from_bytes(ev.expanded[:4], "big") for ev in evs]
+        paths = stev_paths(topo, src, dst, values, trimmable=trimmable)
+        return ProfileQpPaths(paths.forward, paths.back, paths.evs, paths.src_address, paths.dst_address,
+                              topology_evs=paths.evs, profile=profile.path)
+    tclass = fmt.TCLASS_DATA if trimmable else fmt.TCLASS_DATA_NO_TRIM
+    fabric_evs = evs_between(topo, src, dst)
+    me, peer = ad.host_address(topo, src), ad.host_address(topo, dst)
+    forward, back, slots = {}, {}, []
+    for ev, sport in zip(evs, sports):
+        slot = replace(fabric_evs[ev.index % len(fabric_evs)], index=ev.index, udp_sport=sport)
+        forward[ev.index] = Path(ev.index, peer, FrameTemplate(Endpoints(me, peer, sport), Encap.udp(), data_tclass=tclass),
+                                 slot.plane)
+        back[ev.index] = Path(ev.index, me, FrameTemplate(Endpoints(peer, me, sport), Encap.udp()), slot.plane)
+        slots.append(slot)
+    return ProfileQpPaths(forward, back, slots, me, peer, topology_evs=slots, profile=profile.path)
+
+
 def profile_paths(topo: Topology, profile: ProfileFile, src: str, dst: str, trimmable: bool = True) -> ProfileQpPaths:
     """The paths of a QP from `src` to `dst` on the profile's EVs: what paths.qp_paths
-    gives for the fabric's EV list, with EV index = profile slot."""
+    gives for the fabric's EV list, with EV index = profile slot (any format: STEV and UDP
+    profiles name values the fabric's hash routes, `_plain_paths`)."""
+    if profile.fmt.mode != EvFormatMode.SRV6:
+        return _plain_paths(topo, profile, src, dst, trimmable)
     tclass = fmt.TCLASS_DATA if trimmable else fmt.TCLASS_DATA_NO_TRIM
     slots = slot_evs(topo, profile, src, dst)
     reverse = {(ev.plane, ev.spine): ev for ev in evs_between(topo, dst, src)}

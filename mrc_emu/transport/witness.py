@@ -1,0 +1,273 @@
+"""Witness probes: is a quiet EV dead, or only queued? An EV probe decides, in about one RTT.
+
+Why it exists: when one EV goes quiet while the others deliver, its packets are either lost (a
+blackholed or dead link) or waiting in a queue the others do not share (a plane's port filling
+in an incast, a host's NIC with a backlog). Loss rules on RTT estimates cannot tell the two
+apart fast enough: a queue grows faster than any estimate follows (a fault-free incast run
+marked EVs ASSUMED_BAD on a queue), and a timer wide enough for every queue takes milliseconds
+to find a dead path. A probe can: it rides the switches' control class, ahead of the data
+queued at every port, and the responder answers it at its next pump, before the ACKs of
+anything that arrived after it. So the requester sends a **witness** probe along a quiet EV
+and watches the ACKs of packets it sent later on the same plane (the same NIC queues out and
+back, the same hop count): once one of those is acknowledged and the witness's answer is still
+missing, the EV is dead; when the answer comes first, the EV is alive and its packets are
+queued (its own later packets and its RTT judge them, loss.py), and its losses sent before the
+witness count nothing towards a path failure.
+
+The rules, each threshold from the EVs' own RTT estimators:
+- **suspect**: a GOOD EV whose oldest packet in flight was sent before a packet now known
+  delivered (on any EV), and that has delivered nothing for its smallest RTT and its reorder
+  allowance since that packet left or since it last delivered, whichever is later; or one
+  whose losses (loss.py) make a run of `bad_after_losses`. One witness at a time per EV, and
+  after an answer the next one waits the EV's srtt.
+- **dead**, on an ACK: the ACK's echoed packet, on another EV of the same plane, left more than
+  the allowance after the witness: the EV's reorder window (a quarter of its smallest RTT, at
+  least the QP's floor) plus how much longer its smallest RTT is than the echoed EV's. A
+  witness of an EV with no such sibling (a plane of one EV, a plane down) is dead once
+  something sent after it was delivered and twice the EV's srtt, its window and the
+  responder's ACK delay passed (judged at the emulation's horizon, as every timer).
+- **alive**: the witness's answer arrived, or the EV delivered a packet sent after it.
+A dead witness makes the EV ASSUMED_BAD (as the device does: never below ev_min_active) and
+every packet in flight on it lost at once, resent on the GOOD EVs; probes bring it back.
+
+Like loss.py it reads no clock: time comes in as `now`, probes go out through the prober.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from ..api.events import EvState
+from .multipath.paths import Path, Send
+
+if TYPE_CHECKING:
+    from .probing import EvProber
+    from .recovery import Recovery
+    from .sent import PyPkt
+
+DEAD = "its witness probe went unanswered while later packets on its plane were acknowledged"
+DEAD_TIMER = "its witness probe went unanswered within two RTTs while later packets were acknowledged"
+FOUND_DEAD = "its path failed (witness probe unanswered)"  # the reason its packets in flight are lost
+TIMER_RTTS = 2  # the timer: twice the EV's srtt (and its window and the ACK delay) for an answer
+
+
+class Witness:
+    """The witness probes of one requester's EVs: when to send one, and what its fate says."""
+
+    def __init__(self, recovery: Recovery, prober: EvProber, paths: dict[int, Path]) -> None:
+        self.rec = recovery
+        self.prober = prober
+        self.replan(paths)
+        self.out: dict[int, tuple[int, int]] = {}  # EV -> (probe id, send time) of its witness in flight
+        self.after: dict[int, int] = {}  # EV -> no witness before this time (an answer's EV waits its srtt)
+        self.suspects: set[int] = set()  # EVs whose losses ask for a witness at the next pump
+        self.strikes: dict[int, int] = {}  # EV -> its witnesses in a row found unanswered
+        self.sent = 0
+        self.answered = 0
+        self.dead = 0
+        self.late = 0  # witnesses answered after all, once their EV was taken for dead (a false failure)
+        self._convicted: set[int] = set()  # probe ids of the witnesses taken for lost
+        self.verdicts: list[tuple[int, int, int, str]] = []  # (EV, witness sent, found dead, rule): the first 64
+        self.lead_ns = 0  # the largest lead of a later sibling's ACK over an answer that still came
+        self._lead: dict[int, int] = {}  # EV -> that lead for its witness in flight
+        prober.witness = self
+        recovery.witness = self
+
+    def replan(self, paths: dict[int, Path]) -> None:
+        """The EVs' planes, again after a REPLACE_EV moved a path."""
+        self.plane = {ev: path.plane for ev, path in paths.items()}
+        # the EVs of the same plane (none where the plane is unknown: an ECMP-hashed path may go anywhere)
+        self.siblings = {ev: [k for k, p in self.plane.items() if k != ev and p == plane]
+                         for ev, plane in self.plane.items() if plane is not None}
+
+    # ---- thresholds -----------------------------------------------------------------------
+
+    def window(self, ev: int) -> int:
+        """How far a witness of `ev` may trail its siblings' packets: its reorder window."""
+        return max(self.rec.config.reorder_floor_ns, self.rec.profile.evs[ev].rtt.min_rtt_ns // 4)
+
+    def allowance(self, ev: int, other: int) -> int:
+        """How much later than the witness of `ev` a packet on `other` (same plane) must have left
+        for its ACK to prove the witness lost: the window, and the smallest RTTs' difference."""
+        evs = self.rec.profile.evs
+        mine, theirs = evs[ev].rtt.min_rtt_ns, evs[other].rtt.min_rtt_ns
+        return self.window(ev) + (max(0, mine - theirs) if mine and theirs else 0)
+
+    def _quiet_since(self, ev: int, pkt: PyPkt) -> int | None:
+        """When `ev`, with `pkt` its oldest packet in flight, counts as quiet (None: no RTT is known yet)."""
+        rtt = self.rec.profile.evs[ev].rtt
+        # before any sample of its own (a loaded emulator may give none for a while): the QP's
+        # largest srtt, else the fabric's base RTT as measured before the run (NSCC's)
+        base = rtt.min_rtt_ns or self.rec.largest_srtt() or self.rec.config.base_rtt_ns
+        if not base:
+            return None
+        return max(pkt.sent_ns, self.rec.profile.evs[ev].last_heard_ns) + int(base) + self.window(ev)
+
+    def _eligible(self, ev: int, now: int) -> bool:
+        profile = self.rec.profile
+        return (ev not in self.out and profile.evs[ev].state is EvState.GOOD and ev in self.prober.paths
+                and ev not in profile.excluded and now >= self.after.get(ev, 0))
+
+    # ---- sending ----------------------------------------------------------------------------
+
+    def due(self, now: int) -> list[int]:
+        """The EVs to send a witness along now."""
+        rec = self.rec
+        known = rec.decide_at(now)
+        due = []
+        for ev in rec.sent.by_ev:
+            if not self._eligible(ev, now):
+                continue
+            if ev in self.suspects:
+                due.append(ev)
+                continue
+            pkt = rec.sent.front(ev)
+            if pkt is None or pkt.sent_ns >= rec.rack_sent_ns:
+                continue
+            quiet = self._quiet_since(ev, pkt)
+            if quiet is not None and known >= quiet:
+                due.append(ev)
+        return due
+
+    def pump(self, now: int, send: Send, clock: Callable[[], int] | None = None) -> None:
+        """Send the witnesses that are due; judge those the timer rule convicts."""
+        self.timer(now)
+        for ev in self.due(now):
+            self.suspects.discard(ev)
+            stamp = clock() if clock is not None else now
+            probe_id = self.prober.send_probe(ev, stamp, send)
+            if probe_id is not None:
+                self.out[ev] = (probe_id, stamp)
+                self._lead[ev] = 0
+                self.sent += 1
+
+    def suspect(self, ev: int) -> None:
+        """Losses on `ev` make a run: witness it at the next pump (unless one is out already)."""
+        self.suspects.add(ev)
+
+    # ---- verdicts ---------------------------------------------------------------------------
+
+    def on_answer(self, ev: int, probe_id: int, now: int) -> bool:
+        """A probe of `ev` was answered: if it was the witness (True), the EV is alive up to its send time."""
+        out = self.out.get(ev)
+        if out is None or out[0] != probe_id:
+            if probe_id in self._convicted:  # answered after all: a reordering, not a failure
+                self._convicted.discard(probe_id)
+                self.late += 1
+                if self.rec.profile.evs[ev].state is EvState.GOOD:
+                    self.strikes.pop(ev, None)
+                    self.rec.profile.resume(ev)  # its next witness, if out, is moot
+                    return True
+            return False
+        self._alive(ev, out[1], now)
+        self.answered += 1
+        self.lead_ns = max(self.lead_ns, self._lead.pop(ev, 0))
+        return True
+
+    def _alive(self, ev: int, sent_ns: int, now: int) -> None:
+        stats = self.rec.profile.evs[ev]
+        self.strikes.pop(ev, None)
+        self.rec.profile.resume(ev)
+        del self.out[ev]
+        stats.alive_sent_ns = max(stats.alive_sent_ns, sent_ns)
+        if stats.lost_after:  # losses of packets sent before it are no longer a run
+            stats.lost_after = [t for t in stats.lost_after if t > sent_ns]
+            stats.consecutive_losses = len(stats.lost_after)
+        self.after[ev] = now + int(max(stats.rtt.srtt_ns, stats.rtt.min_rtt_ns))
+        self.suspects.discard(ev)
+
+    def on_echo(self, echo: PyPkt, now: int) -> None:
+        """An ACK whose echoed packet is `echo` arrived (by `echo.ev`'s way back): a witness of a
+        sibling EV sent sufficiently before it, still unanswered, is dead."""
+        if not self.out:
+            return
+        for ev in self.siblings.get(echo.ev, ()):
+            out = self.out.get(ev)
+            if out is None:
+                continue
+            if self.rec.profile.evs[ev].last_delivered_sent_ns > out[1]:
+                self._alive(ev, out[1], now)  # it delivered something sent after its witness
+                continue
+            lead = echo.left_ns - out[1]
+            if lead > self.allowance(ev, echo.ev):
+                self.fail(ev, now, DEAD)
+            elif lead > self._lead.get(ev, 0):
+                self._lead[ev] = lead
+        if echo.ev in self.out and self.rec.profile.evs[echo.ev].last_delivered_sent_ns > self.out[echo.ev][1]:
+            self._alive(echo.ev, self.out[echo.ev][1], now)
+
+    def deadline(self, ev: int) -> int | None:
+        """When the timer rule convicts the witness of `ev` (None: none out, or no RTT known)."""
+        out = self.out.get(ev)
+        if out is None:
+            return None
+        stats = self.rec.profile.evs[ev]
+        srtt = stats.rtt.srtt_ns or self.rec.largest_srtt() or self.rec.config.base_rtt_ns
+        if not srtt:
+            return None
+        return out[1] + int(TIMER_RTTS * srtt) + self.window(ev) + self.rec.config.ack_delay_ns
+
+    def timer(self, now: int) -> None:
+        """Witnesses unanswered past their deadline, while something sent after them was delivered."""
+        if not self.out:
+            return
+        rec = self.rec
+        known = rec.decide_at(now)
+        for ev in list(self.out):
+            due = self.deadline(ev)
+            if due is None or rec.rack_sent_ns <= self.out[ev][1]:
+                continue
+            if known >= due:
+                self.fail(ev, now, DEAD_TIMER)
+            else:
+                rec.put_off(due, now)
+
+    def next_wakeup(self, now: int) -> int | None:
+        """When a witness may next be due or convicted, if nothing arrives meanwhile."""
+        rec = self.rec
+        # a witness's timer runs only once something sent after it was delivered (an ACK wakes the QP)
+        wakes = [due for ev, (_, sent) in self.out.items()
+                 if rec.rack_sent_ns > sent and (due := self.deadline(ev)) is not None]
+        for ev in list(self.suspects):
+            if ev in self.out or rec.profile.evs[ev].state is not EvState.GOOD:
+                self.suspects.discard(ev)  # its witness is out, or its state says enough already
+            else:
+                wakes.append(max(now, self.after.get(ev, 0)))
+        for ev in rec.sent.by_ev:
+            if ev in self.out or rec.profile.evs[ev].state is not EvState.GOOD:
+                continue
+            pkt = rec.sent.front(ev)
+            if pkt is not None and pkt.sent_ns < rec.rack_sent_ns and (quiet := self._quiet_since(ev, pkt)):
+                wakes.append(max(quiet, self.after.get(ev, 0)))
+        return min(wakes) if wakes else None
+
+    def fail(self, ev: int, now: int, why: str) -> None:
+        """The witness of `ev` is lost: its packets in flight are lost, and the EV is suspended
+        while the next witness, sent at once, decides (`config.witnesses` in a row unanswered make
+        it ASSUMED_BAD)."""
+        probe_id, sent_ns = self.out.pop(ev)
+        self._convicted.add(probe_id)
+        if len(self.verdicts) < 64:
+            self.verdicts.append((ev, sent_ns, now, why))
+        self._lead.pop(ev, None)
+        self.dead += 1
+        rec = self.rec
+        self.strikes[ev] = self.strikes.get(ev, 0) + 1
+        if self.strikes[ev] >= rec.config.witnesses or not rec.profile.suspend(ev):
+            self.strikes.pop(ev, None)
+            rec.profile.resume(ev)
+            count = rec.config.witnesses
+            rec.profile.path_failed(ev, now, why if count < 2 else f"{why} ({count} witness probes in a row)")
+        else:
+            self.suspects.add(ev)  # the next witness, at the next pump
+        sent = rec.sent
+        while (pkt := sent.front(ev)) is not None:
+            sent.by_ev[ev].popleft()
+            rec.lose(pkt, now, FOUND_DEAD, path_failed=True)
+
+    def summary(self) -> dict:
+        return {"sent": self.sent, "answered": self.answered, "dead": self.dead, "late": self.late, "out": len(self.out),
+                "lead_us": round(self.lead_ns / 1e3, 1),
+                "verdicts": [{"ev": ev, "sent_ns": sent, "dead_ns": dead, "rule": "timer" if why == DEAD_TIMER else "plane"}
+                             for ev, sent, dead, why in self.verdicts]}

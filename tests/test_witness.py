@@ -1,0 +1,260 @@
+"""Witness probes (transport/witness.py) alone: a QP's recovery over a synthetic fabric of EVs in
+two planes, where data may wait in a queue that the probes skip, as the switches' control class
+lets them; no sockets, no root."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from test_recovery import RecordingCc, send, settled
+
+from mrc_emu.transport import witness as witness_module
+from mrc_emu.transport.config import QpConfig
+from mrc_emu.transport.multipath.ev import EvProfile
+from mrc_emu.transport.recovery import ACK_TIMEOUT, Recovery
+from mrc_emu.transport.witness import Witness
+from mrc_emu.wire.format import AckPacket, Syndrome
+
+US = 1000
+
+
+class Prober:
+    """What the witness asks of the QP's prober: probes along an EV, answered by the fabric."""
+
+    def __init__(self, fabric: Net) -> None:
+        self.fabric = fabric
+        self.paths = {ev: None for ev in fabric.planes}
+        self.witness = None
+        self.next_id = 1
+        self.revived: list[int] = []
+
+    def send_probe(self, ev: int, now: int, send) -> int:
+        probe_id, self.next_id = self.next_id, self.next_id + 1
+        self.fabric.probe(ev, probe_id, now)
+        return probe_id
+
+    def on_response(self, ev: int, probe_id: int, now: int) -> None:
+        """As EvProber.on_response: a witness's answer goes to the witness, any other revives."""
+        if not self.witness.on_answer(ev, probe_id, now):
+            self.revived.append(ev)
+            self.fabric.rec.profile.on_probe(ev, now, 0)
+
+
+class Net:
+    """A QP's packets over EVs: each EV a one-way delay of half its RTT each way, `queue(ev, t)`
+    more for data (never for probes, as the control class passes queues), `dead` EVs losing
+    everything (both ways) from `dead_from`. The responder acknowledges every packet at once,
+    echoing it, by its EV's way back."""
+
+    def __init__(self, planes: dict[int, int | None], rtts: dict[int, int], dead=(), dead_from: int = 0,
+                 queue=lambda ev, t: 0, witness: bool = True, evs_min: int = 1, witnesses: int = 2) -> None:
+        self.planes, self.rtts, self.dead, self.dead_from, self.queue = planes, rtts, set(dead), dead_from, queue
+        self.cc = RecordingCc()
+        self.rec = Recovery(QpConfig(mtu=1000, witnesses=witnesses), EvProfile(list(planes), ev_min_active=evs_min),
+                            self.cc)
+        settled(self.rec, rtts)
+        self.prober = Prober(self)
+        paths = {ev: SimpleNamespace(plane=plane) for ev, plane in planes.items()}
+        self.witness = Witness(self.rec, self.prober, paths) if witness else None
+        self.events: list[tuple[int, int, str, tuple]] = []  # (time, order, kind, what)
+        self.order = 0
+        self.arrived: set[int] = set()
+        self.t = 0
+
+    def lost(self, ev: int, t: int) -> bool:
+        return ev in self.dead and t >= self.dead_from
+
+    def at(self, t: int, kind: str, *what) -> None:
+        self.order += 1
+        self.events.append((t, self.order, kind, what))
+
+    def probe(self, ev: int, probe_id: int, t: int) -> None:
+        if not self.lost(ev, t):
+            self.at(t + self.rtts[ev], "answer", ev, probe_id)
+
+    def run(self, until: int, step: int = 2 * US, new_until: int | None = None) -> None:
+        rec, t = self.rec, self.t
+        while t < until:
+            if self.witness is not None:  # as the requester's pump: witnesses before data
+                self.witness.pump(t, None)
+            if rec.sent.retx:
+                pkt = rec.sent.pkts[rec.sent.retx.popleft()]
+                rec.sent.record(pkt, rec.profile.pick(pkt.ev), t)
+            elif new_until is None or t < new_until:
+                pkt = send(rec, rec.profile.pick(), t)
+            else:
+                pkt = None
+            if pkt is not None and not self.lost(pkt.ev, t):
+                half = self.rtts[pkt.ev] // 2
+                self.at(t + half + self.queue(pkt.ev, t) + half, "ack", pkt.psn, pkt.ev)
+            t += step
+            due = sorted(e for e in self.events if e[0] <= t)
+            for event in due:
+                self.events.remove(event)
+                when, _, kind, what = event
+                if kind == "answer":
+                    self.prober.on_response(what[0], what[1], when)
+                elif rec.in_range(self.ack_for(what[0], what[1])):
+                    rec.on_ack(self.ack_for(what[0], what[1]), when)
+            assert rec.on_timer(t) is None
+        self.t = t
+
+    def ack_for(self, psn: int, ev: int) -> AckPacket:
+        self.arrived.add(psn)
+        cum = self.rec.una - 1
+        while cum + 1 in self.arrived:
+            cum += 1
+        above = sorted(p for p in self.arrived if p > cum)
+        bitmap = b""
+        if above:
+            nbits = -(-(max(above) - cum) // 32) * 32
+            bitmap = sum(1 << (nbits - 1 - (p - cum - 1)) for p in above).to_bytes(nbits // 8, "big")
+        return AckPacket(0x11, cum & 0xFFFFFF, Syndrome.ACK, 0, (cum + 1) & 0xFFFFFF, psn & 0xFFFFFF, ev, False, bitmap)
+
+
+TWO_PLANES = {ev: ev // 4 for ev in range(8)}
+
+
+def test_one_ev_of_eight_blackholed_is_found_by_its_witness_within_a_few_rtts():
+    """One witness decides (config.witnesses 1): within 4 RTTs of the blackhole."""
+    net = Net(TWO_PLANES, {ev: 100 * US for ev in range(8)}, dead={3}, dead_from=1000 * US, witnesses=1)
+    net.run(until=3000 * US)
+    (event,) = net.rec.profile.events
+    assert event.ev == 3 and event.new.name == "ASSUMED_BAD" and event.reason == witness_module.DEAD
+    # silent for one smallest RTT and a window after its last delivery, then one RTT for the verdict
+    assert event.time_ns - 1000 * US <= 4 * 100 * US
+    assert net.rec.timeouts == 0 and ACK_TIMEOUT not in net.rec.lost_by
+    assert [ev for ev, s in net.rec.profile.evs.items() if s.packets_lost] == [3]
+    assert net.witness.dead == 1 and net.witness.late == 0
+    # nothing of EV 3 left in flight: what it carried was resent on the other EVs at the verdict
+    assert all(p.ev != 3 for p in net.rec.sent.pkts.values() if p.psn in net.rec.sent.flight)
+
+
+def test_by_default_a_second_witness_confirms_and_the_ev_carries_nothing_meanwhile():
+    """The first unanswered witness suspends the EV (its packets resent, none new on it); the
+    second, sent at once, decides: one RTT and a window later than a single witness."""
+    net = Net(TWO_PLANES, {ev: 100 * US for ev in range(8)}, dead={3}, dead_from=1000 * US)
+    net.run(until=1320 * US)
+    suspended_at = None
+    while not net.rec.profile.events:
+        net.run(until=net.t + 2 * US)
+        if suspended_at is None and 3 in net.rec.profile.suspended:
+            suspended_at = net.t
+            sent_before = net.rec.profile.evs[3].packets_sent
+    (event,) = net.rec.profile.events
+    assert event.ev == 3 and event.reason.startswith(witness_module.DEAD) and "2 witness probes in a row" in event.reason
+    assert suspended_at is not None and event.time_ns - 1000 * US <= 6 * 100 * US
+    assert net.rec.profile.evs[3].packets_sent == sent_before  # nothing new while suspended
+    assert net.witness.dead == 2 and not net.rec.profile.suspended and net.rec.timeouts == 0
+
+
+def test_evs_with_ten_times_different_rtts_fail_nothing_and_lose_nothing():
+    rtts = {ev: (100 if ev % 2 else 1000) * US for ev in range(8)}  # both kinds in each plane
+    net = Net(TWO_PLANES, rtts)
+    net.run(until=8000 * US)
+    assert net.rec.profile.events == [] and not net.cc.of("lost") and net.rec.timeouts == 0
+    assert net.witness.dead == 0
+
+
+def queue_on(ev: int, start: int, delay: int):
+    """A queue on `ev` alone that holds its data `delay` ns longer from `start` on (a burst of
+    another flow filled its port at once)."""
+    return lambda e, t: delay if e == ev and t >= start else 0
+
+
+def test_an_ev_behind_a_sudden_queue_is_alive_to_its_witness_and_never_fails():
+    """The queue outgrows the EV's RTT estimate at once, so it goes quiet for 15 RTTs and its
+    packets look lost to the timer (loss.py rule 2 resends some: spurious, but only resends);
+    its witness skips the queue and answers, so the EV stays GOOD, where the losses alone made
+    it ASSUMED_BAD."""
+    rtts = {ev: 100 * US for ev in range(8)}
+    grows = queue_on(2, 1000 * US, 1500 * US)
+    net = Net(TWO_PLANES, rtts, queue=grows)
+    net.run(until=4000 * US)
+    assert net.rec.profile.events == [] and net.rec.timeouts == 0
+    assert net.witness.answered >= 1 and net.witness.dead == 0
+    without = Net(TWO_PLANES, rtts, queue=grows, witness=False)
+    without.run(until=4000 * US)
+    assert [(e.ev, e.new.name) for e in without.rec.profile.events][:1] == [(2, "ASSUMED_BAD")]
+
+
+def test_a_dead_ev_whose_last_packet_was_the_qps_last_is_found():
+    net = Net(TWO_PLANES, {ev: 100 * US for ev in range(8)}, dead={5}, dead_from=1000 * US)
+    net.run(until=4000 * US, new_until=1010 * US)
+    assert net.rec.una == net.rec.next_psn and net.rec.timeouts == 0  # all delivered, the dead EV's packets resent
+    # out of use: failed, or suspended while its second witness waits for something sent after it
+    assert net.rec.profile.evs[5].state.name == "ASSUMED_BAD" or 5 in net.rec.profile.suspended
+    single = Net(TWO_PLANES, {ev: 100 * US for ev in range(8)}, dead={5}, dead_from=1000 * US, witnesses=1)
+    single.run(until=4000 * US, new_until=1010 * US)
+    assert single.rec.profile.evs[5].state.name == "ASSUMED_BAD" and single.rec.timeouts == 0
+
+
+def test_an_ev_alone_in_its_plane_is_judged_by_the_witness_timer():
+    planes = {0: 0, 1: 0, 2: 0, 3: 1}  # EV 3 has no sibling: no ACK comes back its plane's way
+    net = Net(planes, {ev: 100 * US for ev in planes}, dead={3}, dead_from=1000 * US)
+    net.run(until=3000 * US)
+    (event,) = net.rec.profile.events
+    assert event.ev == 3 and event.reason.startswith(witness_module.DEAD_TIMER)
+    # its last delivery one RTT after the fault; quiet for an RTT and a window; then the timer, twice
+    window = net.witness.window(3)
+    timer = witness_module.TIMER_RTTS * 100 * US + window + net.rec.config.ack_delay_ns
+    assert event.time_ns - 1000 * US <= 2 * 100 * US + window + 2 * timer + 8 * US and net.rec.timeouts == 0
+
+
+def test_a_plane_down_fails_each_of_its_evs_by_the_timer_and_keeps_the_other_plane():
+    net = Net(TWO_PLANES, {ev: 100 * US for ev in range(8)}, dead={0, 1, 2, 3}, dead_from=1000 * US)
+    net.run(until=4000 * US)
+    bad = sorted(e.ev for e in net.rec.profile.events if e.new.name == "ASSUMED_BAD")
+    assert bad == [0, 1, 2, 3] and net.rec.timeouts == 0
+    assert all(s.state.name == "GOOD" for ev, s in net.rec.profile.evs.items() if ev >= 4)
+
+
+def test_a_witness_answered_after_it_was_taken_for_lost_resumes_the_ev_and_is_counted():
+    """A reordering, not a failure: the suspended EV carries data again, no EV event."""
+    net = Net(TWO_PLANES, {ev: 100 * US for ev in range(8)})
+    net.run(until=1000 * US)
+    net.witness.pump(net.t, None)  # nothing due: every EV delivers
+    assert not net.witness.out
+    # a witness by hand, then its EV convicted by a sibling's later ACK before the answer came
+    net.witness.out[1] = (999, net.t)
+    net.witness.fail(1, net.t + 1, witness_module.DEAD)
+    assert 1 in net.rec.profile.suspended and 1 not in net.rec.profile.schedule_at()[0]
+    net.prober.on_response(1, 999, net.t + 2)
+    assert net.witness.late == 1 and net.prober.revived == []
+    assert not net.rec.profile.suspended and 1 in net.rec.profile.schedule_at()[0]
+    assert net.rec.profile.events == []
+
+
+def test_with_one_witness_a_late_answer_revives_the_ev_as_any_probe():
+    net = Net(TWO_PLANES, {ev: 100 * US for ev in range(8)}, witnesses=1)
+    net.run(until=1000 * US)
+    net.witness.out[1] = (999, net.t)
+    net.witness.fail(1, net.t + 1, witness_module.DEAD)
+    assert net.rec.profile.evs[1].state.name == "ASSUMED_BAD"
+    net.prober.on_response(1, 999, net.t + 2)
+    assert net.witness.late == 1 and net.prober.revived == [1]
+    assert net.rec.profile.evs[1].state.name == "GOOD"
+
+
+def test_ev_min_active_holds_against_a_witness_verdict():
+    planes = {0: 0, 1: 0, 2: 0}
+    net = Net(planes, {ev: 100 * US for ev in planes}, dead={0, 1}, dead_from=500 * US, evs_min=2)
+    net.run(until=2000 * US)
+    # one of the two dead EVs fails; the other stays GOOD: never fewer than ev_min_active
+    assert len([e for e in net.rec.profile.events if e.new.name == "ASSUMED_BAD"]) == 1
+    assert net.witness.dead >= 2
+
+
+def test_losses_before_an_answered_witness_do_not_count_towards_a_path_failure():
+    profile = EvProfile([0, 1])
+    profile.evs[0].alive_sent_ns = 500
+    for sent in (100, 200, 300):
+        assert profile.on_lost(0, 1000, "test", sent) == 0
+    assert profile.evs[0].state.name == "GOOD"
+    for sent in (600, 700):
+        profile.on_lost(0, 1000, "test", sent, decide=False)
+    assert profile.evs[0].consecutive_losses == 2
+    profile.on_lost(0, 1000, "test", 800, decide=False)
+    assert profile.evs[0].state.name == "GOOD"  # a run, but only a witness decides
+    profile.on_lost(0, 1000, "test", 900)
+    assert profile.evs[0].state.name == "ASSUMED_BAD"
