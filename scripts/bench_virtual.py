@@ -12,6 +12,10 @@ and the ratios: virtual frames/s over memory frames/s (what the model costs on t
 transport) and the model's share of the virtual run's wall time. Prints JSON.
 
     .venv/bin/python scripts/bench_virtual.py [SIZE_MIB] [TOPOLOGY]
+
+Cross-validation (root: it builds fabrics; virtual_compare.py, beside this script):
+
+    sudo .venv/bin/python scripts/bench_virtual.py compare [--only demo,incast8,link-down,ring16] ...
 """
 
 import json
@@ -33,8 +37,9 @@ from mrc_emu.vfabric.engine import Engine
 from mrc_emu.vfabric.fabric import VirtualFabric
 from mrc_emu.wire.format import DataPacket
 
-SIZE = int(float(sys.argv[1]) * 2**20) if len(sys.argv) > 1 else 16 * 2**20
-TOPOLOGY = sys.argv[2] if len(sys.argv) > 2 else "default"
+SPEED_ARGS = sys.argv[1:] if sys.argv[1:2] != ["compare"] else []
+SIZE = int(float(SPEED_ARGS[0]) * 2**20) if SPEED_ARGS else 16 * 2**20
+TOPOLOGY = SPEED_ARGS[1] if len(SPEED_ARGS) > 1 else "default"
 ROUNDS = 3
 MTU = 4096
 
@@ -119,4 +124,9 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["compare"]:
+        from virtual_compare import compare_main
+
+        compare_main(sys.argv[2:])
+    else:
+        main()

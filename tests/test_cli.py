@@ -165,7 +165,8 @@ def test_send_ev_profile_broken_file_is_one_line_naming_file_and_field(tmp_path,
 
 
 def test_send_in_virtual_time_needs_no_fabric_and_says_so(state_dir):
-    result = run("send", "h0", "h2", "--size", "1MiB", "--clock", "virtual", "--seed", "3",
+    # 2 MiB: a 1 MiB WRITE is over (0.1 ms) before EV 1's second witness probe goes unanswered
+    result = run("send", "h0", "h2", "--size", "2MiB", "--clock", "virtual", "--seed", "3",
                  "--fault", "blackhole p0l0 p0s1 at 0.3")
     assert result.exit_code == 0, result.output
     out = result.output

@@ -38,3 +38,23 @@ def test_cli_plan_json_and_errors():
     assert bad.exit_code == 1 and "even number" in bad.output
     too_many = CliRunner().invoke(cli.main, ["plan", "--radix", "8", "--endpoints", "10000000000000"])
     assert too_many.exit_code == 0 and "more than 12 tiers" in too_many.output
+
+
+def test_a_two_tier_plan_is_written_as_a_topology_the_virtual_fabric_runs(tmp_path):
+    from mrc_emu.experiments.runtime.virtual import send_virtual
+    from mrc_emu.topology.model import from_dict, load
+
+    full = from_dict(planner.topology_fields(64, 8))  # radix 64, 8 planes: the published shape at 100G x 8
+    assert (full.host_count, full.planes, full.spines_per_plane, full.leaves_per_plane) == (2048, 8, 32, 64)
+    assert len(full.links) == planner.plan(64, 8, 2).links  # at full size one link per leaf-spine pair is the plan
+    runner = CliRunner()
+    out = tmp_path / "r8.yaml"
+    result = runner.invoke(cli.main, ["plan", "-r", "8", "-p", "2", "-e", "12", "--topology-out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert f"wrote {out}: r8x2-12, 12 hosts" in result.output
+    small = load(out)
+    got = send_virtual(small, "h0", "h11", 256 * 1024, seed=1)
+    assert got.verified and len(got.evs) == small.planes * small.spines_per_plane
+    assert runner.invoke(cli.main, ["plan", "-r", "8", "-t", "3", "--topology-out", str(out)]).exit_code == 2
+    bad = runner.invoke(cli.main, ["plan", "-r", "256", "-p", "8", "--topology-out", str(tmp_path / "big.yaml")])
+    assert bad.exit_code == 1 and "spines_per_plane" in bad.output and not (tmp_path / "big.yaml").exists()

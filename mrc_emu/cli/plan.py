@@ -17,9 +17,12 @@ from .common import JSON_OPTION, emit, friendly
 @click.option("--tiers", "-t", type=int, default=2, show_default=True, help="Switch tiers of each plane's Clos.")
 @click.option("--endpoints", "-e", "target", type=int, default=None,
               help="Target endpoint count: also say how many tiers it needs (default: what --tiers reaches).")
+@click.option("--topology-out", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="Also write the two-tier plan (for --endpoints, else its full size) as a topology file, "
+                   "for `run`/`send --clock virtual -t FILE`.")
 @JSON_OPTION
 @friendly
-def plan(radix: int, planes: int, tiers: int, target: int | None, as_json: bool) -> None:
+def plan(radix: int, planes: int, tiers: int, target: int | None, topology_out: str | None, as_json: bool) -> None:
     """Capacity planner: endpoints, switches and links of a multi-plane Clos (formula: docs/planner.md).
 
     Example, the published MRC figure: --radix 512 --planes 8 --tiers 2 -> 131,072 endpoints,
@@ -45,7 +48,28 @@ def plan(radix: int, planes: int, tiers: int, target: int | None, as_json: bool)
     if single:
         lines.append(f"the same ASIC as one plane with {planes}x faster ports (radix {single.radix}) needs "
                      f"{single.tiers} tiers for {goal:,} endpoints: {single.switches:,} switches, {single.links:,} links")
+    if topology_out:
+        lines.append(_write_topology(radix, planes, tiers, target, topology_out))
+        data["topology_file"] = topology_out
     emit(data, as_json, "\n".join(lines))
+
+
+def _write_topology(radix: int, planes: int, tiers: int, target: int | None, path: str) -> str:
+    """The plan as a topology file (two tiers: the topology model's leaves and spines); what was written."""
+    from pathlib import Path
+
+    import yaml
+
+    from ..topology import planner
+    from ..topology.model import from_dict
+
+    if tiers != 2:
+        raise click.UsageError(f"--topology-out: a topology here has two tiers (leaves and spines), not {tiers}")
+    fields = planner.topology_fields(radix, planes, target)
+    topo = from_dict(fields, path)  # the topology model's limits, said by field
+    Path(path).write_text(yaml.safe_dump(fields, sort_keys=False))
+    return (f"wrote {path}: {topo.name}, {topo.host_count:,} hosts, {len(topo.nodes) - topo.host_count:,} switches, "
+            f"{len(topo.links):,} links (try: mrc-emu send h0 h{topo.host_count - 1} --clock virtual -t {path})")
 
 
 

@@ -55,7 +55,9 @@ def _asn(topo: Topology, node: str) -> int:
 
 
 BFD_INTERVAL_MS = 300  # bfdd's default transmit and receive interval (x 3 to detect)
+BFD_DETECT_MULTIPLIER = 3  # bfdd's default detect-multiplier (not configured here)
 KEEPALIVE_S, HOLD_S = 3, 9  # frr defaults datacenter
+CONNECT_RETRY_S = 1  # `timers connect`, below
 BFD_PROFILE = "mrc-emu-dilated"
 
 
@@ -87,7 +89,7 @@ def bgp_config(topo: Topology, node: str, bfd: bool = True, dilation: float = 1.
         lines.append(f" neighbor {address} remote-as {_asn(topo, peer)}")
         # retry a lost session every second (FRR waits 10-120 s): a repaired link is used again
         # soon, so one run starts on a whole fabric after the last one's fault is reverted
-        lines.append(f" neighbor {address} timers connect 1")
+        lines.append(f" neighbor {address} timers connect {CONNECT_RETRY_S}")
         if dilation != 1.0:
             lines.append(f" neighbor {address} timers {round(KEEPALIVE_S * dilation)} {round(HOLD_S * dilation)}")
         if bfd:

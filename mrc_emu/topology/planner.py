@@ -81,3 +81,17 @@ def single_plane_equivalent(radix: int, planes: int, target: int) -> Plan | None
         return None
     tiers = tiers_needed(ganged, target)
     return None if tiers is None else plan(ganged, 1, tiers, target)
+
+
+def topology_fields(radix: int, planes: int, size: int | None = None) -> dict:
+    """The two-tier fabric of plan(radix, planes, 2, size) as a topology file's fields (model.py),
+    for the virtual fabric (`run`/`send --clock virtual -t FILE`): a leaf serves radix/2 hosts and
+    has one link to each spine of its plane; ceil(N / (radix/2)) leaves (whole leaves: the hosts
+    are rounded up) and ceil(N / radix) spines per plane, the planner's counts. Below the full
+    size a leaf has fewer spines than hosts (the planner's switches, where a real fabric would
+    give each leaf several links to a spine, which a topology here cannot have)."""
+    chosen = plan(radix, planes, 2, size)
+    half = radix // 2
+    return {"name": f"r{radix}x{planes}-{chosen.endpoints}", "planes": planes,
+            "spines_per_plane": -(-chosen.endpoints // radix), "leaves_per_plane": -(-chosen.endpoints // half),
+            "hosts_per_leaf": half, "mtu": 9000}

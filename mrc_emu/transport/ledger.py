@@ -23,6 +23,7 @@ from __future__ import annotations
 from ..stats import percentile
 
 GAP_NS = 100_000  # shorter pauses between acknowledgements are the ACK clock, not a stall
+# (on the namespace fabric; a driver whose clock is exact may record finer: Ledger.gap_ns)
 
 
 def trim_repair(repairs: list[tuple[int, float, int]]) -> dict | None:
@@ -46,9 +47,10 @@ def trim_repair(repairs: list[tuple[int, float, int]]) -> dict | None:
 
 
 class Ledger:
-    __slots__ = ("gaps", "repairs", "trim_repairs", "_last_progress", "_lost", "_trimmed")
+    __slots__ = ("gaps", "repairs", "trim_repairs", "_last_progress", "_lost", "_trimmed", "gap_ns")
 
     def __init__(self) -> None:
+        self.gap_ns = GAP_NS  # a pause in progress longer than this is a gap (virtual time: one base RTT)
         self.gaps: list[tuple[int, int]] = []  # (last progress, next progress), ns
         # (EV lost on, lost transmission's send, loss declared, good transmission's send, acknowledged), ns
         self.repairs: list[tuple[int, int, int, int, int]] = []
@@ -66,7 +68,7 @@ class Ledger:
     def progressed(self, now: int) -> None:
         """New bytes were acknowledged at `now`."""
         last = self._last_progress
-        if last is not None and now - last > GAP_NS:
+        if last is not None and now - last > self.gap_ns:
             self.gaps.append((last, now))
         self._last_progress = now
 

@@ -10,7 +10,8 @@ drop: topology/port_verdict.py, wire/switchport.py), SRv6 forwarding as the kern
 End, End.X and NEXT-C-SID do it, ECMP for plain IPv6, host NICs that serialise, and faults on
 links at virtual times. `engine` is the heap of timestamped events, `ports` an egress queue,
 `forwarding` what a node does with a frame, `fabric` the model built from a Topology, `faults`
-the link faults, `hosts` what drives the endpoints. The same seed gives the same run, to the
+the link faults, `routing` the baseline's BGP/BFD repair as timers, `hosts` what drives the
+endpoints. The same seed gives the same run, to the
 byte and the nanosecond.
 
 What it must never do: read a clock or draw from a global random source (time is the engine's,

@@ -27,7 +27,7 @@ from ..topology.port_verdict import PortRule
 from ..wire.decoder import open_frame
 from ..wire.format import DropReason
 from .engine import Engine
-from .forwarding import Hop, Rib, end, next_segment
+from .forwarding import HOSTS_BLOCK, Hop, Rib, end, next_segment
 from .ports import NS_BITS, EgressPort
 
 DEFAULT_RATE_BPS = 100_000_000_000  # an unshaped topology's links (no link_rate: the namespace fabric runs them at CPU speed)
@@ -65,12 +65,18 @@ class VirtualFabric:
                 self._towards[(node, peer)] = port
         self._salt = {name: zlib.crc32(f"{ecmp_seed}:{name}".encode()) for name in topo.nodes}
         self._deliver: dict[str, Deliver] = {}
+        self._hosts = {name for name, rib in self.ribs.items() if rib.role is Role.HOST}
         self._addresses: dict[str, bytes] = {}
         self.frames_sent = 0  # frames the hosts' endpoints handed over
         self.frames_refused = 0  # ... that could not leave the host (no route: its port down)
         self.frames_delivered = 0
         self.packet_hops = 0  # link traversals completed
         self.drops: Counter[str] = Counter()  # frames lost in the fabric, by why (port drops are the ports')
+        # routes to hosts that routing withdrew (routing.py): node -> {(port, leaf index or None: every host)}
+        self.withdrawn: dict[str, set[tuple[int, int | None]]] = {}
+        # what a capture on a host's ports sees: tap(frame, ifname, outbound, time_ns) for each frame
+        # the host sends (as it leaves for its NIC queue) or that arrives at it
+        self.taps: dict[str, Callable[[bytes, str, bool, int], None]] = {}
 
     # ---- hosts -----------------------------------------------------------------------------
 
@@ -96,6 +102,9 @@ class VirtualFabric:
             if out is None:
                 self.frames_refused += 1
                 return False
+            tap = self.taps.get(host)
+            if tap is not None:
+                tap(bytes(data), out.ifname, True, self.engine.now)
             out.offer(data)
             return True
 
@@ -131,7 +140,7 @@ class VirtualFabric:
             self.drops["loss"] += 1
             return
         self.packet_hops += 1
-        if self.ribs[port.peer].role is Role.HOST:
+        if port.peer in self._hosts:
             self._receive(port.peer, frame, port.plane)
         else:
             self._forward(port.peer, frame)
@@ -155,6 +164,13 @@ class VirtualFabric:
             if hop is not Hop.PORTS:
                 self.drops["no route" if hop is Hop.NONE else f"{hop.value} at a switch"] += 1
                 return
+            gone = self.withdrawn.get(node)
+            if gone and frame[24:28] == HOSTS_BLOCK:
+                leaf = int.from_bytes(frame[28:30], "big")
+                detail = tuple(k for k in detail if (k, None) not in gone and (k, leaf) not in gone)
+                if not detail:
+                    self.drops["no route (withdrawn)"] += 1
+                    return
             out = self._choose(node, detail, frame)
         if out is None:
             self.drops["no route (link down)"] += 1
@@ -168,6 +184,9 @@ class VirtualFabric:
     def _receive(self, host: str, frame: bytearray, plane: int) -> None:
         """What arrives at a host: its own (decapsulated and checked as its kernel does), or
         forwarded on (a host forwards SIDs of others, as every node does)."""
+        tap = self.taps.get(host)
+        if tap is not None:
+            tap(bytes(frame), self._towards[(host, self.topo.leaf_of(host, plane))].ifname, False, self.engine.now)
         hop, _ = self.ribs[host].lookup(bytes(frame[24:40]))
         if hop is not Hop.LOCAL:
             self._forward(host, frame)
@@ -199,6 +218,16 @@ class VirtualFabric:
             self.topo.node(peer)
             raise ValueError(f"no link between {node} and {peer}")
         return port
+
+    def set_route(self, node: str, peer: str, leaf: int | None, present: bool) -> None:
+        """Routing's word at `node` on its routes to hosts via `peer`: those to the hosts of leaf
+        index `leaf` (None: to every host) are withdrawn (`present` False) or back."""
+        entry = (self.ribs[node].port_to[peer], leaf)
+        gone = self.withdrawn.setdefault(node, set())
+        if present:
+            gone.discard(entry)
+        else:
+            gone.add(entry)
 
     def path_rtt_ns(self, links: int, out_bytes: int, back_bytes: int) -> int:
         """The unloaded round trip over a path of `links` links: a frame of `out_bytes` on the wire

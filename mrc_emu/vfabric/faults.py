@@ -13,7 +13,9 @@ of the namespace fabric that acts on a link has its model here, acting where it 
 `A B` names both directions of the link between A and B, `A->B` only what A sends to B (not for
 `down`). A fault comes into force at a virtual time after the transfers start (`at 2ms`) or
 when a fraction of their bytes is acknowledged (`at 0.3`, as a scenario's faults), and is
-undone after `for D` if given. One line each (`parse`), as the CLI's --fault takes them:
+undone after `for D` if given. It may repeat (a scenario's flap: down for half a period,
+`repeat` times), and whoever listens (routing.py's model) is told when each comes into force
+and is undone. One line each (`parse`), as the CLI's --fault takes them:
 
     blackhole p0l0 p0s1 at 0.3          loss p0l0->p0s1 5% at 1ms for 2ms
     degrade p0l1 p0s0 0.25 at 0.3       delay p0l0 p0s1 50us at 0.5       down p0l0 p0s1 at 0.2
@@ -21,7 +23,8 @@ undone after `for D` if given. One line each (`parse`), as the CLI's --fault tak
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any
 
@@ -57,6 +60,9 @@ class LinkFault:
     at_ns: int | None = None  # virtual time after the transfers start ...
     at_progress: float | None = None  # ... or the fraction of their bytes acknowledged
     duration_ns: int | None = None  # undone this long after it came into force
+    repeat: int = 1  # a flap: applied this many times in all, ...
+    period_ns: int = 0  # ... one period apart (each undone after its duration)
+    tag: Any = None  # the caller's: which of its faults this is, in `record`
 
     def target(self) -> str:
         return f"{self.a}->{self.b}" if self.one_way else f"{self.a}-{self.b}"
@@ -66,7 +72,8 @@ class LinkFault:
                  FaultKind.DELAY: f" +{self.value / 1e3:g} us"}.get(self.kind, "")
         when = f"at {self.at_progress:.0%}" if self.at_progress is not None else f"at {self.at_ns / 1e6:g} ms"
         until = f" for {self.duration_ns / 1e6:g} ms" if self.duration_ns else ""
-        return f"{self.kind.value}{value} {self.target()} {when}{until}"
+        again = f", {self.repeat} times every {self.period_ns / 1e6:g} ms" if self.repeat > 1 else ""
+        return f"{self.kind.value}{value} {self.target()} {when}{until}{again}"
 
     def directions(self, fabric: VirtualFabric) -> list[EgressPort]:
         out = [fabric.towards(self.a, self.b)]
@@ -149,7 +156,8 @@ def _duration(text: str, line: str) -> int:
 
 class FaultTimeline:
     """The faults of a run, brought into force (and undone) on `fabric` as their time comes;
-    `record` says what happened when (ns since the transfers started)."""
+    `record` says what happened when (ns since the transfers started); each of `listeners` is
+    told `(fault, applied)` after a fault came into force or was undone (routing.py's model)."""
 
     def __init__(self, engine: Engine, fabric: VirtualFabric, faults: list[LinkFault]) -> None:
         for fault in faults:
@@ -162,6 +170,7 @@ class FaultTimeline:
         self._timed = [f for f in faults if f.at_ns is not None]
         self.origin_ns = 0
         self.record: list[dict[str, Any]] = []
+        self.listeners: list[Callable[[LinkFault, bool], None]] = []
 
     @property
     def waiting(self) -> bool:
@@ -182,12 +191,18 @@ class FaultTimeline:
     def _apply(self, fault: LinkFault) -> None:
         fault.apply(self.fabric)
         entry = {"fault": fault.describe(), "kind": fault.kind.value, "link": [fault.a, fault.b],
-                 "one_way": fault.one_way, "applied_ns": self.engine.now - self.origin_ns, "reverted_ns": None}
+                 "one_way": fault.one_way, "tag": fault.tag, "applied_ns": self.engine.now - self.origin_ns, "reverted_ns": None}
         self.record.append(entry)
+        for listener in self.listeners:
+            listener(fault, True)
         if fault.duration_ns:
             self.engine.after(fault.duration_ns, self._revert, (fault, entry))
+        if fault.repeat > 1:
+            self.engine.after(fault.period_ns, self._apply, replace(fault, repeat=fault.repeat - 1))
 
     def _revert(self, item: tuple[LinkFault, dict[str, Any]]) -> None:
         fault, entry = item
         fault.apply(self.fabric, undo=True)
         entry["reverted_ns"] = self.engine.now - self.origin_ns
+        for listener in self.listeners:
+            listener(fault, False)

@@ -32,7 +32,7 @@ from ..topology import addressing as ad
 from ..topology.model import host_name
 
 _BLOCK = ad.USID_BLOCK.to_bytes(4, "big")  # fc00:0000: the uSID/SID block
-_HOSTS = bytes.fromhex("fc000002")  # fc00:2::/32
+HOSTS_BLOCK = bytes.fromhex("fc000002")  # fc00:2::/32
 _LINKS = bytes.fromhex("fc00000f")  # fc00:f::/32
 _HOST_IID = bytes(7) + b"\x01"  # fc00:2:L:I::1
 SRH_AT = 40  # the SRH follows the outer IPv6 header
@@ -120,7 +120,7 @@ class Rib:
                 return Hop.END, None
             port = self._sid_port(node_id)
             return (Hop.PORTS, (port,)) if port is not None else (Hop.NONE, None)
-        if head == _HOSTS:
+        if head == HOSTS_BLOCK:
             if self.role is Role.HOST:  # fc00:2::/32 over every uplink
                 return Hop.PORTS, self.uplinks
             leaf, index = int.from_bytes(dst[4:6], "big"), int.from_bytes(dst[6:8], "big")

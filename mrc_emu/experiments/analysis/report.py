@@ -47,12 +47,13 @@ _CAPTURE = {  # the pcap's own run (runner.capture_run) and tcpdump's counts (fa
                  "left_in_ring", "lost", "complete", "snaplen", "problem", "completion_ms", "verified", "time_dilation",
                  "ring_kib", "attempts"],
     "properties": {
-        "path": {"type": "string"}, "run": {"const": "separate"}, "host": {"type": "string"},
+        # "separate": the namespace fabric captures a second run; "same": virtual time captures the measured one
+        "path": {"type": "string"}, "run": {"enum": ["separate", "same"]}, "host": {"type": "string"},
         "interfaces": {"type": "array", "items": {"type": "string"}},
         "packets": _COUNT, "received": _COUNT, "dropped_kernel": _COUNT, "dropped_interface": _COUNT,
         "left_in_ring": _COUNT, "lost": _COUNT, "complete": {"type": "boolean"}, "snaplen": _COUNT,
         "problem": {"type": ["string", "null"]}, "completion_ms": _NUM, "verified": {"type": "boolean"},
-        "time_dilation": {"type": "number", "minimum": 1}, "ring_kib": {"type": "integer", "minimum": 1},
+        "time_dilation": {"type": "number", "minimum": 1}, "ring_kib": {"type": ["integer", "null"], "minimum": 1},
         "attempts": {"type": "array", "minItems": 1, "items": {"type": "object",
                                                                "required": ["time_dilation", "ring_kib", "lost"]}},
     },
@@ -80,7 +81,11 @@ def _run_schema(transports: list[str], fault_kinds: list[str]) -> dict[str, Any]
             "emulation": {"type": "object", "required": ["verdict", "reasons", "workers", "time_dilation", "loop_lag_us",
                                                          "cpu_busy", "packets_per_s", "kernel_drops"],
                           "properties": {"verdict": {"enum": ["faithful", "emulator-bound"]}}},
+            "clock": {"enum": ["virtual"]},  # absent on the namespace fabric
         },
+        # only virtual time captures the measured run itself: the namespace fabric's pcap is a separate run's
+        "if": {"not": {"required": ["clock"]}},
+        "then": {"properties": {"capture": {"properties": {"run": {"const": "separate"}}}}},
     }
 
 
@@ -117,6 +122,8 @@ def write(results: dict[str, Any], out_dir: Path) -> dict[str, str]:
 def _ms(value: float | None, never: str = "never") -> str:
     if value is None:
         return never
+    if 0 < value < 1:  # three figures: virtual time's are tens of microseconds
+        return f"{value:.3g} ms"
     return f"{value:.1f} ms" if value < 10 else f"{value:,.0f} ms"
 
 
@@ -161,7 +168,7 @@ def summary_rows(results: dict[str, Any]) -> list[list[str]]:
         rows.append([
             transport,
             "-" if run["goodput_gbps"] is None else f"{run['goodput_gbps']:.2f} Gbit/s",
-            "-" if run["completion_ms"] is None else f"{run['completion_ms']:.0f} ms",
+            _ms(run["completion_ms"], "-"),
             _ms(fig.get("detection_ms"), none), _ms(fig.get("stall_ms"), none), _ms(fig.get("repair_ms"), none),
             _pct(run.get("inflation")),
             "never" if run.get("unrecovered") else
@@ -243,6 +250,13 @@ def emulation_lines(results: dict[str, Any]) -> list[str]:
     """What each run's emulation block says: faithful, or emulator-bound and why (figures flagged)."""
     lines = []
     for transport, run in results["runs"].items():
+        if run.get("clock") == "virtual":
+            v = run["virtual"]
+            lines.append(f"{transport}: virtual time (seed {v['seed']}): no emulator in the loop, every time is the "
+                         f"model's to the nanosecond; links {v['link_rate_bps'] / 1e9:g} Gbit/s "
+                         f"({v['link_rate_from']}), {v['link_delay_ns'] / 1e3:g} us each; "
+                         f"{v['virtual_ns'] / 1e6:,.3f} ms simulated, {v['packet_hops']:,} packet-hops")
+            continue
         if not run.get("emulation"):
             continue
         emu = Report(**run["emulation"])
@@ -260,6 +274,9 @@ def pcap_line(transport: str, run: dict[str, Any], markdown: bool = True) -> str
     kept = "?" if cap["packets"] is None else f"{cap['packets']:,}"
     snap = f"the first {cap['snaplen']} bytes of each" if cap["snaplen"] else "whole packets"
     path = f"`{Path(cap['path']).name}`" if markdown else cap["path"]
+    if cap["run"] == "same":  # virtual time: capturing changes nothing, the measured run is the captured one
+        return (f"pcap ({transport}): {path}, {kept} packets of {cap['host']}'s ports ({', '.join(cap['interfaces'])}; "
+                f"{snap}, virtual timestamps), from the measured run itself")
     took = "did not complete" if cap["completion_ms"] is None else f"took {cap['completion_ms']:.0f} ms"
     measured = "" if run.get("completion_ms") is None else f" against {run['completion_ms']:.0f} ms uncaptured"
     tries = cap["attempts"]
@@ -280,7 +297,9 @@ def markdown(results: dict[str, Any]) -> str:
     scn = results["scenario"]
     rows = summary_rows(results)
     lines = [f"# {scn['name']}", "", scn.get("description", ""), "",
-             f"Topology `{scn['topology']}`; faults: {', '.join(scn['faults']) or 'none'}.", "",
+             f"Topology `{scn['topology']}`; faults: {', '.join(scn['faults']) or 'none'}."
+             + (f" **Virtual time** (seed {results['seed']}): the transport over a model of the fabric "
+                "(docs/virtual.md), not the namespace fabric." if results.get("clock") == "virtual" else ""), "",
              "| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
     lines += ["| " + " | ".join(r) + " |" for r in rows[1:]]
     if (sentence := headline(results)) is not None:

@@ -95,6 +95,33 @@ class WriteJob:
             self.end_ns = now
         return r.done
 
+    def set_ev_states(self, deny: tuple[int, ...], allow: tuple[int, ...], reason: str, now: int) -> None:
+        """The controller's word on this WRITE's EVs at `now`: deny these, allow those (an allowed EV
+        is probed before it carries data again); recorded with the per-EV packets sent then."""
+        profile = self.requester.profile
+        for ev in deny:
+            profile.deny(ev, now, reason)
+        for ev in allow:
+            profile.allow(ev, now)
+        self.ev_ops.append({"time_ns": now, "deny": list(deny), "allow": list(allow), "reason": reason,
+                            "sent": {str(ev): s.packets_sent for ev, s in profile.evs.items()}})  # str: as JSON has it
+
+    def port_excluded(self, mask: int) -> set[int]:
+        """Its EVs whose port (plane + 1) a port-status `mask` has disabled."""
+        return {ev for ev, path in self.requester.paths.items() if not mask >> ((path.plane or 0) + 1) & 1}
+
+    def record_port_status(self, was: int, mask: int, now: int, port_admin: Any = None) -> None:
+        """Its host's port-status mask went from `was` to `mask` at `now`: the EVs that took out of
+        use or gave back, with the per-EV packets sent then (the report's controller table), and
+        the host controller's port admin state then (`port_admin`, HostControl.follow_ports)."""
+        off, before = self.port_excluded(mask), self.port_excluded(was)
+        ports = {(path.plane or 0) + 1 for path in self.requester.paths.values()}
+        disabled = sorted(p for p in ports if not mask >> p & 1)
+        self.ev_ops.append({"time_ns": now, "deny": sorted(off - before), "allow": sorted(before - off),
+                            "reason": f"{self.host} port(s) {', '.join(map(str, disabled))} disabled" if disabled
+                            else f"{self.host} ports enabled", "port_admin": port_admin,
+                            "sent": {str(ev): s.packets_sent for ev, s in self.requester.profile.evs.items()}})
+
     def report(self, now: int) -> dict[str, Any]:
         """What the requester saw, as transfer.py's results read it (`now`: the run's end)."""
         r = self.requester

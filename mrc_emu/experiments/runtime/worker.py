@@ -283,14 +283,7 @@ class _Worker:
         self.parent.send(Started(msg.keys, now))
 
     def set_ev_states(self, msg: SetEvStates) -> None:
-        job = self.jobs[msg.key]
-        profile, now = job.requester.profile, self.clock.now()
-        for ev in msg.deny:
-            profile.deny(ev, now, msg.reason)
-        for ev in msg.allow:
-            profile.allow(ev, now)
-        job.ev_ops.append({"time_ns": now, "deny": list(msg.deny), "allow": list(msg.allow), "reason": msg.reason,
-                           "sent": {str(ev): s.packets_sent for ev, s in profile.evs.items()}})  # str: as JSON has it
+        self.jobs[msg.key].set_ev_states(msg.deny, msg.allow, msg.reason, self.clock.now())
 
     def replace_ev(self, msg: ReplaceEv) -> None:
         """The controller's REPLACE_EV on the QP's EV profile: its frames follow at the next pump."""
@@ -315,25 +308,14 @@ class _Worker:
 
     def set_port_status(self, msg: SetPortStatus) -> None:
         """A host's port-status mask (endpoint_ops), and, for the report, what it did to each of the
-        host's QPs: the EVs it took out of use or gave back, with the per-EV counters then."""
-        before = {key: self._port_excluded(job, self.ports[msg.host].mux.endpoint.status.local)
-                  for key, job in self.jobs.items() if job.host == msg.host}
+        host's QPs (qps.WriteJob.record_port_status)."""
+        was = self.ports[msg.host].mux.endpoint.status.local
         self.ops.port_status(msg)
         admin = self.ctl[msg.host].follow_ports(msg.mask)  # the api's port admin state is the endpoint's
         now = self.clock.now()
-        for key, was in before.items():
-            job = self.jobs[key]
-            off = self._port_excluded(job, msg.mask)
-            ports = {(path.plane or 0) + 1 for path in job.requester.paths.values()}
-            disabled = sorted(p for p in ports if not msg.mask >> p & 1)
-            job.ev_ops.append({"time_ns": now, "deny": sorted(off - was), "allow": sorted(was - off),
-                               "reason": f"{msg.host} port(s) {', '.join(map(str, disabled))} disabled" if disabled
-                               else f"{msg.host} ports enabled", "port_admin": admin,
-                               "sent": {str(ev): s.packets_sent for ev, s in job.requester.profile.evs.items()}})
-
-    @staticmethod
-    def _port_excluded(job: WriteJob, mask: int) -> set[int]:
-        return {ev for ev, path in job.requester.paths.items() if not mask >> ((path.plane or 0) + 1) & 1}
+        for job in self.jobs.values():
+            if job.host == msg.host:
+                job.record_port_status(was, msg.mask, now, admin)
 
     def hash(self, msg: Hash) -> None:
         self.loop.measure(False)

@@ -16,6 +16,8 @@ only parses and validates: every problem is one ScenarioError naming file, line 
     workers: 2               # endpoint worker processes serving the hosts (default: one per CPU)
     time_dilation: 1         # K: the transport's clock runs K times slower than wall time and links
                              # are shaped to rate / K; reported times are emulated times
+    clock: emulated          # or virtual: the same run over a model of the fabric in virtual time
+                             # (no root, deterministic per seed; virtual_run.py, docs/virtual.md)
     workloads:               # all start together
       - {kind: write, src: h0, dst: h2, size: 128MiB}
       - {kind: incast, hosts: [h0, h1, h3], dst: h2, size: 16MiB}
@@ -56,6 +58,7 @@ from .faults import FAULT_KINDS, LOSS_MECHANISMS, Fault, Target, parse_direction
 from .transports import Transport
 
 WORKLOADS = ("write", "incast", "all-to-all", "ring-allreduce")
+CLOCKS = ("emulated", "virtual")
 
 
 class ScenarioError(ValueError):
@@ -98,6 +101,7 @@ class Scenario:
     timeout_s: float = 90.0
     workers: int | None = None  # endpoint workers (None: one per CPU)
     time_dilation: float = 1.0
+    clock: str = "emulated"  # or "virtual" (virtual_run.py)
     capture: bool = False
     reference: bool = True  # with faults, a fault-free run of each transport first (runner.py)
     description: str = ""
@@ -109,7 +113,8 @@ class Scenario:
     def to_dict(self) -> dict:
         return {"name": self.name, "description": self.description, "topology": self.topology.name,
                 "transports": [t.value for t in self.transports], "routing": self.routing, "bfd": self.bfd, "mtu": self.mtu,
-                "workers": self.workers, "time_dilation": self.time_dilation, "reference": self.reference,
+                "workers": self.workers, "time_dilation": self.time_dilation, "clock": self.clock,
+                "reference": self.reference,
                 "workloads": [{"kind": w.kind, "size": w.size, "pairs": len(w.pairs())} for w in self.workloads],
                 "faults": [f.describe() for f in self.faults]}
 
@@ -128,7 +133,7 @@ class _Checker:
 
 
 _TOP = {"name", "description", "topology", "transports", "routing", "bfd", "mtu", "timeout_s", "workloads",
-        "faults", "capture", "workers", "time_dilation", "reference"}
+        "faults", "capture", "workers", "time_dilation", "reference", "clock"}
 
 
 def from_dict(data: Any, source: str = "<dict>", lines: dict[str, int] | None = None,
@@ -276,12 +281,15 @@ def from_dict(data: Any, source: str = "<dict>", lines: dict[str, int] | None = 
     workers = data.get("workers")
     if workers is not None:
         workers = int(number("workers", workers, 1, 256))
+    clock = data.get("clock", "emulated")
+    if clock not in CLOCKS:
+        raise c.fail("clock", f"{clock!r}: {' or '.join(CLOCKS)} (the namespace fabric, or its model in virtual time)")
     return Scenario(name=name, topology=topo, workloads=workloads, faults=faults, transports=transports,
                     routing=routing, bfd=bool(data.get("bfd", True)), mtu=mtu, workers=workers,
                     time_dilation=number("time_dilation", data.get("time_dilation", 1), 1, 10_000),
                     timeout_s=number("timeout_s", data.get("timeout_s", 90), 1, 3600),
                     capture=bool(data.get("capture", False)), reference=bool(data.get("reference", True)),
-                    description=str(data.get("description", "")),
+                    clock=clock, description=str(data.get("description", "")),
                     source=source)
 
 
