@@ -35,7 +35,7 @@ def _towards(fabric, node: str, peer: str) -> str:
 
 
 def test_ev_replace_from_the_shell_moves_a_running_writes_ev_to_another_spine(default_fabric):
-    """256 MiB h0 -> h2 on `default`: `ev replace h0 h2 --ev 1` with EV 2's carrier (spine p0s2) under
+    """1 GiB h0 -> h2 on `default` (a WRITE that outlasts two CLI calls here): `ev replace h0 h2 --ev 1` with EV 2's carrier (spine p0s2) under
     traffic. From then on p0s1's port towards p0l1 (h0 -> h2's data through it) sends nothing, p0s2's
     keeps sending, and the WRITE is verified; `ev probe` of the new value meanwhile is sent by the
     running transfer's workers (asked through the controller record)."""
@@ -43,7 +43,7 @@ def test_ev_replace_from_the_shell_moves_a_running_writes_ev_to_another_spine(de
     evs = evs_between(fabric.topology, "h0", "h2")
     assert evs[1].spine == "p0s1" and evs[2].spine == "p0s2"
     p0s1, p0s2 = _towards(fabric, "p0s1", "p0l1"), _towards(fabric, "p0s2", "p0l1")
-    control, box, thread = _run_in_thread(fabric=fabric, src="h0", dst="h2", size=256 * MiB, dilation=3.0)
+    control, box, thread = _run_in_thread(fabric=fabric, src="h0", dst="h2", size=1024 * MiB, dilation=3.0)
     wait_for(lambda: control.progress > 0.15 or control.finished.is_set(), 60, "the WRITE to be under way")
     assert not control.finished.is_set(), box.get("error")
     before = _tx_packets(fabric, "p0s1", p0s1), _tx_packets(fabric, "p0s2", p0s2)
@@ -143,7 +143,7 @@ def test_ev_replace_moves_a_stev_ev_to_the_other_plane_under_traffic(default_fab
     fabric = default_fabric
     static_routes.install(fabric)
     eth0, eth1 = (_towards(fabric, "h0", fabric.topology.leaf_of("h0", plane)) for plane in (0, 1))
-    control, box, thread = _run_in_thread(fabric=fabric, src="h0", dst="h2", size=128 * MiB, evs=[0],
+    control, box, thread = _run_in_thread(fabric=fabric, src="h0", dst="h2", size=1024 * MiB, evs=[0],
                                           ev_format=EvFormat.STEV, dilation=3.0)
     wait_for(lambda: control.progress > 0.15 or control.finished.is_set(), 60, "the WRITE to be under way")
     assert not control.finished.is_set(), box.get("error")
