@@ -122,6 +122,9 @@ def _unloaded_rtt(fabric: VirtualFabric, topo: Topology, spec: TransferSpec, pla
     return fabric.path_rtt_ns(links, out + ETH_LEN, back + ETH_LEN)
 
 
+VIRTUAL_REORDER_FLOOR_NS = 1_000
+
+
 def _configured(spec: TransferSpec, fabric: VirtualFabric, rtt_ns: int) -> TransferSpec:
     """The spec with the model's link rate and unloaded RTT where its config leaves them open,
     and NSCC's MaxWnd from them (spec.cc_options) where it has none."""
@@ -129,7 +132,13 @@ def _configured(spec: TransferSpec, fabric: VirtualFabric, rtt_ns: int) -> Trans
     rate = config.link_rate_bps or fabric.rate_bps
     base = config.base_rtt_ns or rtt_ns
     options = config.cc_options if config.cc_options is not None else cc_options(spec.cc, rate, base)
-    return replace(spec, config=replace(config, link_rate_bps=rate, base_rtt_ns=base, cc_options=options))
+    # the guards against the namespace emulator's own reordering (a host's two CPUs), where the QP's
+    # config leaves them at their defaults: the model reorders nothing of one path, so one witness
+    # decides a path failure and the reorder window's floor is the model's 1 us link delay
+    guards = {}
+    if config.witnesses == QpConfig.witnesses and config.reorder_floor_ns == QpConfig.reorder_floor_ns:
+        guards = {"witnesses": 1, "reorder_floor_ns": VIRTUAL_REORDER_FLOOR_NS}
+    return replace(spec, config=replace(config, link_rate_bps=rate, base_rtt_ns=base, cc_options=options, **guards))
 
 
 def run_virtual(topo: Topology, specs: list[TransferSpec], seed: int = 0, faults: list[LinkFault] = (),
