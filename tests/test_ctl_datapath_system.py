@@ -35,7 +35,8 @@ def _towards(fabric, node: str, peer: str) -> str:
 
 
 def test_ev_replace_from_the_shell_moves_a_running_writes_ev_to_another_spine(default_fabric):
-    """1 GiB h0 -> h2 on `default` (a WRITE that outlasts two CLI calls here): `ev replace h0 h2 --ev 1` with EV 2's carrier (spine p0s2) under
+    """1 GiB h0 -> h2 on `default` (a WRITE that outlasts two CLI calls here): `ev replace h0 h2 --ev 1`
+    with EV 2's carrier (spine p0s2) under
     traffic. From then on p0s1's port towards p0l1 (h0 -> h2's data through it) sends nothing, p0s2's
     keeps sending, and the WRITE is verified; `ev probe` of the new value meanwhile is sent by the
     running transfer's workers (asked through the controller record)."""

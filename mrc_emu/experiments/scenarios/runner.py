@@ -32,7 +32,7 @@ from ..runtime.transfer import Control, Run, run_transfers
 from .baseline_path import observe_baseline_path
 from .faults import Fault
 from .scenario import Scenario
-from .transports import Transport
+from .transports import Transport, baseline_path, competing_specs
 
 Progress = Callable[[str], None]
 MIN_PRE_FAULT_NS = 20_000_000  # a fault earlier than this has no pre-fault level: no recovery time
@@ -103,9 +103,7 @@ def run_transport(scn: Scenario, fabric: Fabric, transport: Transport, baseline_
                 else:
                     fr.events.append({"action": "not for this transport: RoCE RC has no EV controller"})
                 continue
-            specs += [Transport.MRC.spec(a, b, fault.size, scn.mtu, evs, start_at=fault.at, topology=topo,
-                                         label=f"competing flow {a}->{b} over {'-'.join(fr.link)}")
-                      for a, b, evs in fault.competing(topo, fr.link)]
+            specs += competing_specs(fault, topo, fr.link, scn.mtu)
             targets = fault.agent_links(topo, fr.link)
             record_as = RecordAs(fault.kind, fault.target_name(fr.link), fault.params(),
                                  f"scenario {scn.name} ({transport.value})", os.getpid())
@@ -384,15 +382,11 @@ def _run_transports(scn: Scenario, fabric: Fabric, transports: list[Transport], 
     baseline_link = None
     if any(f.link == "baseline-path" for f in scn.faults):
         src, dst, _ = scn.transfers()[0]
-        if Transport.BASELINE in transports:
-            baseline_link = observe_baseline_path(fabric, src, dst, scn.mtu)
-            notes.append(f"the baseline's flow {src}->{dst} crosses {baseline_link[0]}-{baseline_link[1]} "
-                         f"(seen in the leaves' packet counters); the fault hits that link")
-        else:
-            ev = evs_between(scn.topology, src, dst)[0]
-            baseline_link = (ev.hops[1], ev.hops[2])
-            notes.append(f"no baseline run: 'baseline-path' falls back to EV 0's link {baseline_link[0]}-{baseline_link[1]}")
-        progress(notes[-1])
+        baseline_link, note = baseline_path(scn.topology, src, dst, transports,
+                                            lambda: observe_baseline_path(fabric, src, dst, scn.mtu),
+                                            "seen in the leaves' packet counters")
+        notes.append(note)
+        progress(note)
     for transport in transports:
         reference = None
         if scn.faults and scn.reference:  # the same workloads fault-free, just before: what the fault cost

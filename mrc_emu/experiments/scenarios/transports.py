@@ -7,10 +7,11 @@ here, not in `if transport == "baseline"` branches in the parser, the runner and
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from enum import Enum
 
 from ...topology import Topology
-from ...topology.evs import EvFormat
+from ...topology.evs import EvFormat, evs_between
 from ...transport.config import QpConfig
 from ..runtime.spec import cc_options
 from ..runtime.transfer import TransferSpec
@@ -57,3 +58,24 @@ class Transport(str, Enum):
 
     def __str__(self) -> str:
         return self.value
+
+
+def baseline_path(topo: Topology, src: str, dst: str, transports: Iterable[Transport],
+                  observe: Callable[[], tuple[str, str]], seen_in: str) -> tuple[tuple[str, str], str]:
+    """The link `link: baseline-path` names, and the note that says how it was found: the one the
+    baseline's flow src -> dst crosses (`observe()`, `seen_in` saying where it was seen), or,
+    without a baseline run, EV 0's leaf-spine link."""
+    if Transport.BASELINE in transports:
+        link = observe()
+        return link, (f"the baseline's flow {src}->{dst} crosses {link[0]}-{link[1]} ({seen_in}); "
+                      f"the fault hits that link")
+    ev = evs_between(topo, src, dst)[0]
+    link = (ev.hops[1], ev.hops[2])
+    return link, f"no baseline run: 'baseline-path' falls back to EV 0's link {link[0]}-{link[1]}"
+
+
+def competing_specs(fault, topo: Topology, link: tuple[str, str], mtu: int) -> list[TransferSpec]:
+    """The MRC WRITEs a congestion fault starts over `link` (scenarios.faults: its `competing` pairs)."""
+    return [Transport.MRC.spec(a, b, fault.size, mtu, evs, start_at=fault.at, topology=topo,
+                               label=f"competing flow {a}->{b} over {'-'.join(link)}")
+            for a, b, evs in fault.competing(topo, link)]

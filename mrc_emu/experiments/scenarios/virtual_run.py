@@ -26,7 +26,7 @@ from typing import Any
 from ...fabric import limits
 from ...fabric import routing as frr
 from ...stats import histogram_percentile
-from ...topology import Role, Topology, evs_between
+from ...topology import Role, Topology
 from ...topology.evs import EvFormat
 from ...vfabric.faults import FaultKind, LinkFault
 from ...vfabric.routing import RoutingTimers
@@ -36,7 +36,7 @@ from ..runtime.virtual import Live, run_virtual
 from .faults import Fault
 from .runner import FaultRun, Progress, _quiet, _summarise
 from .scenario import Scenario, ScenarioError
-from .transports import Transport
+from .transports import Transport, baseline_path, competing_specs
 
 MEMORY_PER_BYTE = 3  # a virtual run's peak memory per byte its WRITEs move (ring512: 1.5 GB for 512 MiB)
 UPDATE_HOP_NS = 1_000_000  # the model's time for a BGP UPDATE to be processed and installed, per hop
@@ -253,9 +253,7 @@ def run_transport(scn: Scenario, transport: Transport, link: tuple[str, str] | N
             else:
                 fr.events.append({"action": "not for this transport: RoCE RC has no EV controller"})
             continue
-        specs += [Transport.MRC.spec(a, b, fault.size, scn.mtu, evs, start_at=fault.at, topology=topo,
-                                     label=f"competing flow {a}->{b} over {'-'.join(fr.link)}")
-                  for a, b, evs in fault.competing(topo, fr.link)]
+        specs += competing_specs(fault, topo, fr.link, scn.mtu)
         faults += link_faults(scn, fault, fr.link, tag)
     if steps:
         control = LiveControl(record, {key: (spec.src, qp_evs(plan_paths(topo, spec)))
@@ -317,15 +315,10 @@ def run(scn: Scenario, out_dir: Path, seed: int = 0, progress: Progress = _quiet
     link = None
     if any(f.link == "baseline-path" for f in scn.faults):
         src, dst, _ = scn.transfers()[0]
-        if Transport.BASELINE in scn.transports:
-            link = baseline_link(scn, seed)
-            notes.append(f"the baseline's flow {src}->{dst} crosses {link[0]}-{link[1]} (seen in the model's leaf "
-                         f"port counters); the fault hits that link")
-        else:
-            ev = evs_between(scn.topology, src, dst)[0]
-            link = (ev.hops[1], ev.hops[2])
-            notes.append(f"no baseline run: 'baseline-path' falls back to EV 0's link {link[0]}-{link[1]}")
-        progress(notes[-1])
+        link, note = baseline_path(scn.topology, src, dst, scn.transports, lambda: baseline_link(scn, seed),
+                                   "seen in the model's leaf port counters")
+        notes.append(note)
+        progress(note)
     walls = []
     for transport in scn.transports:
         reference = None
