@@ -19,8 +19,9 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from pathlib import Path
+
+from mrc_emu.view.stream import read_events
 
 MRC_EMU = str(Path(sys.executable).with_name("mrc-emu"))
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -39,15 +40,10 @@ class Reader(threading.Thread):
         self.url, self.times, self.last = url, [], None
 
     def run(self) -> None:
-        with urllib.request.urlopen(self.url + "api/events", timeout=30) as stream:
-            event = None
-            for raw in stream:
-                line = raw.decode().rstrip("\n")
-                if line.startswith("event: "):
-                    event = line[7:]
-                elif line.startswith("data: ") and event == "state":
-                    self.times.append(time.monotonic())
-                    self.last = json.loads(line[6:])
+        for event, data in read_events(self.url + "api/events"):
+            if event == "state":
+                self.times.append(time.monotonic())
+                self.last = data
 
 
 def main() -> int:

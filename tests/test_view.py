@@ -22,6 +22,7 @@ from mrc_emu.view.actions import Action, ActionError
 from mrc_emu.view.model import RateMeter, topology_view
 from mrc_emu.view.replay import ReplayError, ReplaySource
 from mrc_emu.view.server import Server, View
+from mrc_emu.view.stream import read_events
 
 DEMO = Path(__file__).parent / "data" / "demo-run"
 
@@ -147,17 +148,12 @@ def test_the_endpoint_serves_the_replay_and_refuses_actions(served):
 def test_the_event_stream_plays_the_replay_to_its_end(served, demo):
     duration = demo.duration_ms("mrc")
     times, ended = [], None
-    with urllib.request.urlopen(f"{served}api/events?run=mrc&speed={duration * 2}", timeout=30) as stream:
-        event = None
-        for raw in stream:
-            line = raw.decode().rstrip("\n")
-            if line.startswith("event: "):
-                event = line[7:]
-            elif line.startswith("data: ") and event == "state":
-                times.append(json.loads(line[6:])["t_ms"])
-            elif line.startswith("data: ") and event == "end":
-                ended = json.loads(line[6:])
-                break
+    for event, data in read_events(f"{served}api/events?run=mrc&speed={duration * 2}"):
+        if event == "state":
+            times.append(data["t_ms"])
+        elif event == "end":
+            ended = data
+            break
     assert times[0] == 0.0 and times == sorted(times) and times[-1] == duration and len(times) >= 5
     assert ended == {"run": "mrc", "t_ms": duration}
 
