@@ -127,6 +127,7 @@ def test_a_lossy_capture_is_made_again_slower_up_to_a_cap(monkeypatch, tmp_path,
     monkeypatch.setattr(runner, "run_transport", fake)
     monkeypatch.setattr(runner.ops, "available_memory", lambda: 64 * 2**30)
     scn = scenario.load("demo")
+    scn.time_dilation = 3  # the escalation from K = 3, whatever the shipped demo's own K
     results = {"runs": {"mrc": {"completion_ms": 190.0, "verified": True}}, "notes": []}
     runner.capture_run(scn, None, Transport.MRC, None, tmp_path, lambda _: None, results)
     assert [k for k, _ in fake.calls] == dilations
