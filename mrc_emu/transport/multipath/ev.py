@@ -98,7 +98,7 @@ LOSS_GAIN = 1 / 32
 ECN_GAIN = 1 / 16
 TRIM_GAIN = 1 / 8  # one trim cuts the EV's weight to 1/(1 + 20/8), 0.29, at once
 SCHEDULE_SLOTS_PER_EV = 8
-DELAY_GAIN = 4.0  # each best-EV RTT of delay beyond the threshold divides an EV's weight by 1 + this
+DELAY_GAIN = 8.0  # each best-EV RTT of delay beyond the threshold divides an EV's weight by 1 + this
 REWEIGH_CYCLES = 4
 
 
