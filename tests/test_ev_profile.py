@@ -167,3 +167,25 @@ def test_a_last_hop_trim_is_only_an_ecn_echo():
     profile.on_trimmed(0, last_hop=True, ce=True)
     profile.on_trimmed(1, last_hop=True, ce=False)
     assert profile.evs[0].trim == profile.evs[1].trim == 0 and profile.evs[0].ecn > 0 == profile.evs[1].ecn
+
+
+def test_an_evs_delay_is_judged_against_its_own_planes_best():
+    """A queue every EV of a plane shares (the receiver's port on it) moves nothing between planes;
+    one slow EV of a plane (a degraded link on its way) loses its share to its siblings. Against the
+    best EV of all planes, plane 1's EVs would all have lost most of theirs."""
+    from mrc_emu.transport.multipath.ev import EvProfile as Profile
+
+    profile = Profile([0, 1, 2, 3, 4, 5])
+    profile.planes = {0: 0, 1: 0, 2: 0, 3: 1, 4: 1, 5: 1}
+    srtts = {0: 100_000, 1: 100_000, 2: 100_000, 3: 300_000, 4: 300_000, 5: 900_000}
+    for ev, rtt in srtts.items():
+        for _ in range(64):
+            profile.on_rtt(ev, rtt)
+    schedule, _ = profile.schedule_at()
+    counts = {ev: schedule.count(ev) for ev in srtts}
+    assert counts[0] == counts[1] == counts[2] == counts[3] == counts[4]  # plane 1's shared queue: no shift
+    assert counts[5] == 1 and counts[3] > 4 * counts[5]  # the slow one of plane 1: one slot, its floor
+    profile.planes = {}
+    profile._dirty = True
+    schedule, _ = profile.schedule_at()
+    assert schedule.count(3) < schedule.count(0) / 4  # judged against every plane's best, as before

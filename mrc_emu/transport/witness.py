@@ -84,6 +84,7 @@ class Witness:
     def replan(self, paths: dict[int, Path]) -> None:
         """The EVs' planes, again after a REPLACE_EV moved a path."""
         self.plane = {ev: path.plane for ev, path in paths.items()}
+        self.rec.profile.planes = dict(self.plane)  # the spray weights compare an EV with its plane's
         # the EVs of the same plane (none where the plane is unknown: an ECMP-hashed path may go anywhere)
         self.siblings = {ev: [k for k, p in self.plane.items() if k != ev and p == plane]
                          for ev, plane in self.plane.items() if plane is not None}

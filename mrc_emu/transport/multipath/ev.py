@@ -134,6 +134,7 @@ class EvProfile:
         self.excluded: frozenset[int] = frozenset()
         # EVs carrying nothing new while a second witness probe decides their fate (witness.py)
         self.suspended: set[int] = set()
+        self.planes: dict[int, int | None] = {}  # EV -> its plane, where the QP knows it (spray weights)
         self._now = 0  # the latest time the QP told its profile (what a change found without one is stamped)
         # the api profile's state_version last read, with the states it starts with (no events)
         states, self._version = self.states.states(), self.api.state_version
@@ -358,9 +359,15 @@ class EvProfile:
         if not good:
             self.schedule, self._cursor = [], 0
             return
-        samples = [self.evs[k].rtt.srtt_ns for k in good if self.evs[k].rtt.srtt_ns]
-        best = min(samples) if samples else 0.0
-        weights = [self.weight(k, best) for k in good]
+        # each EV's delay against the best of its own plane (all of them where planes are unknown): a
+        # queue every EV of a plane shares (the receiver's port on it, in an incast) moves nothing
+        # between planes, a slow link on one EV's way (a degraded leaf-spine link) does
+        best: dict[int | None, float] = {}
+        for k in good:
+            srtt, plane = self.evs[k].rtt.srtt_ns, self.planes.get(k)
+            if srtt and (plane not in best or srtt < best[plane]):
+                best[plane] = srtt
+        weights = [self.weight(k, best.get(self.planes.get(k), 0.0)) for k in good]
         total = sum(weights)
         length = SCHEDULE_SLOTS_PER_EV * len(good)
         positions = []
