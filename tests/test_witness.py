@@ -4,8 +4,6 @@ lets them; no sockets, no root."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 from test_recovery import RecordingCc, send, settled
 
 from mrc_emu.transport import witness as witness_module
@@ -54,8 +52,8 @@ class Net:
                             self.cc)
         settled(self.rec, rtts)
         self.prober = Prober(self)
-        paths = {ev: SimpleNamespace(plane=plane) for ev, plane in planes.items()}
-        self.witness = Witness(self.rec, self.prober, paths) if witness else None
+        self.rec.profile.planes = dict(planes)
+        self.witness = Witness(self.rec, self.prober) if witness else None
         self.events: list[tuple[int, int, str, tuple]] = []  # (time, order, kind, what)
         self.order = 0
         self.arrived: set[int] = set()

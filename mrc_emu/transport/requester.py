@@ -107,8 +107,10 @@ class Requester:
         self.recovery = Recovery(self.config, self.profile, self.cc, start_psn)
         self.sent = self.recovery.sent
         self.prober = EvProber(qpn, dest_qp, self.paths, self.profile, self.config.probe_interval_ns, random_bits, probe_budget)
-        # path failures decided by witness probes (witness.py) where the QP avoids paths
-        self.witness = Witness(self.recovery, self.prober, self.paths) if self.config.path_avoidance else None
+        self.witness = None  # path failures decided by witness probes (witness.py) where the QP avoids paths
+        if self.config.path_avoidance:  # and spray weights that compare an EV with its plane's best
+            self.profile.planes = {ev: path.plane for ev, path in self.paths.items()}
+            self.witness = Witness(self.recovery, self.prober)
         self.start_psn = start_psn
         self.queue: deque[WriteRequest] = deque()  # posted, not all packets sent yet
         self.active: deque[WriteRequest] = deque()  # posted, not completed (in order)
@@ -355,7 +357,8 @@ class Requester:
                 self._heads[ev] = self.paths[ev].template.head(self.dest_qp, self.config.mtu, self.config.pkey)
         self._frame_overhead = DATA_OVERHEAD + max(len(p.template.encap.outer) for p in self.paths.values())
         if self.witness is not None:
-            self.witness.replan(self.paths)
+            self.profile.planes = {ev: path.plane for ev, path in self.paths.items()}
+            self.witness.replan()
 
     def _refill(self, now: int) -> float:
         """The pacing bucket at `now` (inf when the CC profile does not pace)."""

@@ -43,7 +43,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..api.events import EvState
-from .multipath.paths import Path, Send
+from .multipath.paths import Send
 
 if TYPE_CHECKING:
     from .probing import EvProber
@@ -62,10 +62,10 @@ FRAME_OVERHEAD = 140  # a data frame's bytes beyond its payload: Ethernet, outer
 class Witness:
     """The witness probes of one requester's EVs: when to send one, and what its fate says."""
 
-    def __init__(self, recovery: Recovery, prober: EvProber, paths: dict[int, Path]) -> None:
+    def __init__(self, recovery: Recovery, prober: EvProber) -> None:
         self.rec = recovery
         self.prober = prober
-        self.replan(paths)
+        self.replan()
         self.out: dict[int, tuple[int, int]] = {}  # EV -> (probe id, send time) of its witness in flight
         self.after: dict[int, int] = {}  # EV -> no witness before this time (an answer's EV waits its srtt)
         self.suspects: set[int] = set()  # EVs whose losses ask for a witness at the next pump
@@ -81,13 +81,12 @@ class Witness:
         prober.witness = self
         recovery.witness = self
 
-    def replan(self, paths: dict[int, Path]) -> None:
-        """The EVs' planes, again after a REPLACE_EV moved a path."""
-        self.plane = {ev: path.plane for ev, path in paths.items()}
-        self.rec.profile.planes = dict(self.plane)  # the spray weights compare an EV with its plane's
-        # the EVs of the same plane (none where the plane is unknown: an ECMP-hashed path may go anywhere)
-        self.siblings = {ev: [k for k, p in self.plane.items() if k != ev and p == plane]
-                         for ev, plane in self.plane.items() if plane is not None}
+    def replan(self) -> None:
+        """Each EV's siblings, from the EV profile's planes (again after a REPLACE_EV moved a path):
+        none where the plane is unknown (an ECMP-hashed path may go anywhere)."""
+        planes = self.rec.profile.planes
+        self.siblings = {ev: [k for k, p in planes.items() if k != ev and p == plane]
+                         for ev, plane in planes.items() if plane is not None}
 
     # ---- thresholds -----------------------------------------------------------------------
 
@@ -114,13 +113,16 @@ class Witness:
 
     def _quiet_since(self, ev: int, pkt: PyPkt) -> int | None:
         """When `ev`, with `pkt` its oldest packet in flight, counts as quiet (None: no RTT is known yet)."""
-        rtt = self.rec.profile.evs[ev].rtt
-        # before any sample of its own (a loaded emulator may give none for a while): the QP's
-        # largest srtt, else the fabric's base RTT as measured before the run (NSCC's)
-        base = rtt.min_rtt_ns or self.rec.largest_srtt() or self.rec.config.base_rtt_ns
+        stats = self.rec.profile.evs[ev]
+        base = self._or_known(stats.rtt.min_rtt_ns)
         if not base:
             return None
-        return max(pkt.sent_ns, self.rec.profile.evs[ev].last_heard_ns) + int(base) + self.window(ev)
+        return max(pkt.sent_ns, stats.last_heard_ns) + int(base) + self.window(ev)
+
+    def _or_known(self, rtt_ns: float) -> float:
+        """`rtt_ns`, or before any sample of the EV's own (a loaded emulator may give none for a
+        while) the QP's largest srtt, else the fabric's base RTT measured before the run (0: none)."""
+        return rtt_ns or self.rec.largest_srtt() or self.rec.config.base_rtt_ns or 0
 
     def _eligible(self, ev: int, now: int | None) -> bool:
         """Whether `ev` may get a witness now (`now` None: whenever an answer was last heard)."""
@@ -176,8 +178,7 @@ class Witness:
                 self._convicted.discard(probe_id)
                 self.late += 1
                 if self.rec.profile.evs[ev].state is EvState.GOOD:
-                    self.strikes.pop(ev, None)
-                    self.rec.profile.resume(ev)  # its next witness, if out, is moot
+                    self._clear(ev)  # its next witness, if out, is moot
                     return True
             return False
         self._alive(ev, out[1], now)
@@ -185,15 +186,16 @@ class Witness:
         self.lead_ns = max(self.lead_ns, self._lead.pop(ev, 0))
         return True
 
-    def _alive(self, ev: int, sent_ns: int, now: int) -> None:
-        stats = self.rec.profile.evs[ev]
+    def _clear(self, ev: int) -> None:
+        """No strikes against `ev` any more, and it carries data again."""
         self.strikes.pop(ev, None)
         self.rec.profile.resume(ev)
+
+    def _alive(self, ev: int, sent_ns: int, now: int) -> None:
+        self._clear(ev)
         del self.out[ev]
-        stats.alive_sent_ns = max(stats.alive_sent_ns, sent_ns)
-        if stats.lost_after:  # losses of packets sent before it are no longer a run
-            stats.lost_after = [t for t in stats.lost_after if t > sent_ns]
-            stats.consecutive_losses = len(stats.lost_after)
+        self.rec.profile.on_alive(ev, sent_ns)
+        stats = self.rec.profile.evs[ev]
         # the next witness of an EV still quiet after this answer waits two of its smallest RTTs: its
         # srtt would do, but an emulator's own queues inflate it (to 10 ms in one demo run, in which
         # the next witness of the EV then came 9.8 ms after the blackhole)
@@ -212,27 +214,30 @@ class Witness:
             if evs[ev].last_delivered_sent_ns > sent_ns:
                 self._alive(ev, sent_ns, now)  # it delivered something sent after its witness
                 continue
-            lead = max((seen[k][4] - sent_ns for k in self.siblings.get(ev, ()) if k in seen), default=None)
-            if lead is None:
+            # the sibling whose packet in this ACK left latest
+            other = max((k for k in self.siblings.get(ev, ()) if k in seen), key=lambda k: seen[k][4], default=None)
+            if other is None:
                 continue
-            other = max((k for k in self.siblings[ev] if k in seen), key=lambda k: seen[k][4])
+            lead = seen[other][4] - sent_ns
             if lead > self.allowance(ev, other):
                 self.fail(ev, now, DEAD, lead)
             elif lead > self._lead.get(ev, 0):
                 self._lead[ev] = lead
 
     def deadline(self, ev: int) -> int | None:
-        """When the timer rule convicts the witness of `ev` (None: none out, no RTT known, or a
-        sibling in its plane delivered something sent after it: their ACKs judge it, as a timer
-        cannot know how fast a queue grew; a plane whose EVs all went quiet is judged by time)."""
+        """When the timer rule convicts the witness of `ev` (None: none out, nothing sent after it
+        delivered yet, no RTT known, or a sibling in its plane delivered something sent after it:
+        their ACKs judge it, as a timer cannot know how fast a queue grew; a plane whose EVs all
+        went quiet is judged by time)."""
         out = self.out.get(ev)
         if out is None:
             return None
         evs = self.rec.profile.evs
+        if self.rec.rack_sent_ns <= out[1]:
+            return None  # nothing sent after it was delivered yet (an ACK that does wakes the QP)
         if any(evs[k].last_delivered_sent_ns > out[1] for k in self.siblings.get(ev, ())):
             return None
-        stats = self.rec.profile.evs[ev]
-        srtt = stats.rtt.srtt_ns or self.rec.largest_srtt() or self.rec.config.base_rtt_ns
+        srtt = self._or_known(evs[ev].rtt.srtt_ns)
         if not srtt:
             return None
         return out[1] + int(TIMER_RTTS * srtt) + self.window(ev) + self.holdup_ns + self.rec.config.ack_delay_ns
@@ -245,7 +250,7 @@ class Witness:
         known = rec.decide_at(now)
         for ev in list(self.out):
             due = self.deadline(ev)
-            if due is None or rec.rack_sent_ns <= self.out[ev][1]:
+            if due is None:
                 continue
             if known >= due:
                 self.fail(ev, now, DEAD_TIMER)
@@ -255,9 +260,7 @@ class Witness:
     def next_wakeup(self, now: int) -> int | None:
         """When a witness may next be due or convicted, if nothing arrives meanwhile."""
         rec = self.rec
-        # a witness's timer runs only once something sent after it was delivered (an ACK wakes the QP)
-        wakes = [due for ev, (_, sent) in self.out.items()
-                 if rec.rack_sent_ns > sent and (due := self.deadline(ev)) is not None]
+        wakes = [due for ev in self.out if (due := self.deadline(ev)) is not None]
         for ev in list(self.suspects):
             if ev in self.out or rec.profile.evs[ev].state is not EvState.GOOD:
                 self.suspects.discard(ev)  # its witness is out, or its state says enough already
@@ -284,8 +287,7 @@ class Witness:
         rec = self.rec
         self.strikes[ev] = self.strikes.get(ev, 0) + 1
         if self.strikes[ev] >= rec.config.witnesses or not rec.profile.suspend(ev):
-            self.strikes.pop(ev, None)
-            rec.profile.resume(ev)
+            self._clear(ev)
             count = rec.config.witnesses
             rec.profile.path_failed(ev, now, why if count < 2 else f"{why} ({count} witness probes in a row)")
         else:

@@ -69,6 +69,13 @@ class EvStats:
     probe_due_ns: int = 0
     probes_sent: int = 0
 
+    def forget_losses_before(self, sent_ns: int) -> None:
+        """The path worked for a packet (or probe) sent at `sent_ns`: losses of packets sent before
+        it are no longer a run."""
+        if self.lost_after:
+            self.lost_after = [t for t in self.lost_after if t > sent_ns]
+            self.consecutive_losses = len(self.lost_after)
+
     @property
     def srtt_ns(self) -> float:
         """Smoothed RTT (0: no sample yet)."""
@@ -263,9 +270,13 @@ class EvProfile:
             s.trim *= (1 - LOSS_GAIN) ** count
         if sent_ns > s.last_delivered_sent_ns:
             s.last_delivered_sent_ns = sent_ns
-            if s.lost_after:  # losses of packets sent before this one are no longer a run
-                s.lost_after = [t for t in s.lost_after if t > sent_ns]
-                s.consecutive_losses = len(s.lost_after)
+            s.forget_losses_before(sent_ns)
+
+    def on_alive(self, ev: int, sent_ns: int) -> None:
+        """A witness probe of `ev` sent at `sent_ns` was answered (witness.py): its path worked then."""
+        s = self.evs[ev]
+        s.alive_sent_ns = max(s.alive_sent_ns, sent_ns)
+        s.forget_losses_before(sent_ns)
 
     def on_ecn(self, ev: int, marked: int, count: int) -> None:
         """`count` packets acknowledged on `ev`, `marked` of them CE-marked: the per-packet EWMA."""
