@@ -13,6 +13,7 @@ from mrc_emu.experiments.scenarios.transports import Transport
 from mrc_emu.topology import builtin, from_dict
 from mrc_emu.topology.port import DEFAULT_BASE_RTT_NS
 from mrc_emu.transport.cc.nscc import max_wnd_for
+from mrc_emu.transport.config import QpConfig
 from mrc_emu.transport.multipath.paths import qp_paths
 
 INCAST = builtin("incast")  # 400 Mbit/s, no base_rtt of its own
@@ -70,7 +71,8 @@ def test_nscc_without_a_topology_base_rtt_gets_the_measured_one_and_maxwnd_from_
     serial = round(4 * (14 + 112 + 40 + 8 + 12 + 16 + 4096 + 4 + 14 + 112 + 40 + 8 + 12 + 4 + 16 + 4) * 8e9 / 400e6)
     assert (found.loop_ns, found.serialization_ns, found.ns) == (420_000, serial, 420_000 + serial) and serial == 360_960
     assert specs[0].config.base_rtt_ns == found.ns
-    assert specs[0].config.cc_options == {"max_cwnd": max_wnd_for(400e6, found.ns)}  # 1.5 BDP: 58,572 B
+    # 1.5 BDP of the NIC (two planes' links at 400 Mbit/s: MRC sprays over both): 117,144 B
+    assert specs[0].config.cc_options == {"max_cwnd": max_wnd_for(800e6, found.ns)} and specs[0].config.cc_rate_bps == 800e6
     assert specs[1] is baseline
     assert base_rtt.source_of(INCAST, specs[0], found) == {"ns": found.ns, "source": "measured"}
     assert base_rtt.source_of(INCAST, specs[1], found) == {"ns": DEFAULT_BASE_RTT_NS, "source": "topology default"}
@@ -78,7 +80,7 @@ def test_nscc_without_a_topology_base_rtt_gets_the_measured_one_and_maxwnd_from_
 
 def test_a_topology_base_rtt_wins_and_no_probe_goes_out():
     mrc = Transport.MRC.spec("h4", "h0", 1 << 20, 4096, topology=GIVEN)
-    assert mrc.config.base_rtt_ns == 300_000 and mrc.config.cc_options == {"max_cwnd": max_wnd_for(400e6, 300_000)}
+    assert mrc.config.base_rtt_ns == 300_000 and mrc.config.cc_options == {"max_cwnd": max_wnd_for(800e6, 300_000)}
     ops = FakeOps({})
     specs, found = base_rtt.for_specs(GIVEN, [mrc], [qp_paths(GIVEN, "h4", "h0")], ops, {}, {})
     assert found is None and not ops.asked and specs == [mrc]
@@ -128,3 +130,15 @@ def test_each_hosts_endpoint_is_taught_a_peers_paths_once():
     paths = [(m.host, m.peer) for m in worker.sent if isinstance(m, EpPaths)]
     assert sorted(paths) == [("h0", "fc00:2:1::1"), ("h4", "fc00:2::1")]
     assert sum(isinstance(m, EpProbe) for m in worker.sent) == 3
+
+
+def test_mrc_makes_its_cc_with_the_nics_rate_and_the_baseline_with_its_one_links():
+    """MRC's NIC port is split into one link per plane and a QP sprays over all of them: NSCC's BDP
+    (MaxWnd 1.5 BDP) is the NIC's; the baseline's one ECMP path is one link, DCQCN's line rate."""
+    mrc = Transport.MRC.spec("h4", "h0", 1 << 20, 4096, topology=GIVEN)
+    baseline = Transport.BASELINE.spec("h4", "h0", 1 << 20, 4096, topology=GIVEN)
+    assert GIVEN.planes == 2 and GIVEN.nic_rate_bps == 2 * GIVEN.link_rate_bps
+    assert (mrc.config.link_rate_bps, mrc.config.cc_rate_bps) == (400e6, 800e6)  # a packet's serialization: one link
+    assert (baseline.config.nic_rate_bps, baseline.config.cc_rate_bps) == (None, 400e6)
+    with pytest.raises(ValueError, match="NIC rate"):
+        QpConfig(nic_rate_bps=0)

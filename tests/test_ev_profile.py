@@ -189,3 +189,24 @@ def test_an_evs_delay_is_judged_against_its_own_planes_best():
     profile._dirty = True
     schedule, _ = profile.schedule_at()
     assert schedule.count(3) < schedule.count(0) / 4  # judged against every plane's best, as before
+
+
+def test_ecn_marks_are_judged_against_the_least_marked_ev_of_the_same_plane():
+    """The receiver's port on a plane marks every EV of that plane alike: no share moves between the
+    planes (against every EV, plane 1 would lose its share and, sending little, keep its marks:
+    measured, h0's planes at 0.85 and 0.45 of their rate in a 2-to-1 incast). One EV marked more
+    than its plane's siblings (a hot link on its own way) still loses its share."""
+    from mrc_emu.transport.multipath.ev import EvProfile as Profile
+
+    profile = Profile([0, 1, 2, 3, 4, 5])
+    profile.planes = {0: 0, 1: 0, 2: 0, 3: 1, 4: 1, 5: 1}
+    for ev, marked in {0: 2, 1: 2, 2: 2, 3: 12, 4: 12, 5: 28}.items():
+        profile.on_ecn(ev, marked, 32)
+    schedule, _ = profile.schedule_at()
+    counts = {ev: schedule.count(ev) for ev in range(6)}
+    assert counts[0] == counts[1] == counts[2] == counts[3] == counts[4]  # plane 1's last hop: no shift
+    assert counts[5] < counts[3] / 2
+    profile.planes = {}
+    profile._dirty = True
+    schedule, _ = profile.schedule_at()
+    assert schedule.count(3) < schedule.count(0) * 0.75  # against every EV, as before: plane 1 loses

@@ -13,7 +13,7 @@ import pytest
 
 from mrc_emu.fabric.datapath import ports
 from mrc_emu.topology import TopologyError, builtin, from_dict
-from mrc_emu.topology.port import HIST_BUCKETS, plane_bdp, tbf_shape
+from mrc_emu.topology.port import HIST_BUCKETS, histogram_width, plane_bdp, tbf_shape
 from mrc_emu.topology.port_verdict import PORT_ECN, PORT_ENABLED, PORT_LASTHOP, PORT_TRIM
 from mrc_emu.topology.units import parse_duration_ns
 
@@ -39,7 +39,16 @@ def test_defaults_follow_uec_relative_to_the_plane_bdp():
     assert fabric_port.trim_threshold == last_hop.trim_threshold == bdp  # the last hop too, as uet-htsim's queues
     assert fabric_port.buffer == 4 * bdp and fabric_port.trim_bytes == 28
     assert last_hop.lasthop and not fabric_port.lasthop
-    assert fabric_port.hist_width * (HIST_BUCKETS - 1) >= fabric_port.buffer
+    # the histogram's buckets: the trim threshold is one's upper edge (3,125 B x 16), the buffer nearly covered
+    assert fabric_port.trim_threshold % fabric_port.hist_width == 0 and fabric_port.hist_width == 3125
+    assert fabric_port.hist_width * (HIST_BUCKETS - 1) >= 0.9 * fabric_port.buffer
+
+
+def test_the_histogram_width_spreads_the_buffer_and_puts_the_trim_threshold_on_an_edge():
+    assert histogram_width(200_000) == 3175  # no trimming: the buffer over buckets 1..63
+    assert histogram_width(200_000, 50_000) == 3125
+    assert histogram_width(200_000, 50_001) == 3175  # no divisor of it near 3,175: as without
+    assert histogram_width(63 * 1000, 7000) == 1000 and histogram_width(10, 3) == 1
 
 
 def test_every_switch_port_is_served_and_host_ports_only_when_asked():

@@ -87,6 +87,11 @@ class Topology:
 
     # ---- nodes -------------------------------------------------------------------------
     @property
+    def nic_rate_bps(self) -> float | None:
+        """A host's NIC rate: its port split into one link per plane, each at link_rate."""
+        return None if self.link_rate_bps is None else self.link_rate_bps * self.planes
+
+    @property
     def host_count(self) -> int:
         return self.leaves_per_plane * self.hosts_per_leaf
 

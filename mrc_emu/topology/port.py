@@ -137,13 +137,28 @@ class PortConfig:
 
     @property
     def hist_width(self) -> int:
-        """Bytes per bucket of the queue histogram: bucket 0 counts arrivals at an empty queue,
-        bucket i the queues in ((i-1) w, i w]; the buffer spread over buckets 1..63."""
-        return max(1, -(-self.buffer // (HIST_BUCKETS - 1)))
+        """Bytes per bucket of the queue histogram (histogram_width)."""
+        return histogram_width(self.buffer, self.trim_threshold if self.trim else 0)
 
     def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in ("peer", "lasthop", "bdp_bytes", "buffer", "ecn", "kmin", "kmax", "pmax",
                                               "trim", "trim_threshold", "trim_bytes", "model")}
+
+
+def histogram_width(buffer: int, trim_threshold: int = 0) -> int:
+    """Bytes per bucket of a port's queue histogram: bucket 0 counts arrivals at an empty queue,
+    bucket i the queues in ((i-1) w, i w], the last one that or more. The buffer spread over
+    buckets 1..63, or, with trimming, a little less, so that the trim threshold is a bucket's
+    upper edge where a width within 10 % of that divides it: then "the queue's p99 is at most
+    the threshold" is read off the histogram exactly (50,000 B: 3,125 B, not 3,175)."""
+    width = max(1, -(-buffer // (HIST_BUCKETS - 1)))
+    if trim_threshold > 0:
+        for k in range(-(-trim_threshold // width), trim_threshold + 1):
+            if trim_threshold % k == 0:
+                if trim_threshold // k >= 0.9 * width:
+                    return trim_threshold // k
+                break
+    return width
 
 
 def plane_bdp(rate_bps: float, base_rtt_ns: int, mtu: int) -> int:

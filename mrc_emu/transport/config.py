@@ -59,7 +59,10 @@ class QpConfig:
     svc_time: bool = True  # ACKs carry the responder's service time (False: 0, the requester's RTT keeps it)
     # for the CC profile (cc.registry.make_cc), in the transport's (emulated) time: under time dilation K the
     # topology's rate, not the rate / K the links are shaped to; None: unknown (an unshaped fabric)
-    link_rate_bps: float | None = None  # the slower end's link rate (NSCC's BDP, DCQCN's line rate)
+    link_rate_bps: float | None = None  # one port's link rate, the slower end's (a packet's serialization)
+    # the slower end's NIC rate over the planes the QP sprays (NSCC's BDP, DCQCN's line rate): MRC's
+    # NIC port is split into one link per plane; None: one link, link_rate_bps (the baseline's one path)
+    nic_rate_bps: float | None = None
     base_rtt_ns: int | None = None  # the fabric's unloaded RTT over its longest path (NSCC's config_base_rtt)
     cc_options: dict | None = None  # the CC profile's own configuration (make_cc's options, e.g. NSCC's max_cwnd)
 
@@ -74,8 +77,9 @@ class QpConfig:
             raise ValueError(f"MPR {self.mpr}: must be 1..{MAX_MPR} (x{MPR_PSNS} PSNs)")
         if self.cnp_interval_ns < 0:
             raise ValueError(f"CNP interval {self.cnp_interval_ns} ns: must be >= 0")
-        if self.link_rate_bps is not None and self.link_rate_bps <= 0:
-            raise ValueError(f"link rate {self.link_rate_bps}: must be positive (or None: unknown)")
+        for what, rate in (("link", self.link_rate_bps), ("NIC", self.nic_rate_bps)):
+            if rate is not None and rate <= 0:
+                raise ValueError(f"{what} rate {rate}: must be positive (or None: unknown)")
         if self.cc_options is not None and not isinstance(self.cc_options, dict):
             raise ValueError(f"CC options {self.cc_options!r}: a mapping of the profile's fields (or None)")
         if self.base_rtt_ns is not None and self.base_rtt_ns <= 0:
@@ -92,6 +96,11 @@ class QpConfig:
         6 doubling ones: a budget of about 4.4 s, so that routing can repair the path)."""
         return cls(**{"path_avoidance": False, "recovery": RecoveryMode.GO_BACK_N, "ack_timeout_exp": 15,
                       "retry_exp": 6, "trimmable": False, **kw})
+
+    @property
+    def cc_rate_bps(self) -> float | None:
+        """The rate the CC profile is made with: the NIC's over its planes, else one link's."""
+        return self.nic_rate_bps or self.link_rate_bps
 
     @property
     def ack_timeout_ns(self) -> int:

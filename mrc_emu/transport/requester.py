@@ -101,7 +101,7 @@ class Requester:
         self.dest_qp = dest_qp
         self.paths = dict(paths)  # its own: a REPLACE_EV re-paths this QP's EVs, not the caller's dict
         self.config = config or QpConfig()
-        self.cc = cc or make_cc("nscc", self.config.mtu, self.config.link_rate_bps, self.config.base_rtt_ns,
+        self.cc = cc or make_cc("nscc", self.config.mtu, self.config.cc_rate_bps, self.config.base_rtt_ns,
                                 **(self.config.cc_options or {}))
         self.profile = EvProfile(sorted(paths), ev_min_active=ev_min_active, shared=ev_profile, events=ev_events)
         self.recovery = Recovery(self.config, self.profile, self.cc, start_psn)

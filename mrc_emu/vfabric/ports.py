@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from ..topology.port import HIST_BUCKETS
+from ..topology.port import HIST_BUCKETS, histogram_width
 from ..topology.port_verdict import PortRule, Verdict
 from ..wire.switchport import ETH_LEN, classify, mark_ce, trim, trimmed_length
 from .engine import Engine
@@ -54,7 +54,7 @@ class EgressPort:
         self._armed = False  # a transmit event is scheduled at busy_until
         self.packets = self.bytes = self.max_queue = self.ce_marked = self.trimmed = self.dropped = 0
         self.flushed = 0  # frames lost in the queue when the link went down
-        self.hist_width = rule and max(1, -(-rule.buffer // (HIST_BUCKETS - 1)))
+        self.hist_width = rule and histogram_width(rule.buffer, rule.trim_threshold)
         self.hist = [0] * HIST_BUCKETS if rule else None
 
     def backlog(self, now: int) -> int:

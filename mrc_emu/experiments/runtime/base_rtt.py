@@ -157,7 +157,7 @@ def for_specs(topo: Topology, specs: Sequence[Spec], plans: Sequence[QpPaths], o
     out = []
     for spec in specs:
         if measures(spec):
-            options = {**(cc_options("nscc", spec.config.link_rate_bps, found.ns) or {}), **(spec.config.cc_options or {})}
+            options = {**(cc_options("nscc", spec.config.cc_rate_bps, found.ns) or {}), **(spec.config.cc_options or {})}
             spec = replace(spec, config=replace(spec.config, base_rtt_ns=found.ns, cc_options=options or None))
         out.append(spec)
     return out, found

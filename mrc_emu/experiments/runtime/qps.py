@@ -157,7 +157,7 @@ def prepare_write(mux: Any, control: HostControl, key: int, host: str, qpn: int,
         values.mode if values is not None else None, cc_config, ev_profile_id)
     options = {**(config.cc_options or {}), **profile_cc}
     requester = Requester(mux.address, qpn, dest_qp, forward, config,
-                          make_cc(cc, config.mtu, config.link_rate_bps, config.base_rtt_ns, **options),
+                          make_cc(cc, config.mtu, config.cc_rate_bps, config.base_rtt_ns, **options),
                           start_psn=start_psn, random_bits=random_bits, probe_budget=mux.probe_budget,
                           ev_profile=profile, ev_events=control.ctl.events, value_paths=values)
     mux.add(qpn, requester)

@@ -403,8 +403,9 @@ def send(fabric: Fabric, src: str, dst: str, size: int, evs: list[int] | None = 
     if config is None:
         topo = fabric.topology
         base_rtt = topo.ports.base_rtt_ns if cc != "nscc" or topo.ports.base_rtt_given else None
-        config = QpConfig(mtu=mtu, link_rate_bps=topo.link_rate_bps, base_rtt_ns=base_rtt,
-                          cnp=cc == "dcqcn", cc_options=cc_options(cc, topo.link_rate_bps, base_rtt))
+        nic = topo.nic_rate_bps if evs is None or len(evs) > 1 else None  # sprayed: its NIC's rate
+        config = QpConfig(mtu=mtu, link_rate_bps=topo.link_rate_bps, nic_rate_bps=nic, base_rtt_ns=base_rtt,
+                          cnp=cc == "dcqcn", cc_options=cc_options(cc, nic or topo.link_rate_bps, base_rtt))
     spec = TransferSpec(src, dst, size, evs, ev_format, config, cc, ev_min_active, imm, recvs=recvs,
                         ev_profile=ev_profile, cc_config=cc_config, qp_caps=qp_caps)
     run = run_transfers(fabric, [spec], control, on_progress, linger_s, workers=workers, dilation=dilation)

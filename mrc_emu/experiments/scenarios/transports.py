@@ -31,19 +31,20 @@ class Transport(str, Enum):
         answering CE marks with CNPs. Both learn the fabric's link rate from `topology` (the
         emulated one: under time dilation the topology's rate, not the shaped one); the baseline
         its base RTT too, NSCC only a `base_rtt` the topology gives (else the run measures the
-        fabric's idle loop for it: runtime/base_rtt.py)."""
+        fabric's idle loop for it: runtime/base_rtt.py). MRC's CC is made with its NIC's rate (one
+        link per plane: it sprays over all of them), the baseline's with its one link's."""
         if topology is None:
-            rate = base_rtt = None
+            rate = nic = base_rtt = None
         else:
-            rate, base_rtt = topology.link_rate_bps, topology.ports.base_rtt_ns
+            rate, nic, base_rtt = topology.link_rate_bps, topology.nic_rate_bps, topology.ports.base_rtt_ns
         if self is Transport.BASELINE:
             return TransferSpec(src, dst, size, [0], EvFormat.UDP,
                                 QpConfig.baseline(mtu=mtu, cnp=True, link_rate_bps=rate, base_rtt_ns=base_rtt),
                                 "dcqcn", label=label, start_at=start_at)
         if topology is not None and not topology.ports.base_rtt_given:
             base_rtt = None
-        config = QpConfig(mtu=mtu, link_rate_bps=rate, base_rtt_ns=base_rtt,
-                          cc_options=cc_options("nscc", rate, base_rtt))
+        config = QpConfig(mtu=mtu, link_rate_bps=rate, nic_rate_bps=nic, base_rtt_ns=base_rtt,
+                          cc_options=cc_options("nscc", nic, base_rtt))
         return TransferSpec(src, dst, size, evs, EvFormat.SRV6, config, "nscc", label=label, start_at=start_at)
 
     @property

@@ -336,8 +336,9 @@ class EvProfile:
 
     # ---- spraying ----------------------------------------------------------------------
 
-    def weight(self, ev: int, best_srtt: float) -> float:
-        """Spray weight: 1 for a clean EV, less with loss, trims, ECN marks or delay above the best EV.
+    def weight(self, ev: int, best_srtt: float, least_ecn: float = 0.0) -> float:
+        """Spray weight: 1 for a clean EV, less with loss, trims, or ECN marks or delay above the
+        best EV's (`least_ecn`, `best_srtt`: of the EVs the QP compares this one with, reweigh).
 
         Delay counts in the best EV's RTTs, and only beyond `delay_threshold_rtts` of them: queues
         of a fraction of an RTT come and go on every path, and chasing them moves load back and
@@ -348,7 +349,8 @@ class EvProfile:
         s = self.evs[ev]
         srtt = s.rtt.srtt_ns
         excess = max(0.0, srtt / best_srtt - 1.0 - self.delay_threshold_rtts) if srtt and best_srtt else 0.0
-        return 1.0 / ((1.0 + 20.0 * (s.loss + s.trim)) * (1.0 + 4.0 * s.ecn) * (1.0 + DELAY_GAIN * excess))
+        ecn = max(0.0, s.ecn - least_ecn)
+        return 1.0 / ((1.0 + 20.0 * (s.loss + s.trim)) * (1.0 + 4.0 * ecn) * (1.0 + DELAY_GAIN * excess))
 
     def reweigh(self) -> None:
         """Rebuild the spray schedule: an interleaved list of GOOD EVs in proportion to weight.
@@ -370,15 +372,20 @@ class EvProfile:
         if not good:
             self.schedule, self._cursor = [], 0
             return
-        # each EV's delay against the best of its own plane (all of them where planes are unknown): a
-        # queue every EV of a plane shares (the receiver's port on it, in an incast) moves nothing
-        # between planes, a slow link on one EV's way (a degraded leaf-spine link) does
+        # each EV's delay and ECN marks against the best of its own plane (all of them where planes
+        # are unknown): a queue every EV of a plane shares (the receiver's port on it, in an incast)
+        # moves nothing between planes, a slow or hot link on one EV's way (a degraded leaf-spine
+        # link) does. (Against every EV, the plane whose last hop had marked more lost its share
+        # and, sending little, kept its marks: h0's two planes at 0.85 and 0.45 of their rate.)
         best: dict[int | None, float] = {}
+        least: dict[int | None, float] = {}
         for k in good:
-            srtt, plane = self.evs[k].rtt.srtt_ns, self.planes.get(k)
+            stats, plane = self.evs[k], self.planes.get(k)
+            srtt = stats.rtt.srtt_ns
             if srtt and (plane not in best or srtt < best[plane]):
                 best[plane] = srtt
-        weights = [self.weight(k, best.get(self.planes.get(k), 0.0)) for k in good]
+            least[plane] = min(least.get(plane, 1.0), stats.ecn)
+        weights = [self.weight(k, best.get(self.planes.get(k), 0.0), least[self.planes.get(k)]) for k in good]
         total = sum(weights)
         length = SCHEDULE_SLOTS_PER_EV * len(good)
         positions = []
