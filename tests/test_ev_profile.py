@@ -210,3 +210,26 @@ def test_ecn_marks_are_judged_against_the_least_marked_ev_of_the_same_plane():
     profile._dirty = True
     schedule, _ = profile.schedule_at()
     assert schedule.count(3) < schedule.count(0) * 0.75  # against every EV, as before: plane 1 loses
+
+
+def test_an_ev_far_slower_than_every_planes_best_loses_its_share_even_among_slow_siblings():
+    """Delay is judged within a plane, but beyond CROSS_PLANE_RTTS of the best EV of all planes it
+    costs weight too: a degraded EV whose sibling is slow as well (a delay on its link) still
+    gives up its share to the other plane (gray-failure: 0.15-0.28 of the packets without this)."""
+    from mrc_emu.transport.multipath.ev import CROSS_PLANE_RTTS
+    from mrc_emu.transport.multipath.ev import EvProfile as Profile
+
+    profile = Profile([0, 1, 2, 3])
+    profile.planes = {0: 0, 1: 0, 2: 1, 3: 1}
+    for ev, rtt in {0: 1_200_000, 1: 1_000_000, 2: 300_000, 3: 300_000}.items():
+        for _ in range(64):
+            profile.on_rtt(ev, rtt)
+    schedule, _ = profile.schedule_at()
+    assert 1_000_000 / 300_000 - 1 > CROSS_PLANE_RTTS
+    assert schedule.count(0) < schedule.count(2) / 4 and schedule.count(1) < schedule.count(2) / 2
+    for ev in (0, 1):  # 1.4 best RTTs over the other plane's: within the allowance, an equal share
+        for _ in range(64):
+            profile.on_rtt(ev, 420_000)
+    profile._dirty = True
+    schedule, _ = profile.schedule_at()
+    assert schedule.count(0) == schedule.count(1) == schedule.count(2)

@@ -74,7 +74,7 @@ class Witness:
         self.answered = 0
         self.dead = 0
         self.late = 0  # witnesses answered after all, once their EV was taken for dead (a false failure)
-        self._convicted: set[int] = set()  # probe ids of the witnesses taken for lost
+        self._convicted: dict[int, int] = {}  # probe id -> send time, of the witnesses taken for lost
         self.verdicts: list[tuple[int, int, int, str, int]] = []  # (EV, witness sent, found dead, rule, lead): the first 64
         self.lead_ns = 0  # the largest lead of a later sibling's ACK over an answer that still came
         self._lead: dict[int, int] = {}  # EV -> that lead for its witness in flight
@@ -117,7 +117,10 @@ class Witness:
         base = self._or_known(stats.rtt.min_rtt_ns)
         if not base:
             return None
-        return max(pkt.sent_ns, stats.last_heard_ns) + int(base) + self.window(ev)
+        # its packet's ACK is due a smallest RTT after it left, or, if the EV delivered since, as
+        # long after that delivery's ACK as the packet left after the latest packet it covered
+        heard = stats.last_heard_ns + max(0, pkt.sent_ns - stats.last_delivered_sent_ns)
+        return max(pkt.sent_ns + int(base), heard) + self.window(ev)
 
     def _or_known(self, rtt_ns: float) -> float:
         """`rtt_ns`, or before any sample of the EV's own (a loaded emulator may give none for a
@@ -174,8 +177,10 @@ class Witness:
         """A probe of `ev` was answered: if it was the witness (True), the EV is alive up to its send time."""
         out = self.out.get(ev)
         if out is None or out[0] != probe_id:
-            if probe_id in self._convicted:  # answered after all: a reordering, not a failure
-                self._convicted.discard(probe_id)
+            if probe_id in self._convicted:  # answered after all: a reordering or a slower path, not a failure
+                # its path is slower than the EV's smallest RTT said (a longer route, a delay): that
+                # starts again from this answer, so the EV's next witness allows for it
+                self.rec.profile.evs[ev].rtt.rebase(now - self._convicted.pop(probe_id), at_least=True)
                 self.late += 1
                 if self.rec.profile.evs[ev].state is EvState.GOOD:
                     self._clear(ev)  # its next witness, if out, is moot
@@ -279,7 +284,7 @@ class Witness:
         while the next witness, sent at once, decides (`config.witnesses` in a row unanswered make
         it ASSUMED_BAD)."""
         probe_id, sent_ns = self.out.pop(ev)
-        self._convicted.add(probe_id)
+        self._convicted[probe_id] = sent_ns
         if len(self.verdicts) < 64:
             self.verdicts.append((ev, sent_ns, now, why, lead))
         self._lead.pop(ev, None)

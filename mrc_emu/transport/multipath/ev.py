@@ -106,6 +106,9 @@ ECN_GAIN = 1 / 16
 TRIM_GAIN = 1 / 8  # one trim cuts the EV's weight to 1/(1 + 20/8), 0.29, at once
 SCHEDULE_SLOTS_PER_EV = 8
 DELAY_GAIN = 8.0  # each best-EV RTT of delay beyond the threshold divides an EV's weight by 1 + this
+# this many of the best EV's RTTs over every plane's best cost weight too: no queue a plane's EVs share
+# at the receiver (at most its trim threshold) comes near it; a slow EV among slow siblings does
+CROSS_PLANE_RTTS = 2.0
 REWEIGH_CYCLES = 4
 
 
@@ -332,23 +335,24 @@ class EvProfile:
         it first, or the controller DENIED it meanwhile)."""
         self.sync(now)
         if self.evs[ev].state is EvState.ASSUMED_BAD:
+            self.evs[ev].rtt.rebase(rtt_ns)  # its path as it is now (repaired, or slower)
             self.set_state(ev, EvState.GOOD, now, "probe returned", rtt_ns)
 
     # ---- spraying ----------------------------------------------------------------------
 
-    def weight(self, ev: int, best_srtt: float, least_ecn: float = 0.0) -> float:
-        """Spray weight: 1 for a clean EV, less with loss, trims, or ECN marks or delay above the
-        best EV's (`least_ecn`, `best_srtt`: of the EVs the QP compares this one with, reweigh).
+    def weight(self, ev: int, best_srtt: float, least_ecn: float = 0.0, best_any: float = 0.0) -> float:
+        """Spray weight: 1 for a clean EV, less with loss, trims, or ECN marks or delay above its
+        plane's best EV's (`least_ecn`, `best_srtt`), or delay CROSS_PLANE_RTTS above `best_any`'s.
 
-        Delay counts in the best EV's RTTs, and only beyond `delay_threshold_rtts` of them: queues
-        of a fraction of an RTT come and go on every path, and chasing them moves load back and
-        forth between planes; an EV whose srtt is many RTTs above the best one's (a degraded link,
-        a long queue) gets 1 / (1 + DELAY_GAIN x those RTTs) of a clean one's share, as long as it
-        stays slow. In RTTs, not in a fixed time, so the threshold means the same at any RTT and
-        under any time dilation."""
+        Delay counts in the best EV's RTTs beyond `delay_threshold_rtts` (queues of a fraction of
+        an RTT come and go on every path): an EV many RTTs slower (a degraded link, a long queue)
+        gets 1 / (1 + DELAY_GAIN x those RTTs) of a clean one's share while it stays slow. In RTTs,
+        not a fixed time, so it means the same at any RTT and under any time dilation."""
         s = self.evs[ev]
         srtt = s.rtt.srtt_ns
         excess = max(0.0, srtt / best_srtt - 1.0 - self.delay_threshold_rtts) if srtt and best_srtt else 0.0
+        if srtt and best_any:
+            excess = max(excess, srtt / best_any - 1.0 - CROSS_PLANE_RTTS)
         ecn = max(0.0, s.ecn - least_ecn)
         return 1.0 / ((1.0 + 20.0 * (s.loss + s.trim)) * (1.0 + 4.0 * ecn) * (1.0 + DELAY_GAIN * excess))
 
@@ -372,11 +376,10 @@ class EvProfile:
         if not good:
             self.schedule, self._cursor = [], 0
             return
-        # each EV's delay and ECN marks against the best of its own plane (all of them where planes
-        # are unknown): a queue every EV of a plane shares (the receiver's port on it, in an incast)
-        # moves nothing between planes, a slow or hot link on one EV's way (a degraded leaf-spine
-        # link) does. (Against every EV, the plane whose last hop had marked more lost its share
-        # and, sending little, kept its marks: h0's two planes at 0.85 and 0.45 of their rate.)
+        # each EV's delay and ECN marks against the best of its own plane (all where planes are
+        # unknown): a queue all EVs of a plane share (the receiver's port, in an incast) moves
+        # nothing between planes (the plane that marked more lost its share and, sending little,
+        # kept its marks), a slow or hot link on one EV's way does (docs/transport.md, Spraying)
         best: dict[int | None, float] = {}
         least: dict[int | None, float] = {}
         for k in good:
@@ -385,7 +388,8 @@ class EvProfile:
             if srtt and (plane not in best or srtt < best[plane]):
                 best[plane] = srtt
             least[plane] = min(least.get(plane, 1.0), stats.ecn)
-        weights = [self.weight(k, best.get(self.planes.get(k), 0.0), least[self.planes.get(k)]) for k in good]
+        best_any = min(best.values(), default=0.0)
+        weights = [self.weight(k, best.get(self.planes.get(k), 0.0), least[self.planes.get(k)], best_any) for k in good]
         total = sum(weights)
         length = SCHEDULE_SLOTS_PER_EV * len(good)
         positions = []

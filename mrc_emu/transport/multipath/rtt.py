@@ -34,6 +34,16 @@ class RttEstimator:
         self.latest_ns = rtt_ns
         self.samples += 1
 
+    def rebase(self, rtt_ns: int, at_least: bool = False) -> None:
+        """The path changed (a probe that revived it, a witness answered after its EV was taken for
+        dead): its smallest RTT starts again from this sample (`at_least`: only if it is larger).
+        The smallest sample of all time would hold an EV whose path grew longer (a delay of 5 ms on
+        a link) to its old RTT for ever, and every witness of it would be taken for lost."""
+        if not at_least or rtt_ns > self.min_rtt_ns:
+            self.min_rtt_ns = rtt_ns
+        if self.srtt_ns < rtt_ns:  # and its smoothed RTT from it, as from a first sample: the loss
+            self.srtt_ns, self.rttvar_ns = float(rtt_ns), rtt_ns / 2  # timer must not outrun it
+
     def timer(self, floor_ns: int) -> int:
         """How long a packet may go unacknowledged on this path once later ones got through:
         srtt + 4 rttvar, at least `floor_ns` (only meaningful once there is a sample)."""
