@@ -6,6 +6,8 @@ import os
 import random
 import socket
 
+import pytest
+
 from mrc_emu.io.memory import MemoryNetwork
 from mrc_emu.topology import builtin
 from mrc_emu.transport.config import QpConfig
@@ -216,8 +218,8 @@ def test_an_ev_far_slower_than_every_planes_best_loses_its_share_even_among_slow
     """Delay is judged within a plane, but beyond CROSS_PLANE_RTTS of the best EV of all planes it
     costs weight too: a degraded EV whose sibling is slow as well (a delay on its link) still
     gives up its share to the other plane (gray-failure: 0.15-0.28 of the packets without this)."""
-    from mrc_emu.transport.multipath.ev import CROSS_PLANE_RTTS
     from mrc_emu.transport.multipath.ev import EvProfile as Profile
+    from mrc_emu.transport.multipath.weights import CROSS_PLANE_RTTS
 
     profile = Profile([0, 1, 2, 3])
     profile.planes = {0: 0, 1: 0, 2: 1, 3: 1}
@@ -233,3 +235,29 @@ def test_an_ev_far_slower_than_every_planes_best_loses_its_share_even_among_slow
     profile._dirty = True
     schedule, _ = profile.schedule_at()
     assert schedule.count(0) == schedule.count(1) == schedule.count(2)
+
+
+def test_congestion_signals_fade_with_time_and_the_schedule_follows_without_a_cycle_ending():
+    """A QP sending a packet or two per RTT learns little about an EV it gave up for its marks or a
+    fabric trim: its ECN and trim EWMAs halve every FADE_RTTS of the EV's smallest RTTs, and the
+    schedule is rebuilt every REWEIGH_RTTS of them even if none of its cycles ended."""
+    from mrc_emu.transport.multipath import weights
+    from mrc_emu.transport.multipath.ev import EvProfile as Profile
+
+    profile = Profile([0, 1, 2, 3])
+    profile.planes = {0: 0, 1: 0, 2: 1, 3: 1}
+    for ev in range(4):
+        profile.on_rtt(ev, 100_000)
+    profile.sync(1_000_000)
+    profile.on_trimmed(1, last_hop=False, ce=False)  # a spine's trim: EV 1 loses most of its share
+    schedule, _ = profile.schedule_at()
+    assert schedule.count(1) < schedule.count(0) / 2
+    trim = profile.evs[1].trim
+    later = 1_000_000 + weights.FADE_RTTS * 100_000  # one half-life on, no packet sent meanwhile
+    profile.sync(later)
+    assert later >= 1_000_000 + weights.REWEIGH_RTTS * 100_000
+    schedule, _ = profile.schedule_at()  # due by time alone
+    assert profile.evs[1].trim == pytest.approx(trim / 2)
+    profile.sync(later + 10 * weights.FADE_RTTS * 100_000)
+    schedule, _ = profile.schedule_at()
+    assert schedule.count(1) == schedule.count(0)  # its share back, ten half-lives on

@@ -21,12 +21,13 @@ loss: only losses and timeouts make an EV ASSUMED_BAD.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ...api import profiles as api_profiles
 from ...api.events import EvEventQueue, EvState
+from . import weights
 from .evshare import SharedStates, private_profile
-from .rtt import RttEstimator
+from .weights import ECN_GAIN, LOSS_GAIN, TRIM_GAIN, EvStats
 
 
 @dataclass(frozen=True)
@@ -45,70 +46,6 @@ class EvEvent:
                 "new": self.new.name, "reason": self.reason, "rtt_ns": self.rtt_ns}
 
 
-@dataclass
-class EvStats:
-    """What the sender knows about one EV."""
-
-    index: int
-    state: EvState = EvState.GOOD
-    rtt: RttEstimator = field(default_factory=RttEstimator, repr=False)  # the EV's one RTT estimator
-    loss: float = 0.0  # EWMA of the per-packet loss outcome (1 lost, 0 delivered)
-    ecn: float = 0.0  # EWMA of the ECN echo per acknowledged packet
-    trim: float = 0.0  # EWMA of fabric trims (1 per trim, decaying per packet delivered)
-    ce_marks: int = 0  # CE-marked packets the responder reported
-    trims: int = 0  # TRIM NACKs heard (fabric and last hop)
-    packets_sent: int = 0
-    packets_delivered: int = 0
-    packets_lost: int = 0
-    retransmits_sent: int = 0
-    consecutive_losses: int = 0  # lost packets sent after the latest-sent one it delivered (len(lost_after))
-    last_delivered_sent_ns: int = -1  # send time of the latest-sent packet known delivered on this EV
-    last_heard_ns: int = -1  # when an ACK last said a packet of this EV arrived (it is alive, if queued)
-    alive_sent_ns: int = -1  # send time of the latest witness probe answered (transport/witness.py)
-    lost_after: list[int] = field(default_factory=list, repr=False)  # their send times
-    probe_due_ns: int = 0
-    probes_sent: int = 0
-
-    def forget_losses_before(self, sent_ns: int) -> None:
-        """The path worked for a packet (or probe) sent at `sent_ns`: losses of packets sent before
-        it are no longer a run."""
-        if self.lost_after:
-            self.lost_after = [t for t in self.lost_after if t > sent_ns]
-            self.consecutive_losses = len(self.lost_after)
-
-    @property
-    def srtt_ns(self) -> float:
-        """Smoothed RTT (0: no sample yet)."""
-        return self.rtt.srtt_ns
-
-    @property
-    def rttvar_ns(self) -> float:
-        return self.rtt.rttvar_ns
-
-    @property
-    def min_rtt_ns(self) -> int:
-        return self.rtt.min_rtt_ns
-
-    def to_dict(self) -> dict:
-        return {
-            "ev": self.index, "state": self.state.name, "srtt_us": round(self.srtt_ns / 1e3, 1),
-            "rttvar_us": round(self.rttvar_ns / 1e3, 1),
-            "min_rtt_us": round(self.min_rtt_ns / 1e3, 1), "loss": round(self.loss, 4),
-            "packets_sent": self.packets_sent, "packets_delivered": self.packets_delivered,
-            "packets_lost": self.packets_lost, "retransmits_sent": self.retransmits_sent,
-            "probes_sent": self.probes_sent, "ecn": round(self.ecn, 4), "ce_marks": self.ce_marks,
-            "trims": self.trims,
-        }
-
-
-LOSS_GAIN = 1 / 32
-ECN_GAIN = 1 / 16
-TRIM_GAIN = 1 / 8  # one trim cuts the EV's weight to 1/(1 + 20/8), 0.29, at once
-SCHEDULE_SLOTS_PER_EV = 8
-DELAY_GAIN = 8.0  # each best-EV RTT of delay beyond the threshold divides an EV's weight by 1 + this
-# this many of the best EV's RTTs over every plane's best cost weight too: no queue a plane's EVs share
-# at the receiver (at most its trim threshold) comes near it; a slow EV among slow siblings does
-CROSS_PLANE_RTTS = 2.0
 REWEIGH_CYCLES = 4
 
 
@@ -136,6 +73,7 @@ class EvProfile:
         self.schedule: list[int] = []
         self._cursor = 0
         self._cycles = 0
+        self._reweigh_at = 0  # ... and when the weights are due again anyway (weights.REWEIGH_RTTS)
         self._bad = 0  # EVs ASSUMED_BAD now
         self._barred = 0  # EVs that may carry nothing now: DENIED (or UNKNOWN: no longer in the profile)
         self._dirty = True
@@ -341,20 +279,8 @@ class EvProfile:
     # ---- spraying ----------------------------------------------------------------------
 
     def weight(self, ev: int, best_srtt: float, least_ecn: float = 0.0, best_any: float = 0.0) -> float:
-        """Spray weight: 1 for a clean EV, less with loss, trims, or ECN marks or delay above its
-        plane's best EV's (`least_ecn`, `best_srtt`), or delay CROSS_PLANE_RTTS above `best_any`'s.
-
-        Delay counts in the best EV's RTTs beyond `delay_threshold_rtts` (queues of a fraction of
-        an RTT come and go on every path): an EV many RTTs slower (a degraded link, a long queue)
-        gets 1 / (1 + DELAY_GAIN x those RTTs) of a clean one's share while it stays slow. In RTTs,
-        not a fixed time, so it means the same at any RTT and under any time dilation."""
-        s = self.evs[ev]
-        srtt = s.rtt.srtt_ns
-        excess = max(0.0, srtt / best_srtt - 1.0 - self.delay_threshold_rtts) if srtt and best_srtt else 0.0
-        if srtt and best_any:
-            excess = max(excess, srtt / best_any - 1.0 - CROSS_PLANE_RTTS)
-        ecn = max(0.0, s.ecn - least_ecn)
-        return 1.0 / ((1.0 + 20.0 * (s.loss + s.trim)) * (1.0 + 4.0 * ecn) * (1.0 + DELAY_GAIN * excess))
+        """Spray weight of `ev` (weights.weight) against its plane's best EV and every plane's."""
+        return weights.weight(self.evs[ev], best_srtt, least_ecn, best_any, self.delay_threshold_rtts)
 
     def reweigh(self) -> None:
         """Rebuild the spray schedule: an interleaved list of GOOD EVs in proportion to weight.
@@ -376,24 +302,13 @@ class EvProfile:
         if not good:
             self.schedule, self._cursor = [], 0
             return
-        # each EV's delay and ECN marks against the best of its own plane (all where planes are
-        # unknown): a queue all EVs of a plane share (the receiver's port, in an incast) moves
-        # nothing between planes (the plane that marked more lost its share and, sending little,
-        # kept its marks), a slow or hot link on one EV's way does (docs/transport.md, Spraying)
-        best: dict[int | None, float] = {}
-        least: dict[int | None, float] = {}
-        for k in good:
-            stats, plane = self.evs[k], self.planes.get(k)
-            srtt = stats.rtt.srtt_ns
-            if srtt and (plane not in best or srtt < best[plane]):
-                best[plane] = srtt
-            least[plane] = min(least.get(plane, 1.0), stats.ecn)
-        best_any = min(best.values(), default=0.0)
-        weights = [self.weight(k, best.get(self.planes.get(k), 0.0), least[self.planes.get(k)], best_any) for k in good]
-        total = sum(weights)
-        length = SCHEDULE_SLOTS_PER_EV * len(good)
+        weighed = weights.spray_weights(self.evs, good, self.planes, self.delay_threshold_rtts, self._now)
+        known = [self.evs[k].rtt.min_rtt_ns for k in good if self.evs[k].rtt.min_rtt_ns]
+        self._reweigh_at = self._now + weights.REWEIGH_RTTS * min(known) if known else float("inf")
+        total = sum(weighed)
+        length = weights.SCHEDULE_SLOTS_PER_EV * len(good)
         positions = []
-        for i, (k, w) in enumerate(zip(good, weights)):
+        for i, (k, w) in enumerate(zip(good, weighed)):
             slots = max(1, round(w / total * length))
             offset = i / (len(good) * slots)
             positions += [((j + 0.5) / slots + offset, k) for j in range(slots)]
@@ -410,7 +325,7 @@ class EvProfile:
         one integer compared per call."""
         if self.api.state_version != self._version:
             self.sync(self._now)
-        if self._dirty:
+        if self._dirty or self._now >= self._reweigh_at:
             self.reweigh()
         return self.schedule, self._cursor
 
