@@ -69,10 +69,14 @@ def test_nscc_without_a_topology_base_rtt_gets_the_measured_one_and_maxwnd_from_
     # the idle loop, and what a probe does not pay: 4 links of 4,302 B data frames (Ethernet, the
     # outer IPv6 and SRH of 4 segments, IPv6, UDP, BTH, RETH, 4 KiB, ICRC) and 210 B ACKs at 400 Mbit/s
     serial = round(4 * (14 + 112 + 40 + 8 + 12 + 16 + 4096 + 4 + 14 + 112 + 40 + 8 + 12 + 4 + 16 + 4) * 8e9 / 400e6)
-    assert (found.loop_ns, found.serialization_ns, found.ns) == (420_000, serial, 420_000 + serial) and serial == 360_960
+    assert (found.loop_ns, found.network_ns, found.serialization_ns) == (420_000, 170_000, serial) and serial == 360_960
+    # NSCC's base RTT: the network's part of the loop (the answering endpoint's 250 us of service
+    # left out) and the serialization; its MaxWnd covers the whole loop the endpoints close
+    assert (found.ns, found.window_ns) == (170_000 + serial, 420_000 + serial)
     assert specs[0].config.base_rtt_ns == found.ns
     # 1.5 BDP of the NIC (two planes' links at 400 Mbit/s: MRC sprays over both): 117,144 B
-    assert specs[0].config.cc_options == {"max_cwnd": max_wnd_for(800e6, found.ns)} and specs[0].config.cc_rate_bps == 800e6
+    assert specs[0].config.cc_options == {"max_cwnd": max_wnd_for(800e6, found.window_ns)}
+    assert specs[0].config.cc_rate_bps == 800e6 and "MaxWnd covers the whole loop, 781 us" in found.describe()
     assert specs[1] is baseline
     assert base_rtt.source_of(INCAST, specs[0], found) == {"ns": found.ns, "source": "measured"}
     assert base_rtt.source_of(INCAST, specs[1], found) == {"ns": DEFAULT_BASE_RTT_NS, "source": "topology default"}

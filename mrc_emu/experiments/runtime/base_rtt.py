@@ -11,8 +11,9 @@ time). So, unless the topology gives a `base_rtt`, each source host's MRC endpoi
 EVs of its QPs before the WRITEs start (OCP EV_PROBE, answered by the destination host's
 endpoint and timed by the workers on the transport's clock, so under time dilation in emulated
 time), one host at a time and a few rounds each, so that no probe waits behind another's. The
-loop counts the answering endpoint's service time: it is the loop a window must fill (NSCC's
-samples leave it out, and its base RTT falls to them; its MaxWnd, configured, stays). An EV's
+loop counts the answering endpoint's service time: it is the loop a window must fill, so MaxWnd
+covers it; NSCC's base RTT (its target delay and steps) is the network's part of it on a shaped
+fabric, as NSCC's samples leave the service time out too. An EV's
 idle loop is the least its probes took, the run's the median over its EVs (one slow EV, or one
 slow round on a busy machine, does not move it). A probe is a small frame, and an idle port's
 TBF passes it within its bucket, unserialized: so the serialization uet-htsim counts, a full
@@ -64,6 +65,7 @@ class BaseRtt:
     loop_min_ns: int | None = None  # the shortest and longest EV's idle loop
     loop_max_ns: int | None = None
     network_ns: int | None = None  # the median loop less the answering endpoint's service time
+    window_ns: int | None = None  # the loop a window must fill, MaxWnd's: the whole loop and the serialization
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.__dict__, "summary": self.describe()}
@@ -73,11 +75,15 @@ class BaseRtt:
         value = f"{self.ns / 1000:.0f} us"
         if self.source != "measured":
             return f"{value}, the {self.source}"
-        return (f"{value}, measured: the median idle loop of {self.evs} EVs, {self.loop_ns / 1000:.0f} us "
+        loop = (f"the median idle loop of {self.evs} EVs, {self.loop_ns / 1000:.0f} us "
                 f"({self.loop_min_ns / 1000:.0f}-{self.loop_max_ns / 1000:.0f} us; {self.probes} EV probes, the "
                 f"least of up to {PROBE_ROUNDS} each; {self.network_ns / 1000:.0f} us without the answering "
-                f"endpoint's service time), + {self.serialization_ns / 1000:.0f} us to serialize a data packet "
-                f"and its ACK")
+                f"endpoint's service time)")
+        serial = f"{self.serialization_ns / 1000:.0f} us to serialize a data packet and its ACK"
+        if self.window_ns is None or self.window_ns == self.ns:
+            return f"{value}, measured: {loop}, + {serial}"
+        return (f"{value}, measured: the network's part of {loop}, + {serial}; MaxWnd covers the whole loop, "
+                f"{self.window_ns / 1000:.0f} us")
 
 
 def measure(topo: Topology, ops: EndpointOps, workers: dict[str, Any], address_of: dict[str, str],
@@ -153,11 +159,19 @@ def for_specs(topo: Topology, specs: Sequence[Spec], plans: Sequence[QpPaths], o
     else:
         serial = max(serialization_ns(topo, spec, plan, ev) for spec, plan in zip(specs, plans) if measures(spec)
                      for ev in _probed(topo, spec, plan))
-        found = replace(found, ns=found.loop_ns + serial, serialization_ns=serial)
+        # on a shaped fabric the CC's base RTT is the network's (NSCC's target delay and steps scale
+        # with it: with the endpoints' answering in it, 88 us of the emulator's own time at K = 4,
+        # a 16-to-1 incast queued to 43.8 KB at the median against Kmax 40 KB, in virtual time as
+        # in the namespaces; 34.4 KB without), and MaxWnd covers the whole loop the endpoints close
+        # (a window of the network's loop alone leaves one flow short of its link); an unshaped
+        # fabric's network is the CPUs as much as its endpoints are: the whole loop for both
+        network = found.network_ns if serial and found.network_ns is not None else found.loop_ns
+        found = replace(found, ns=network + serial, window_ns=found.loop_ns + serial, serialization_ns=serial)
     out = []
     for spec in specs:
         if measures(spec):
-            options = {**(cc_options("nscc", spec.config.cc_rate_bps, found.ns) or {}), **(spec.config.cc_options or {})}
+            window = found.window_ns or found.ns
+            options = {**(cc_options("nscc", spec.config.cc_rate_bps, window) or {}), **(spec.config.cc_options or {})}
             spec = replace(spec, config=replace(spec.config, base_rtt_ns=found.ns, cc_options=options or None))
         out.append(spec)
     return out, found
