@@ -238,9 +238,9 @@ def test_an_ev_far_slower_than_every_planes_best_loses_its_share_even_among_slow
 
 
 def test_congestion_signals_fade_with_time_and_the_schedule_follows_without_a_cycle_ending():
-    """A QP sending a packet or two per RTT learns little about an EV it gave up for its marks or a
-    fabric trim: its ECN and trim EWMAs halve every FADE_RTTS of the EV's smallest RTTs, and the
-    schedule is rebuilt every REWEIGH_RTTS of them even if none of its cycles ended."""
+    """A QP sending a packet or two per RTT learns little about an EV it gave up for a fabric trim:
+    its trim EWMA halves every FADE_RTTS of the EV's smallest RTTs, and the schedule is rebuilt
+    every REWEIGH_RTTS of them even if none of its cycles ended. Its ECN EWMA does not fade."""
     from mrc_emu.transport.multipath import weights
     from mrc_emu.transport.multipath.ev import EvProfile as Profile
 
@@ -250,6 +250,7 @@ def test_congestion_signals_fade_with_time_and_the_schedule_follows_without_a_cy
         profile.on_rtt(ev, 100_000)
     profile.sync(1_000_000)
     profile.on_trimmed(1, last_hop=False, ce=False)  # a spine's trim: EV 1 loses most of its share
+    profile.on_ecn(2, 8, 8)
     schedule, _ = profile.schedule_at()
     assert schedule.count(1) < schedule.count(0) / 2
     trim = profile.evs[1].trim
@@ -257,7 +258,7 @@ def test_congestion_signals_fade_with_time_and_the_schedule_follows_without_a_cy
     profile.sync(later)
     assert later >= 1_000_000 + weights.REWEIGH_RTTS * 100_000
     schedule, _ = profile.schedule_at()  # due by time alone
-    assert profile.evs[1].trim == pytest.approx(trim / 2)
+    assert profile.evs[1].trim == pytest.approx(trim / 2) and profile.evs[2].ecn == 1 - (1 - 1 / 16) ** 8
     profile.sync(later + 10 * weights.FADE_RTTS * 100_000)
     schedule, _ = profile.schedule_at()
-    assert schedule.count(1) == schedule.count(0)  # its share back, ten half-lives on
+    assert schedule.count(1) == schedule.count(0) > schedule.count(2)  # its share back, ten half-lives on

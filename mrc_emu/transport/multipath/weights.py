@@ -25,7 +25,7 @@ class EvStats:
     loss: float = 0.0  # EWMA of the per-packet loss outcome (1 lost, 0 delivered)
     ecn: float = 0.0  # EWMA of the ECN echo per acknowledged packet
     trim: float = 0.0  # EWMA of fabric trims (1 per trim, decaying per packet delivered)
-    faded_ns: int = -1  # when `ecn` and `trim` last faded with time (fade)
+    faded_ns: int = -1  # when `trim` last faded with time (fade)
     ce_marks: int = 0  # CE-marked packets the responder reported
     trims: int = 0  # TRIM NACKs heard (fabric and last hop)
     packets_sent: int = 0
@@ -84,21 +84,20 @@ CROSS_PLANE_RTTS = 2.0
 # of it ended: a QP sending a packet or two per RTT (one of 16 in an incast) ends a cycle of its
 # 32 slots every few dozen RTTs, and its weights would stand still that long
 REWEIGH_RTTS = 4
-# the congestion signals (ECN, fabric trims) halve every this many of the EV's smallest RTTs with
-# no new sample: an EV that lost its share for them sends little and learns little, and kept its
-# marks for tens of milliseconds (a spine trim in the first round trip of a 16-to-1 incast held
-# one plane's EVs of a QP at a third of their share; MRC's SKIP state, which a trim puts an EV
-# into, is a while too, not for ever)
+# a fabric trim's penalty halves every this many of the EV's smallest RTTs with no new sample: an
+# EV that lost its share for one sends little and learns little, and kept it for tens of ms (a
+# spine trim in the first round trip of a 16-to-1 incast held one plane's EVs of a QP at a third
+# of their share; MRC's SKIP state, which a trim puts an EV into, is a while too, not for ever)
 FADE_RTTS = 8
 
 
 def fade(stats: EvStats, now: int) -> None:
-    """Let an EV's ECN and trim EWMAs fade with the time since they last did (FADE_RTTS)."""
+    """Let an EV's fabric-trim EWMA fade with the time since it last did (FADE_RTTS). Not its ECN
+    EWMA: a degraded link's port marks what little the EV still sends, and an ECN penalty that
+    faded gave `gray-failure`'s degraded EV 0.107-0.111 of the packets, not 0.094-0.099."""
     base = stats.rtt.min_rtt_ns
-    if stats.faded_ns >= 0 and base and now > stats.faded_ns and (stats.ecn or stats.trim):
-        keep = 0.5 ** ((now - stats.faded_ns) / (FADE_RTTS * base))
-        stats.ecn *= keep
-        stats.trim *= keep
+    if stats.faded_ns >= 0 and base and now > stats.faded_ns and stats.trim:
+        stats.trim *= 0.5 ** ((now - stats.faded_ns) / (FADE_RTTS * base))
     stats.faded_ns = max(stats.faded_ns, now)
 
 
