@@ -188,7 +188,10 @@ def recovery(fabric: Fabric) -> dict:
                                    settled_ns=metrics.repaired_ns(exact, fault))
             runs.append({**rec.to_dict(), **exact, "fault_request_us": round((returned - began) / 1e3, 1),
                          "assumed_bad_after_ms": [round(b, 3) for b in bad], "completion_ms": r.completion_ms,
-                         "retransmits": r.requester["stats"]["retransmits"]})
+                         "retransmits": r.requester["stats"]["retransmits"],
+                         # what found the path failed (witness probes, or the ACK timeout: the last resort)
+                         "assumed_bad_by": [e["reason"] for e in r.ev_events if e["new"] == "ASSUMED_BAD"],
+                         "ack_timeouts": r.requester["stats"]["timeouts"]})
     # every run counted: one that never recovered is the largest value, not dropped
     return {"link": "p0l0-p0s1", "at_progress": 0.3, "runs": runs, "failed_runs": sum("failed" in x for x in runs),
             "recovery_ms_median": metrics.across_runs([x["recovery_ms"] for x in runs])["median"],
