@@ -76,7 +76,7 @@ LOSS_GAIN = 1 / 32
 ECN_GAIN = 1 / 16
 TRIM_GAIN = 1 / 8  # one trim cuts the EV's weight to 1/(1 + 20/8), 0.29, at once
 SCHEDULE_SLOTS_PER_EV = 8
-DELAY_GAIN = 8.0  # each best-EV RTT of delay beyond the threshold divides an EV's weight by 1 + this
+DELAY_GAIN = 12.0  # each best-EV RTT of delay beyond the threshold divides an EV's weight by 1 + this
 # this many of the best EV's RTTs over every plane's best cost weight too: no queue a plane's EVs share
 # at the receiver (at most its trim threshold) comes near it; a slow EV among slow siblings does
 CROSS_PLANE_RTTS = 2.0
