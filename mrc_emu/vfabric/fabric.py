@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..topology import Role, Topology
+from ..topology.port import tbf_shape
 from ..topology.port_verdict import PortRule
 from ..wire.decoder import open_frame
 from ..wire.format import DropReason
@@ -52,6 +53,11 @@ class VirtualFabric:
         self.rate_bps = int(default_rate_bps if self.rate_default else topo.link_rate_bps)
         self.link_delay_ns = link_delay_ns
         configs = {(p.node, p.ifname): p for p in topo.egress_ports(self.rate_bps)}
+        # `port: {bucket}` given: every port of the namespace fabric is a TBF with that bucket
+        # (build.shape_node), which lets a burst through an idle port at once; the model's ports
+        # do the same (ports.py). Without it a port serialises every frame (docs/virtual.md)
+        bucket = None if self.rate_default or topo.ports.bucket is None else \
+            (lambda rate: tbf_shape(rate, topo.mtu, topo.ports.bucket)[1])
         by_id = {node.node_id: node for node in topo.nodes.values()}
         self.ribs = {name: Rib(topo, name, by_id) for name in topo.nodes}
         self.ports: dict[str, dict[int, EgressPort]] = {name: {} for name in topo.nodes}
@@ -60,7 +66,7 @@ class VirtualFabric:
             for node, intf, peer in ((link.a, link.a_intf, link.b), (link.b, link.b_intf, link.a)):
                 config = configs.get((node, intf))
                 port = EgressPort(engine, node, intf, peer, link.plane, self.rate_bps, link_delay_ns,
-                                  PortRule.of(config) if config else None, rng, self._arrive)
+                                  PortRule.of(config) if config else None, rng, self._arrive, bucket)
                 self.ports[node][self.ribs[node].port_to[peer]] = port
                 self._towards[(node, peer)] = port
         self._salt = {name: zlib.crc32(f"{ecmp_seed}:{name}".encode()) for name in topo.nodes}
