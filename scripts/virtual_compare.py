@@ -188,10 +188,14 @@ def doc_table(compared: dict) -> str:
     return "\n".join(lines)
 
 
-def matching_salt(scn: scenario.Scenario, seed: int, link: tuple[str, str], tries: int = 256) -> int | None:
-    """The first ECMP salt under which the model's baseline flow takes `link` (the emulated run's), or None."""
+def matching_salt(scn: scenario.Scenario, seed: int, uplinks: dict, tries: int = 1024) -> int | None:
+    """The first ECMP salt under which the model's baseline flow takes the emulated run's leaf
+    uplinks (`uplinks`: its "data" link and, if seen, its ACKs' "acks" link), or None."""
+    want = {side: tuple(link) for side, link in uplinks.items()}
     for salt in range(tries):
-        if virtual_run.baseline_link(scn, seed, salt) == link:
+        seen: dict = {}
+        virtual_run.baseline_link(scn, seed, salt, seen)
+        if all(seen.get(side) == link for side, link in want.items()):
             return salt
     return None
 
@@ -227,11 +231,11 @@ def compare_main(argv: list[str]) -> None:
                 scn, folder / f"{name}-emulated", lambda line: print(f"  .. {line}", flush=True))
             emulated_s = time.perf_counter() - began
             salt = None  # the seed's: the model resolves baseline-path by its own hash
-            path = [tuple(f["link"]) for run in emu["runs"].values() for f in run["faults"]
-                    if f["link"] and any(g.link == "baseline-path" for g in scn.faults)][:1]
-            if path:
-                salt = matching_salt(scn, args.seed, path[0])
-                print(f"{name}: the emulated baseline-path {'-'.join(path[0])}; the model's ECMP salt {salt}", flush=True)
+            uplinks = emu.get("baseline_uplinks")
+            if uplinks:
+                salt = matching_salt(scn, args.seed, uplinks)
+                print(f"{name}: the emulated baseline flow's leaf uplinks {uplinks}; the model's ECMP salt {salt}",
+                      flush=True)
             began = time.perf_counter()
             virt = virtual_run.run(scn, folder / f"{name}-virtual", args.seed, emulator_guards=True, ecmp_seed=salt)
             virtual_s = time.perf_counter() - began
@@ -239,7 +243,8 @@ def compare_main(argv: list[str]) -> None:
                 if results["runs"]:
                     report.write(results, folder / f"{name}-{clock}")  # results.json, report.md, plots
             compared[name] = {"virtual": figures(virt, scn.topology), "emulated": figures(emu, scn.topology),
-                              "ecmp_salt": salt,
+                              "ecmp_salt": salt, "baseline_uplinks": {"virtual": virt.get("baseline_uplinks"),
+                                                                      "emulated": uplinks},
                               "wall_s": {"virtual": round(virtual_s, 1), "emulated": round(emulated_s, 1)},
                               "notes": {"virtual": virt["notes"], "emulated": emu["notes"]}}
             print(f"{name}: virtual {virtual_s:.1f} s, emulated {emulated_s:.1f} s of wall time", flush=True)

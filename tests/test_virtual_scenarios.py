@@ -179,6 +179,13 @@ def test_a_cross_validation_can_choose_the_ecmp_salt_and_keep_the_emulated_worke
     scn = _scenario([{"kind": "link-down", "link": "baseline-path", "at": 0.3}], transports=("baseline",))
     links = {virtual_run.baseline_link(scn, 1, salt) for salt in range(8)}
     assert len(links) > 1  # the salt moves the flow; a seed's own salt is the seed
+    both = set()
+    for salt in range(32):
+        seen: dict = {}
+        virtual_run.baseline_link(scn, 1, salt, seen)
+        both.add((seen["data"][0][:2], seen["acks"][0][:2]))  # the planes of the flow's and its ACKs' uplinks
+    # the nodes' hashes are independent (a plain salted CRC-32 tied them: the ACKs always took the other plane)
+    assert both == {("p0", "p0"), ("p0", "p1"), ("p1", "p0"), ("p1", "p1")}
     assert virtual_run.baseline_link(scn, 1) == virtual_run.baseline_link(scn, 1, 1)
     from mrc_emu.experiments.runtime.virtual import _configured
     from mrc_emu.experiments.scenarios.transports import Transport

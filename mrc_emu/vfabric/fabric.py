@@ -37,6 +37,17 @@ DEFAULT_LINK_DELAY_NS = 1_000  # per link, each way: about 200 m of fibre and a 
 Deliver = Callable[[bytes, bytes, int, int, int], None]  # (payload, source, source port, traffic class, 1-based port)
 
 
+def _mix(h: int) -> int:
+    """MurmurHash3's finaliser over a salted CRC-32: CRC is linear, so without it the choices of
+    two nodes were tied to each other whatever the salt (a flow's ACKs always took the other plane
+    from its data); the kernel's keyed jhash ties nothing."""
+    h ^= h >> 16
+    h = (h * 0x85EBCA6B) & 0xFFFFFFFF
+    h ^= h >> 13
+    h = (h * 0xC2B2AE35) & 0xFFFFFFFF
+    return h ^ (h >> 16)
+
+
 class VirtualFabric:
     """The model of `topo`, its events on `engine`, its random choices (loss, ECN marks) from `rng`
     (anything with random() and getrandbits()); `ecmp_seed` salts every node's ECMP hash."""
@@ -132,7 +143,7 @@ class VirtualFabric:
         key = bytes(frame[8:40]) + bytes((nh, frame[1] & 0x0F, frame[2], frame[3]))
         if nh == 17:
             key += bytes(frame[40:44])
-        return live[zlib.crc32(key, self._salt[node]) % len(live)]
+        return live[_mix(zlib.crc32(key, self._salt[node])) % len(live)]
 
     def _arrive(self, arrival: tuple[EgressPort, bytearray, int]) -> None:
         port, frame, generation = arrival

@@ -382,9 +382,12 @@ def _run_transports(scn: Scenario, fabric: Fabric, transports: list[Transport], 
     baseline_link = None
     if any(f.link == "baseline-path" for f in scn.faults):
         src, dst, _ = scn.transfers()[0]
+        seen: dict[str, tuple[str, str]] = {}
         baseline_link, note = baseline_path(scn.topology, src, dst, transports,
-                                            lambda: observe_baseline_path(fabric, src, dst, scn.mtu),
+                                            lambda: observe_baseline_path(fabric, src, dst, scn.mtu, seen),
                                             "seen in the leaves' packet counters")
+        if seen:  # the flow's leaf uplink and its ACKs' (on dst's side), as measured
+            results["baseline_uplinks"] = {side: list(link) for side, link in seen.items()}
         notes.append(note)
         progress(note)
     for transport in transports:

@@ -141,22 +141,31 @@ def routing_timers(scn: Scenario) -> RoutingTimers | None:
                          update_hop_ns=UPDATE_HOP_NS)
 
 
-def baseline_link(scn: Scenario, seed: int, ecmp_seed: int | None = None) -> tuple[str, str]:
+def baseline_link(scn: Scenario, seed: int, ecmp_seed: int | None = None,
+                  seen: dict[str, tuple[str, str]] | None = None) -> tuple[str, str]:
     """The leaf-spine link the baseline's flow crosses in the model, seen as the namespace fabric
-    sees it: in the source side's leaf port counters during a short WRITE with the same 5-tuple."""
+    sees it: in the source side's leaf port counters during a short WRITE with the same 5-tuple.
+    `seen`, if given, gets "data" (that link) and "acks" (the uplink on dst's side its ACKs took),
+    as baseline_path.observe_baseline_path gives them."""
     src, dst, _ = scn.transfers()[0]
     topo = scn.topology
     run = run_virtual(topo, [Transport.BASELINE.spec(src, dst, 256 * 1024, scn.mtu, topology=topo)], seed,
                       ecmp_seed=ecmp_seed)
-    best, most = None, 0
-    for plane in range(topo.planes):
-        leaf = topo.leaf_of(src, plane)
-        for port in run.fabric.ports[leaf].values():
-            if topo.node(port.peer).role is Role.SPINE and port.packets > most:
-                best, most = (leaf, port.peer), port.packets
-    if best is None:
+    found = {}
+    for side, host in (("data", src), ("acks", dst)):
+        best, most = None, 0
+        for plane in range(topo.planes):
+            leaf = topo.leaf_of(host, plane)
+            for port in run.fabric.ports[leaf].values():
+                if topo.node(port.peer).role is Role.SPINE and port.packets > most:
+                    best, most = (leaf, port.peer), port.packets
+        if best is not None:
+            found[side] = best
+    if "data" not in found:
         raise RuntimeError(f"the baseline's flow {src}->{dst} crossed no leaf-spine link in the model")
-    return best
+    if seen is not None:
+        seen.update(found)
+    return found["data"]
 
 
 def _controller(fr: FaultRun, record: MemoryRecord, control: LiveControl, by: str) -> Callable[[Live], None]:
@@ -323,8 +332,11 @@ def run(scn: Scenario, out_dir: Path, seed: int = 0, progress: Progress = _quiet
     link = None
     if any(f.link == "baseline-path" for f in scn.faults):
         src, dst, _ = scn.transfers()[0]
-        link, note = baseline_path(scn.topology, src, dst, scn.transports, lambda: baseline_link(scn, seed, ecmp_seed),
-                                   "seen in the model's leaf port counters")
+        seen: dict[str, tuple[str, str]] = {}
+        link, note = baseline_path(scn.topology, src, dst, scn.transports,
+                                   lambda: baseline_link(scn, seed, ecmp_seed, seen), "seen in the model's leaf port counters")
+        if seen:
+            results["baseline_uplinks"] = {side: list(link) for side, link in seen.items()}
         notes.append(note)
         progress(note)
     walls = []
