@@ -81,6 +81,7 @@ class VirtualFabric:
                 self.ports[node][self.ribs[node].port_to[peer]] = port
                 self._towards[(node, peer)] = port
         self._salt = {name: zlib.crc32(f"{ecmp_seed}:{name}".encode()) for name in topo.nodes}
+        self._local_salt = zlib.crc32(f"{ecmp_seed}:raw sockets".encode())  # one kernel key for every host
         self._deliver: dict[str, Deliver] = {}
         self._hosts = {name for name, rib in self.ribs.items() if rib.role is Role.HOST}
         self._addresses: dict[str, bytes] = {}
@@ -115,7 +116,7 @@ class VirtualFabric:
                 first = addresses[path.first_hop] = ipaddress.IPv6Address(path.first_hop).packed
             hop, ports = rib.lookup(first)
             data = bytearray(frame)  # the transport reuses its buffers
-            out = self._choose(host, ports, data) if hop is Hop.PORTS else None
+            out = self._choose_local(host, ports, first) if hop is Hop.PORTS else None
             if out is None:
                 self.frames_refused += 1
                 return False
@@ -128,6 +129,21 @@ class VirtualFabric:
         return send
 
     # ---- forwarding ------------------------------------------------------------------------
+
+    def _choose_local(self, host: str, candidates: tuple[int, ...], first_hop: bytes) -> EgressPort | None:
+        """The port a host's raw socket sends a frame out of: its route to the first hop, over
+        the live uplinks if several (plain UDP to a host). The kernel hashes the flow it builds for
+        an unbound raw IPPROTO_RAW socket: no source address yet, no ports, flow label 0, with one
+        key for the whole machine; so every host sends to one destination over the same plane
+        (seen on the namespace fabric: incast8's eight baseline flows into h0 all on plane 0)."""
+        ports = self.ports[host]
+        if len(candidates) == 1:
+            port = ports[candidates[0]]
+            return port if port.up else None
+        live = [ports[k] for k in candidates if ports[k].up]
+        if len(live) < 2:
+            return live[0] if live else None
+        return live[_mix(zlib.crc32(first_hop, self._local_salt)) % len(live)]
 
     def _choose(self, node: str, candidates: tuple[int, ...], frame: bytearray) -> EgressPort | None:
         ports = self.ports[node]
