@@ -130,7 +130,7 @@ def test_a_hosts_raw_socket_sends_plain_udp_to_one_destination_over_the_same_pla
         fabric = VirtualFabric(topo, Engine(), random.Random(0), ecmp_seed=salt)
         for dst in ("h0", "h1", "h2", "h3"):
             address = ipaddress.IPv6Address(ad.host_address(topo, dst)).packed
-            planes = {fabric._choose_local(src, fabric.ribs[src].lookup(address)[1], address).plane
+            planes = {fabric._choose(src, fabric.ribs[src].lookup(address)[1], bytearray(), address).plane
                       for src in ("h4", "h8", "h12", "h16")}
             assert len(planes) == 1  # every source the same plane
             by_dst.setdefault(dst, set()).update(planes)

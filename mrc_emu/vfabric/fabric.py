@@ -116,7 +116,7 @@ class VirtualFabric:
                 first = addresses[path.first_hop] = ipaddress.IPv6Address(path.first_hop).packed
             hop, ports = rib.lookup(first)
             data = bytearray(frame)  # the transport reuses its buffers
-            out = self._choose_local(host, ports, first) if hop is Hop.PORTS else None
+            out = self._choose(host, ports, data, first) if hop is Hop.PORTS else None
             if out is None:
                 self.frames_refused += 1
                 return False
@@ -130,22 +130,14 @@ class VirtualFabric:
 
     # ---- forwarding ------------------------------------------------------------------------
 
-    def _choose_local(self, host: str, candidates: tuple[int, ...], first_hop: bytes) -> EgressPort | None:
-        """The port a host's raw socket sends a frame out of: its route to the first hop, over
-        the live uplinks if several (plain UDP to a host). The kernel hashes the flow it builds for
-        an unbound raw IPPROTO_RAW socket: no source address yet, no ports, flow label 0, with one
-        key for the whole machine; so every host sends to one destination over the same plane
-        (seen on the namespace fabric: incast8's eight baseline flows into h0 all on plane 0)."""
-        ports = self.ports[host]
-        if len(candidates) == 1:
-            port = ports[candidates[0]]
-            return port if port.up else None
-        live = [ports[k] for k in candidates if ports[k].up]
-        if len(live) < 2:
-            return live[0] if live else None
-        return live[_mix(zlib.crc32(first_hop, self._local_salt)) % len(live)]
-
-    def _choose(self, node: str, candidates: tuple[int, ...], frame: bytearray) -> EgressPort | None:
+    def _choose(self, node: str, candidates: tuple[int, ...], frame: bytearray,
+                first_hop: bytes | None = None) -> EgressPort | None:
+        """The live port of `candidates` a frame leaves by. A forwarding node hashes the frame's
+        fields; a host's own frame (`first_hop`: what its raw socket routes to) leaves as the
+        kernel sends an unbound IPPROTO_RAW socket's: the flow it hashes has no source address
+        and no ports yet, under one key for the whole machine, so every host sends to one
+        destination over the same plane (incast8 on the namespace fabric: its eight baseline
+        flows into h0 all on plane 0)."""
         ports = self.ports[node]
         if len(candidates) == 1:
             port = ports[candidates[0]]
@@ -153,6 +145,8 @@ class VirtualFabric:
         live = [ports[k] for k in candidates if ports[k].up]
         if len(live) < 2:
             return live[0] if live else None
+        if first_hop is not None:
+            return live[_mix(zlib.crc32(first_hop, self._local_salt)) % len(live)]
         # the multipath hash's fields (fabric/config.py HASH_FIELDS): addresses, next header,
         # flow label, and the UDP ports of a frame that has them
         nh = frame[6]
