@@ -143,6 +143,7 @@ def run_transport(scn: Scenario, fabric: Fabric, transport: Transport, baseline_
         _undo_steps(record, runs, f"scenario {scn.name}")
     if scn.routing == "bgp" and routing.frr_missing() is None:
         routing.wait_converged(fabric, 60)  # the next run starts on a repaired fabric
+        routing.wait_bfd_heard(scn.bfd and bool(scn.faults), scn.time_dilation)  # ... and BFD has heard its peers
     summary = _summarise(transport, results, runs, captured.path if captured else None, topo, reference)
     if captured is not None:
         summary["capture"] = captured.to_dict()  # tcpdump's counts: kept, dropped, lost
