@@ -19,13 +19,15 @@ and which EVs had EV events. What is held equal so that the two are comparable:
   bucket passes bursts through idle ports at once, and no bucket (the model's default) makes
   every hop serialise what TBF passes at once (docs/virtual.md, Cross-validation);
 - no reference runs and no pcaps (they double the emulated time and change nothing compared);
-- the baseline's path: the emulated run resolves `baseline-path` first (the kernel's hash, seen
-  in the leaves' counters), and the model's ECMP salt is the first under which the baseline's
-  flow takes that same link (the hashes differ: the kernel's jhash with a boot key, the model's
-  salted CRC), so the fault hits the same link in both and MRC's EV events fall on the same EVs;
+- the baseline's paths: the emulated run resolves `baseline-path` first and measures the uplinks
+  its flow and the flow's ACKs take (the kernel's hash, seen in the leaves' counters), and the
+  model's ECMP salt is the first under which its flow and ACKs take the same two (the hashes
+  differ: the kernel's jhash with a boot key, the model's mixed, salted CRC), so the fault hits
+  the same link in both and MRC's EV events fall on the same EVs;
 - the workload sizes, scaled by --scale (the emulated runs are CPU-heavy on 2 shared cores).
 
-Prints a markdown table and writes the JSON of every figure to --out.
+Prints a markdown table per figure, then docs/virtual.md's (a row per scenario and transport),
+and writes the JSON of every figure to --out.
 """
 
 from __future__ import annotations
