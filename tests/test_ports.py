@@ -90,12 +90,20 @@ def test_a_tiny_bdp_is_floored_at_two_packets():
 def test_tbf_shape_is_the_one_definition():
     assert tbf_shape(400e6, 9000) == (50_000_000, 50_000)
     assert tbf_shape(10e6, 9000) == (1_250_000, 36_000)
+    # a topology's port: {bucket}: as given, but never below one whole frame (TBF drops a larger packet)
+    assert tbf_shape(400e6, 9000, 20_000) == (50_000_000, 20_000)
+    assert tbf_shape(400e6, 9000, 1) == (50_000_000, 9_014)
+    topo = _topo(port={"bucket": "12k"})
+    assert topo.ports.bucket == 12_000 and from_dict(topo.to_dict(), "<again>").ports.bucket == 12_000
+    raw = ports._CFG.unpack(ports._cfg_bytes(topo.egress_ports()[0], 400e6, 9000, bucket=topo.ports.bucket))
+    assert raw[2] == 12_000  # the port program subtracts the same bucket from its virtual queue
 
 
 @pytest.mark.parametrize("extra, message", [
     ({"port": {"ecn": {"kmin": "1bdp", "kmax": "0.5bdp"}}}, "field 'port.ecn.kmax': kmax (0.5bdp) must be above kmin"),
     ({"port": {"ecn": {"pmax": 0}}}, "'port.ecn.pmax': 0 is not a probability"),
     ({"port": {"trim": {"bytes": 30}}}, "'port.trim.bytes': 30 is not a multiple of 4"),
+    ({"port": {"bucket": "lots"}}, "'port.bucket': 'lots'"),
     ({"port": {"trim": {"bytes": 24}}}, "BTH + RETH at least"),
     ({"port": {"buffer": "lots"}}, "'port.buffer': 'lots' is not a size"),
     ({"port": {"color": "red"}}, "'port.color': unknown field"),

@@ -77,6 +77,54 @@ def test_a_port_serialises_at_its_rate_and_the_link_adds_its_delay_exactly():
     assert port.packets == 3 and port.max_queue == 8_514
 
 
+def _bucket_topology(bucket: int | None, rate: str = "400mbit"):
+    from mrc_emu.topology import from_dict
+
+    data = {**DEFAULT.to_dict(), "link_rate": rate, "name": "bucket"}
+    if bucket is not None:
+        data["port"] = {"bucket": bucket}
+    return from_dict(data, "<bucket>")
+
+
+def test_a_port_with_tbfs_bucket_lets_a_burst_through_at_once_then_the_rate():
+    # port: {bucket: 10000} at 400 Mbit/s (50 bytes a us): the namespace fabric's TBF lets 10,000
+    # bytes through an idle port at once, then one byte per 20 ns; the model's port does the same
+    engine, fabric = _fabric(_bucket_topology(10_000), link_delay_ns=1_000)
+    port = fabric.towards("p0l0", "p0s1")
+    assert port.bucket == 10_000
+    got = []
+    port._arrive = lambda arrival: got.append(engine.now)
+    for _ in range(4):  # 4,200 bytes on the wire each
+        port.offer(bytearray(4186))
+    engine.run()
+    # two within the bucket at once; the third when 2,600 more bytes are paid for (52 us), the fourth 6,800 (136 us)
+    assert got == [1_000, 1_000, 53_000, 137_000]
+    # what the port rule sees is what TBF holds (the port program's fluid queue: backlog less the bucket)
+    assert port.max_queue == 6_800  # the fourth found 12,600 bytes unpaid, 2,600 of them beyond the bucket
+    engine, fabric = _fabric(_bucket_topology(10_000), link_delay_ns=1_000)
+    port, got = fabric.towards("p0l0", "p0s1"), []
+    port._arrive = lambda arrival: got.append(engine.now)
+    for at in (0, 0, 0, 10_000, 500_000):  # after 500 us idle the bucket is full again
+        engine.at(at, lambda _: port.offer(bytearray(4186)))
+    engine.run()
+    assert got == [1_000, 1_000, 53_000, 137_000, 501_000]
+
+
+def test_without_a_bucket_a_port_serialises_and_a_degrade_reshapes_the_bucket():
+    engine, fabric = _fabric(_bucket_topology(None), link_delay_ns=0)
+    port = fabric.towards("p0l0", "p0s1")
+    got = []
+    port._arrive = lambda arrival: got.append(engine.now)
+    port.offer(bytearray(4186))
+    engine.run()
+    assert port.bucket == 0 and got == [84_000]  # 4,200 bytes at 400 Mbit/s: serialised before it leaves
+    _, shaped = _fabric(_bucket_topology(1), link_delay_ns=0)
+    port = shaped.towards("p0l0", "p0s1")
+    assert port.bucket == 9_014  # at least one frame of the topology's MTU (TBF drops a larger one)
+    port.set_rate(100_000_000)
+    assert port.rate_bps == 100_000_000 and port.bucket == 9_014
+
+
 def test_control_frames_leave_ahead_of_queued_data():
     from mrc_emu.transport.multipath.paths import qp_paths
     from mrc_emu.wire.format import AckPacket, DataPacket

@@ -111,3 +111,27 @@ def test_a_usid_carrier_shifts_one_usid_per_hop_then_reaches_the_decapsulation_a
     spent = bytearray(frame)
     spent[30:40] = bytes(10)  # the carrier's last uSID, and the SRH's Segments Left 0: End drops it
     assert frame[43] == 0 and not end(spent)
+
+
+def test_a_hosts_raw_socket_sends_plain_udp_to_one_destination_over_the_same_plane_from_every_host():
+    # the kernel hashes an unbound raw socket's flow without a source address or ports, with one
+    # key per machine: on the namespace fabric incast8's eight baseline flows into h0 all took plane 0
+    import ipaddress
+    import random
+
+    from mrc_emu.topology import addressing as ad
+    from mrc_emu.topology import builtin
+    from mrc_emu.vfabric.engine import Engine
+    from mrc_emu.vfabric.fabric import VirtualFabric
+
+    topo = builtin("incast")
+    by_dst = {}
+    for salt in range(4):
+        fabric = VirtualFabric(topo, Engine(), random.Random(0), ecmp_seed=salt)
+        for dst in ("h0", "h1", "h2", "h3"):
+            address = ipaddress.IPv6Address(ad.host_address(topo, dst)).packed
+            planes = {fabric._choose(src, fabric.ribs[src].lookup(address)[1], bytearray(), address).plane
+                      for src in ("h4", "h8", "h12", "h16")}
+            assert len(planes) == 1  # every source the same plane
+            by_dst.setdefault(dst, set()).update(planes)
+    assert any(len(planes) == 2 for planes in by_dst.values())  # the destination and the salt decide it

@@ -173,3 +173,34 @@ def test_a_virtual_run_captures_its_source_hosts_ports_in_a_pcap_an_independent_
         offset += 16 + included
     assert times == sorted(times) and 0 < times[-1] - times[0] < 4 * 10**9  # as they happened (3 s of lingering)
     assert report.pcap_line("mrc", run, markdown=False).startswith("pcap (mrc): mrc.pcap, ")
+
+
+def test_a_cross_validation_can_choose_the_ecmp_salt_and_keep_the_emulated_workers_guards():
+    scn = _scenario([{"kind": "link-down", "link": "baseline-path", "at": 0.3}], transports=("baseline",))
+    links = {virtual_run.baseline_link(scn, 1, salt) for salt in range(8)}
+    assert len(links) > 1  # the salt moves the flow; a seed's own salt is the seed
+    both = set()
+    for salt in range(32):
+        seen: dict = {}
+        virtual_run.baseline_link(scn, 1, salt, seen)
+        both.add((seen["data"][0][:2], seen["acks"][0][:2]))  # the planes of the flow's and its ACKs' uplinks
+    # the nodes' hashes are independent (a plain salted CRC-32 tied them: the ACKs always took the other plane)
+    assert both == {("p0", "p0"), ("p0", "p1"), ("p1", "p0"), ("p1", "p1")}
+    assert virtual_run.baseline_link(scn, 1) == virtual_run.baseline_link(scn, 1, 1)
+    from mrc_emu.experiments.runtime.virtual import _configured
+    from mrc_emu.experiments.scenarios.transports import Transport
+    from mrc_emu.transport.config import QpConfig
+
+    spec = Transport.MRC.spec("h0", "h2", 1 << 20, 4096, topology=DEFAULT)
+    fabric = VirtualFabric(DEFAULT, Engine(), random.Random(0))
+    model = _configured(spec, fabric, 9_440).config
+    kept = _configured(spec, fabric, 9_440, emulator_guards=True).config
+    assert (model.witnesses, model.reorder_floor_ns) == (1, 1_000)  # the model's own: it reorders nothing
+    assert (kept.witnesses, kept.reorder_floor_ns) == (QpConfig.witnesses, QpConfig.reorder_floor_ns)
+
+
+def test_progress_reports_come_every_10_ms_of_wall_time_at_any_time_dilation():
+    from mrc_emu.experiments.runtime.worker import report_interval_ns
+
+    assert report_interval_ns(1.0) == 10_000_000
+    assert report_interval_ns(16.0) == 625_000  # of emulated time: a fault at 30 % of a 12 ms ring fires near it

@@ -123,10 +123,10 @@ def shape_node(fabric: Fabric, node_name: str, rate_bps: float | None = None) ->
     The port program puts control packets and trimmed headers in 2:1, so they leave ahead of
     the data queued at the port. A reshape changes TBF in place and keeps its child."""
     topo = fabric.topology
-    rate, burst = tbf_shape(rate_bps or topo.link_rate_bps, topo.mtu)  # pyroute2 takes bytes per second
+    rate, burst = tbf_shape(rate_bps or topo.link_rate_bps, topo.mtu, topo.ports.bucket)  # pyroute2 takes bytes per second
     # the limit in bytes is the topology's, whatever the rate: under time dilation K a port holds
     # as many bytes as it does at full rate (K times as long), never less than the program's buffer
-    limit = tbf_limit(topo.link_rate_bps, topo.mtu)
+    limit = tbf_limit(topo.link_rate_bps, topo.mtu, topo.ports.bucket)
     order = ports.TcBatch() if rate_bps is None else None  # the first shaping: the HTB under each TBF too
     with netns.entered(fabric.netns(node_name)), IPRoute() as ipr:
         for link in topo.links_of(node_name):
@@ -152,7 +152,7 @@ def shape_port(fabric: Fabric, node_name: str, intf: str, rate_bps: float, ipr: 
     """One port's token bucket (and its port program's virtual queue) reshaped to `rate_bps`: a
     degraded link (experiments' `degrade` fault, `mrc-emu fault degrade`). `ipr`: an IPRoute
     already in the node's namespace (a fault agent opens them in advance)."""
-    rate, burst = tbf_shape(rate_bps, fabric.topology.mtu)
+    rate, burst = tbf_shape(rate_bps, fabric.topology.mtu, fabric.topology.ports.bucket)
     if ipr is None:
         with netns.entered(fabric.netns(node_name)), IPRoute() as own:
             (index,) = own.link_lookup(ifname=intf)

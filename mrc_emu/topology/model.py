@@ -310,7 +310,7 @@ def from_dict(data: Any, source: str = "<dict>", lines: dict[str, int] | None = 
     for config in topo.egress_ports():
         if config.ecn and config.kmax <= config.kmin:
             raise fail("port", f"{config.node} {config.ifname}: kmax ({config.kmax} B) must be above kmin ({config.kmin} B)")
-        if config.buffer > (limit := port_model.tbf_limit(config.rate_bps, mtu)):
+        if config.buffer > (limit := port_model.tbf_limit(config.rate_bps, mtu, ports.bucket)):
             raise fail("port", f"{config.node} {config.ifname}: buffer ({config.buffer} B) above what TBF holds at this "
                                f"link_rate ({limit} B): TBF would drop what the port program let in")
     return topo

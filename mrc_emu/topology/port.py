@@ -15,6 +15,7 @@ are bytes (`parse_size`) or BDP multiples ("0.8bdp"). This module never touches 
       ecn: {kmin: 0.2bdp, kmax: 0.8bdp, pmax: 1}       # or: ecn: off
       trim: {threshold: 1bdp, lasthop_threshold: 1bdp, bytes: 28}   # or: trim: off
       hosts: off                                       # host egress ports too?
+      bucket: 9014                                     # TBF's bucket on every port (default: max(4 MTU, 1 ms of the rate))
       model: bpf                                       # or red: the kernel's RED qdisc (needs sch_red) marks
       red: {burst: 3, avpkt: 4250}                     # model red only: averaged RED (default: instantaneous)
       links:                                           # overrides, per link
@@ -33,10 +34,11 @@ from .units import parse_duration_ns, parse_size
 DEFAULT_BASE_RTT_NS = 1_000_000  # the emulator's endpoints answer in hundreds of us; see docs/fabric.md
 MIN_TRIM_BYTES = 28  # BTH 12 + RETH 16: PSN, address, R_Key and DMA length survive the trim
 MAX_TRIM_BYTES = 256  # the program's scratch buffer (port.bpf.c MAX_TRIM_BYTES)
+ETH_FRAME_HEADER = 14  # what TBF counts of a frame beyond its IP MTU (skb->len on a veth)
 BDP_FLOOR_MTUS = 2  # a plane BDP below two packets would trim and mark every packet of a burst
 HIST_BUCKETS = 64  # port.bpf.c HIST_BUCKETS
 _BDP_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*bdp\s*$", re.IGNORECASE)
-_PORT_KEYS = {"buffer", "ecn", "trim", "hosts", "links", "model", "red"}
+_PORT_KEYS = {"buffer", "ecn", "trim", "hosts", "links", "model", "red", "bucket"}
 QUEUE_MODELS = ("bpf", "red")  # who marks: the port program's virtual queue, or the kernel's RED qdisc (fabric/datapath/red.py)
 RED_AVPKT = 4250  # bytes: a data packet of 4 KiB payload with its headers (Ethernet, IPv6, SRH, IPv6, UDP, BTH, RETH)
 _OVERRIDE_KEYS = {"link", "from", "buffer", "ecn", "trim"}
@@ -106,6 +108,7 @@ class PortModel:
     model: str = "bpf"  # QUEUE_MODELS
     red_burst: int | None = None  # model red: RED's burst in packets (its EWMA weight); None: weight 1, the instant queue
     red_avpkt: int = RED_AVPKT
+    bucket: int | None = None  # TBF's bucket in bytes on every shaped port; None: tbf_shape's default
 
     def spec_for(self, node: str, peer: str) -> PortSpec:
         spec = self.defaults
@@ -166,19 +169,24 @@ def plane_bdp(rate_bps: float, base_rtt_ns: int, mtu: int) -> int:
     return max(int(rate_bps / 8 * base_rtt_ns / 1e9), BDP_FLOOR_MTUS * mtu)
 
 
-def tbf_shape(rate_bps: float, mtu: int) -> tuple[int, int]:
+def tbf_shape(rate_bps: float, mtu: int, bucket: int | None = None) -> tuple[int, int]:
     """(bytes per second, bucket bytes) of the TBF that shapes a port (fabric/build.py shape_node):
-    the one definition, since the port program subtracts the bucket from its virtual queue."""
+    the one definition, since the port program subtracts the bucket from its virtual queue and the
+    virtual fabric's ports (vfabric/ports.py) let the same bucket through at once. `bucket`: the
+    topology's `port: {bucket}`, at least a whole frame (TBF drops a packet larger than its bucket);
+    None: 4 MTU or 1 ms of the rate, whichever is more."""
     rate = int(rate_bps / 8)
+    if bucket is not None:
+        return rate, max(bucket, mtu + ETH_FRAME_HEADER)
     return rate, max(mtu * 4, rate // 1000)
 
 
 TBF_LATENCY_US = 50_000  # the longest a packet waits in a port's TBF (its limit: rate x this + bucket)
 
 
-def tbf_limit(rate_bps: float, mtu: int) -> int:
+def tbf_limit(rate_bps: float, mtu: int, bucket: int | None = None) -> int:
     """Bytes a port's TBF holds before it drops: the ceiling of any buffer the program models."""
-    rate, burst = tbf_shape(rate_bps, mtu)
+    rate, burst = tbf_shape(rate_bps, mtu, bucket)
     return rate * TBF_LATENCY_US // 1_000_000 + burst
 
 
@@ -321,13 +329,21 @@ def parse(port: Any, base_rtt: Any, node_names: set[str]) -> PortModel:
         if from_node is not None and from_node not in ends:
             raise PortError(f"{fld}.from", f"{from_node!r} is not an end of link {ends}")
         overrides.append(Override((ends[0], ends[1]), from_node, _fields(item, fld)))
+    bucket = data.get("bucket")
+    if bucket is not None:
+        try:
+            bucket = parse_size(bucket)
+        except (TypeError, ValueError) as exc:
+            raise PortError("port.bucket", f"{bucket!r}: {exc}") from None
+        if bucket < 1:
+            raise PortError("port.bucket", f"{bucket} bytes: must be at least 1")
     model, burst, avpkt = _queue_model(data)
     if model == "red":
         trimming = [f"port.links[{i}]" for i, o in enumerate(overrides) if o.fields.get("trim")]
         if defaults.trim is not None or trimming:
             raise PortError(trimming[0] if trimming else "port.trim",
                             "RED cannot trim (model red): give trim: off, so both port models can run the same ports")
-    return PortModel(base_rtt_ns, given, defaults, hosts, tuple(overrides), port, model, burst, avpkt)
+    return PortModel(base_rtt_ns, given, defaults, hosts, tuple(overrides), port, model, burst, avpkt, bucket)
 
 
 def _queue_model(data: dict[str, Any]) -> tuple[str, int | None, int]:

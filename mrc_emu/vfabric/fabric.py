@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..topology import Role, Topology
+from ..topology.port import tbf_shape
 from ..topology.port_verdict import PortRule
 from ..wire.decoder import open_frame
 from ..wire.format import DropReason
@@ -34,6 +35,17 @@ DEFAULT_RATE_BPS = 100_000_000_000  # an unshaped topology's links (no link_rate
 DEFAULT_LINK_DELAY_NS = 1_000  # per link, each way: about 200 m of fibre and a switch's cut-through latency
 
 Deliver = Callable[[bytes, bytes, int, int, int], None]  # (payload, source, source port, traffic class, 1-based port)
+
+
+def _mix(h: int) -> int:
+    """MurmurHash3's finaliser over a salted CRC-32: CRC is linear, so without it the choices of
+    two nodes were tied to each other whatever the salt (a flow's ACKs always took the other plane
+    from its data); the kernel's keyed jhash ties nothing."""
+    h ^= h >> 16
+    h = (h * 0x85EBCA6B) & 0xFFFFFFFF
+    h ^= h >> 13
+    h = (h * 0xC2B2AE35) & 0xFFFFFFFF
+    return h ^ (h >> 16)
 
 
 class VirtualFabric:
@@ -52,6 +64,11 @@ class VirtualFabric:
         self.rate_bps = int(default_rate_bps if self.rate_default else topo.link_rate_bps)
         self.link_delay_ns = link_delay_ns
         configs = {(p.node, p.ifname): p for p in topo.egress_ports(self.rate_bps)}
+        # `port: {bucket}` given: every port of the namespace fabric is a TBF with that bucket
+        # (build.shape_node), which lets a burst through an idle port at once; the model's ports
+        # do the same (ports.py). Without it a port serialises every frame (docs/virtual.md)
+        bucket = None if self.rate_default or topo.ports.bucket is None else \
+            (lambda rate: tbf_shape(rate, topo.mtu, topo.ports.bucket)[1])
         by_id = {node.node_id: node for node in topo.nodes.values()}
         self.ribs = {name: Rib(topo, name, by_id) for name in topo.nodes}
         self.ports: dict[str, dict[int, EgressPort]] = {name: {} for name in topo.nodes}
@@ -60,10 +77,11 @@ class VirtualFabric:
             for node, intf, peer in ((link.a, link.a_intf, link.b), (link.b, link.b_intf, link.a)):
                 config = configs.get((node, intf))
                 port = EgressPort(engine, node, intf, peer, link.plane, self.rate_bps, link_delay_ns,
-                                  PortRule.of(config) if config else None, rng, self._arrive)
+                                  PortRule.of(config) if config else None, rng, self._arrive, bucket)
                 self.ports[node][self.ribs[node].port_to[peer]] = port
                 self._towards[(node, peer)] = port
         self._salt = {name: zlib.crc32(f"{ecmp_seed}:{name}".encode()) for name in topo.nodes}
+        self._local_salt = zlib.crc32(f"{ecmp_seed}:raw sockets".encode())  # one kernel key for every host
         self._deliver: dict[str, Deliver] = {}
         self._hosts = {name for name, rib in self.ribs.items() if rib.role is Role.HOST}
         self._addresses: dict[str, bytes] = {}
@@ -98,7 +116,7 @@ class VirtualFabric:
                 first = addresses[path.first_hop] = ipaddress.IPv6Address(path.first_hop).packed
             hop, ports = rib.lookup(first)
             data = bytearray(frame)  # the transport reuses its buffers
-            out = self._choose(host, ports, data) if hop is Hop.PORTS else None
+            out = self._choose(host, ports, data, first) if hop is Hop.PORTS else None
             if out is None:
                 self.frames_refused += 1
                 return False
@@ -112,7 +130,14 @@ class VirtualFabric:
 
     # ---- forwarding ------------------------------------------------------------------------
 
-    def _choose(self, node: str, candidates: tuple[int, ...], frame: bytearray) -> EgressPort | None:
+    def _choose(self, node: str, candidates: tuple[int, ...], frame: bytearray,
+                first_hop: bytes | None = None) -> EgressPort | None:
+        """The live port of `candidates` a frame leaves by. A forwarding node hashes the frame's
+        fields; a host's own frame (`first_hop`: what its raw socket routes to) leaves as the
+        kernel sends an unbound IPPROTO_RAW socket's: the flow it hashes has no source address
+        and no ports yet, under one key for the whole machine, so every host sends to one
+        destination over the same plane (incast8 on the namespace fabric: its eight baseline
+        flows into h0 all on plane 0)."""
         ports = self.ports[node]
         if len(candidates) == 1:
             port = ports[candidates[0]]
@@ -120,13 +145,15 @@ class VirtualFabric:
         live = [ports[k] for k in candidates if ports[k].up]
         if len(live) < 2:
             return live[0] if live else None
+        if first_hop is not None:
+            return live[_mix(zlib.crc32(first_hop, self._local_salt)) % len(live)]
         # the multipath hash's fields (fabric/config.py HASH_FIELDS): addresses, next header,
         # flow label, and the UDP ports of a frame that has them
         nh = frame[6]
         key = bytes(frame[8:40]) + bytes((nh, frame[1] & 0x0F, frame[2], frame[3]))
         if nh == 17:
             key += bytes(frame[40:44])
-        return live[zlib.crc32(key, self._salt[node]) % len(live)]
+        return live[_mix(zlib.crc32(key, self._salt[node])) % len(live)]
 
     def _arrive(self, arrival: tuple[EgressPort, bytearray, int]) -> None:
         port, frame, generation = arrival

@@ -88,7 +88,7 @@ class LinkFault:
             elif self.kind is FaultKind.LOSS:
                 port.loss = 0.0 if undo else self.value
             elif self.kind is FaultKind.DEGRADE:
-                port.rate_bps = port.nominal_bps if undo else max(1, int(port.nominal_bps * self.value))
+                port.set_rate(port.nominal_bps if undo else max(1, int(port.nominal_bps * self.value)))
             else:
                 port.delay_ns = fabric.link_delay_ns + (0 if undo else int(self.value))
 

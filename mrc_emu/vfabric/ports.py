@@ -32,7 +32,8 @@ class EgressPort:
     """The port `ifname` of `node` that sends to `peer` over one direction of a link."""
 
     def __init__(self, engine: Engine, node: str, ifname: str, peer: str, plane: int, rate_bps: int,
-                 delay_ns: int, rule: PortRule | None, rng: Any, arrive: Callable[[Any], None]) -> None:
+                 delay_ns: int, rule: PortRule | None, rng: Any, arrive: Callable[[Any], None],
+                 bucket: Callable[[int], int] | None = None) -> None:
         self.engine, self.node, self.ifname, self.peer, self.plane = engine, node, ifname, peer, plane
         self.nominal_bps = rate_bps  # the link's rate; a degrade fault runs it at a fraction
         self.rate_bps = rate_bps
@@ -47,10 +48,13 @@ class EgressPort:
         self.ahead: deque[tuple[bytearray, int]] = deque()  # (frame, wire bytes): control, trimmed headers
         self.data: deque[tuple[bytearray, int]] = deque()
         self.queued_bytes = 0  # in the two queues, not started
-        self.busy_until = 0  # when the frame on the wire is out
+        self._bucket_of = bucket  # TBF's bucket in bytes at a rate (topology/port.py tbf_shape), or None: no bucket
+        self.bucket = bucket(rate_bps) if bucket else 0
+        self.busy_until = 0  # when the last frame started is out (left the port)
         self._period_start = 0  # the busy period's start, its rate, and the bytes started in it
         self._period_rate = rate_bps
         self._period_bytes = 0
+        self._drained_at = 0  # when the rate has served every byte started (busy_until, without a bucket)
         self._armed = False  # a transmit event is scheduled at busy_until
         self.packets = self.bytes = self.max_queue = self.ce_marked = self.trimmed = self.dropped = 0
         self.flushed = 0  # frames lost in the queue when the link went down
@@ -58,11 +62,20 @@ class EgressPort:
         self.hist = [0] * HIST_BUCKETS if rule else None
 
     def backlog(self, now: int) -> int:
-        """Bytes waiting at `now`: queued ones, and what is left of the one on the wire."""
-        if now >= self.busy_until:
-            return self.queued_bytes
+        """Bytes waiting at `now`: queued ones, and what the rate has not yet served of those that
+        left (without a bucket: what is left of the one on the wire)."""
+        return self.queued_bytes + self._debt(now)
+
+    def _debt(self, now: int) -> int:
+        if now >= self._drained_at:
+            return 0
         served = (now - self._period_start) * self._period_rate // NS_BITS
-        return self.queued_bytes + self._period_bytes - min(self._period_bytes, served)
+        return self._period_bytes - min(self._period_bytes, served)
+
+    def set_rate(self, rate_bps: int) -> None:
+        """The port's rate from now on (a degrade fault), its bucket with it, as build.shape_port reshapes TBF."""
+        self.rate_bps = rate_bps
+        self.bucket = self._bucket_of(rate_bps) if self._bucket_of else 0
 
     def offer(self, frame: bytearray) -> None:
         """A frame to send, at the engine's now: the verdict, then the queue (or the wire)."""
@@ -72,6 +85,8 @@ class EgressPort:
             return
         length = len(frame) + ETH_LEN
         queue = self.backlog(now)
+        if self.bucket:  # what TBF holds, as the port program's fluid model has it (port.bpf.c)
+            queue = queue - self.bucket if queue > self.bucket else 0
         rule = self.rule
         ahead = True
         if rule is not None:
@@ -108,13 +123,22 @@ class EgressPort:
                 self.engine.at(self.busy_until, self._next)
 
     def _transmit(self, now: int) -> None:
-        """Put the next frame on the wire (control first), its arrival at the far end scheduled."""
+        """Put the next frame on the wire (control first), its arrival at the far end scheduled.
+
+        It leaves when the rate has served every byte before it and itself, less the bucket: with no
+        bucket, when it is serialised; with TBF's bucket b, as soon as TBF's tokens (b less what the
+        rate has not yet served) cover it, so an idle port lets a burst of up to b bytes through at
+        once and then the rate, as the namespace fabric's shaped ports do."""
         frame, length = self.ahead.popleft() if self.ahead else self.data.popleft()
         self.queued_bytes -= length
-        if now > self.busy_until or self._period_rate != self.rate_bps:  # a new busy period (or rate)
-            self._period_start, self._period_rate, self._period_bytes = now, self.rate_bps, 0
+        if now > self._drained_at or self._period_rate != self.rate_bps:  # a new busy period (or rate)
+            debt = self._debt(now)  # what a bucket's port has not yet paid for, carried over a rate change
+            self._period_start, self._period_rate, self._period_bytes = now, self.rate_bps, debt
         self._period_bytes += length
-        done = self._period_start + -(-self._period_bytes * NS_BITS // self._period_rate)
+        self._drained_at = self._period_start + -(-self._period_bytes * NS_BITS // self._period_rate)
+        owed = self._period_bytes - self.bucket
+        done = self._drained_at if not self.bucket else \
+            max(now, self._period_start + -(-owed * NS_BITS // self._period_rate)) if owed > 0 else now
         self.busy_until = done
         self.engine.at(done + self.delay_ns, self._arrive, (self, frame, self.generation))
         if self.ahead or self.data:

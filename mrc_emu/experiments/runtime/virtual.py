@@ -125,9 +125,10 @@ def _unloaded_rtt(fabric: VirtualFabric, topo: Topology, spec: TransferSpec, pla
 VIRTUAL_REORDER_FLOOR_NS = 1_000
 
 
-def _configured(spec: TransferSpec, fabric: VirtualFabric, rtt_ns: int) -> TransferSpec:
+def _configured(spec: TransferSpec, fabric: VirtualFabric, rtt_ns: int, emulator_guards: bool = False) -> TransferSpec:
     """The spec with the model's link rate and unloaded RTT where its config leaves them open,
-    and NSCC's MaxWnd from them (spec.cc_options) where it has none."""
+    and NSCC's MaxWnd from them (spec.cc_options) where it has none; `emulator_guards`: the
+    reordering guards left as the emulated workers have them (a cross-validation's QPs)."""
     config = spec.config
     rate = config.link_rate_bps or fabric.rate_bps
     nic = config.nic_rate_bps or (rate * fabric.topo.planes if config.path_avoidance else None)
@@ -137,7 +138,8 @@ def _configured(spec: TransferSpec, fabric: VirtualFabric, rtt_ns: int) -> Trans
     # config leaves them at their defaults: the model reorders nothing of one path, so one witness
     # decides a path failure and the reorder window's floor is the model's 1 us link delay
     guards = {}
-    if config.witnesses == QpConfig.witnesses and config.reorder_floor_ns == QpConfig.reorder_floor_ns:
+    if not emulator_guards and config.witnesses == QpConfig.witnesses and \
+            config.reorder_floor_ns == QpConfig.reorder_floor_ns:
         guards = {"witnesses": 1, "reorder_floor_ns": VIRTUAL_REORDER_FLOOR_NS}
     return replace(spec, config=replace(config, link_rate_bps=rate, nic_rate_bps=nic, base_rtt_ns=base, cc_options=options,
                                         **guards))
@@ -148,7 +150,8 @@ def run_virtual(topo: Topology, specs: list[TransferSpec], seed: int = 0, faults
                 limit_ns: int = DEFAULT_LIMIT_NS, on_progress: Callable[[int, int], None] | None = None,
                 hooks: list[tuple[float, Callable[[Live], None]]] = (), routing: RoutingTimers | None = None,
                 linger_ns: int = 0, tick_ns: int = TIMELINE_TICK_NS,
-                taps: dict[str, Callable[[bytes, str, bool, int], None]] | None = None) -> VirtualRun:
+                taps: dict[str, Callable[[bytes, str, bool, int], None]] | None = None,
+                emulator_guards: bool = False, ecmp_seed: int | None = None) -> VirtualRun:
     """Run every WRITE of `specs` at once (a spec's `start_at`: when the others reach that
     progress) over the virtual fabric of `topo`, with `faults` on its links; one result per
     spec, in order. `limit_ns`: virtual time after which what has not completed has failed.
@@ -158,17 +161,19 @@ def run_virtual(topo: Topology, specs: list[TransferSpec], seed: int = 0, faults
     `routing`: the timers of the routing repair model (vfabric/routing.py; None: routes stay
     as they are, but for a link's two ends). `linger_ns`: after the WRITEs complete, run on
     (probes reviving EVs) until no EV is ASSUMED_BAD, or this long. `taps`: host -> what sees
-    every frame the host sends or receives (VirtualFabric.taps: a capture)."""
+    every frame the host sends or receives (VirtualFabric.taps: a capture). `emulator_guards`:
+    the QPs keep the emulated workers' guards against reordering (_configured). `ecmp_seed`: the
+    ECMP hash's salt, if not the seed's."""
     specs = prepared_specs(specs)
     engine = Engine()
     fabric = VirtualFabric(topo, engine, random.Random(f"{seed}:fabric"), link_delay_ns, default_rate_bps,
-                           ecmp_seed=seed)
+                           ecmp_seed=seed if ecmp_seed is None else ecmp_seed)
     fabric.taps.update(taps or {})
     driver = HostDriver(engine, fabric)
     transport_rng = random.Random(f"{seed}:transport")
     plans = [plan_paths(topo, spec) for spec in specs]
     rtts = [_unloaded_rtt(fabric, topo, spec, plan) for spec, plan in zip(specs, plans)]
-    specs = [_configured(spec, fabric, rtt) for spec, rtt in zip(specs, rtts)]
+    specs = [_configured(spec, fabric, rtt, emulator_guards) for spec, rtt in zip(specs, rtts)]
     muxes, controls = {}, {}
     for host in sorted({s.src for s in specs} | {s.dst for s in specs}, key=lambda h: topo.node(h).index):
         mux = muxes[host] = HostMux(ipaddress.IPv6Address(ad.host_address(topo, host)).packed)

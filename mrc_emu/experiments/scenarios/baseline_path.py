@@ -23,23 +23,33 @@ def _tx_counts(fabric: Fabric, node: str) -> dict[str, int]:
                 for link in ipr.get_links()}
 
 
-def observe_baseline_path(fabric: Fabric, src: str, dst: str, mtu: int) -> tuple[str, str]:
+def observe_baseline_path(fabric: Fabric, src: str, dst: str, mtu: int,
+                          seen: dict[str, tuple[str, str]] | None = None) -> tuple[str, str]:
     """The leaf-spine link the baseline's flow from src to dst crosses, measured: packet counters
-    of every leaf uplink on src's side before and after a short transfer with the same 5-tuple."""
+    of every leaf uplink on src's side before and after a short transfer with the same 5-tuple.
+    `seen`, if given, gets "data" (that link) and "acks" (the uplink on dst's side its ACKs took,
+    hashed on their own 5-tuple: a cross-validation gives the model the same two)."""
     topo = fabric.topology
-    leaves = [topo.leaf_of(src, p) for p in range(topo.planes)]
-    before = {leaf: _tx_counts(fabric, leaf) for leaf in leaves}
+    sides = {"data": src, "acks": dst}
+    leaves = {side: [topo.leaf_of(host, p) for p in range(topo.planes)] for side, host in sides.items()}
+    before = {leaf: _tx_counts(fabric, leaf) for side in leaves.values() for leaf in side}
     run_transfers(fabric, [Transport.BASELINE.spec(src, dst, 2 * 2**20, mtu)])
-    best, best_delta = None, -1
-    for leaf in leaves:
-        after = _tx_counts(fabric, leaf)
-        for link in topo.links_of(leaf):
-            peer, intf, _ = topo.peer(link, leaf)
-            if topo.node(peer).role is not Role.SPINE:
-                continue
-            delta = after.get(intf, 0) - before[leaf].get(intf, 0)
-            if delta > best_delta:
-                best, best_delta = (leaf, peer), delta
-    if best is None or best_delta < 100:
+    found = {}
+    for side, side_leaves in leaves.items():
+        best, best_delta = None, -1
+        for leaf in side_leaves:
+            after = _tx_counts(fabric, leaf)
+            for link in topo.links_of(leaf):
+                peer, intf, _ = topo.peer(link, leaf)
+                if topo.node(peer).role is not Role.SPINE:
+                    continue
+                delta = after.get(intf, 0) - before[leaf].get(intf, 0)
+                if delta > best_delta:
+                    best, best_delta = (leaf, peer), delta
+        if best is not None and best_delta >= (100 if side == "data" else 10):
+            found[side] = best
+    if "data" not in found:
         raise RuntimeError(f"could not see the baseline's path from {src} to {dst} in the leaves' counters")
-    return best
+    if seen is not None:
+        seen.update(found)
+    return found["data"]

@@ -143,6 +143,7 @@ def run_transport(scn: Scenario, fabric: Fabric, transport: Transport, baseline_
         _undo_steps(record, runs, f"scenario {scn.name}")
     if scn.routing == "bgp" and routing.frr_missing() is None:
         routing.wait_converged(fabric, 60)  # the next run starts on a repaired fabric
+        routing.wait_bfd_heard(scn.bfd and bool(scn.faults), scn.time_dilation)  # ... and BFD has heard its peers
     summary = _summarise(transport, results, runs, captured.path if captured else None, topo, reference)
     if captured is not None:
         summary["capture"] = captured.to_dict()  # tcpdump's counts: kept, dropped, lost
@@ -382,9 +383,12 @@ def _run_transports(scn: Scenario, fabric: Fabric, transports: list[Transport], 
     baseline_link = None
     if any(f.link == "baseline-path" for f in scn.faults):
         src, dst, _ = scn.transfers()[0]
+        seen: dict[str, tuple[str, str]] = {}
         baseline_link, note = baseline_path(scn.topology, src, dst, transports,
-                                            lambda: observe_baseline_path(fabric, src, dst, scn.mtu),
+                                            lambda: observe_baseline_path(fabric, src, dst, scn.mtu, seen),
                                             "seen in the leaves' packet counters")
+        if seen:  # the flow's leaf uplink and its ACKs' (on dst's side), as measured
+            results["baseline_uplinks"] = {side: list(link) for side, link in seen.items()}
         notes.append(note)
         progress(note)
     for transport in transports:

@@ -141,21 +141,31 @@ def routing_timers(scn: Scenario) -> RoutingTimers | None:
                          update_hop_ns=UPDATE_HOP_NS)
 
 
-def baseline_link(scn: Scenario, seed: int) -> tuple[str, str]:
+def baseline_link(scn: Scenario, seed: int, ecmp_seed: int | None = None,
+                  seen: dict[str, tuple[str, str]] | None = None) -> tuple[str, str]:
     """The leaf-spine link the baseline's flow crosses in the model, seen as the namespace fabric
-    sees it: in the source side's leaf port counters during a short WRITE with the same 5-tuple."""
+    sees it: in the source side's leaf port counters during a short WRITE with the same 5-tuple.
+    `seen`, if given, gets "data" (that link) and "acks" (the uplink on dst's side its ACKs took),
+    as baseline_path.observe_baseline_path gives them."""
     src, dst, _ = scn.transfers()[0]
     topo = scn.topology
-    run = run_virtual(topo, [Transport.BASELINE.spec(src, dst, 256 * 1024, scn.mtu, topology=topo)], seed)
-    best, most = None, 0
-    for plane in range(topo.planes):
-        leaf = topo.leaf_of(src, plane)
-        for port in run.fabric.ports[leaf].values():
-            if topo.node(port.peer).role is Role.SPINE and port.packets > most:
-                best, most = (leaf, port.peer), port.packets
-    if best is None:
+    run = run_virtual(topo, [Transport.BASELINE.spec(src, dst, 256 * 1024, scn.mtu, topology=topo)], seed,
+                      ecmp_seed=ecmp_seed)
+    found = {}
+    for side, host in (("data", src), ("acks", dst)):
+        best, most = None, 0
+        for plane in range(topo.planes):
+            leaf = topo.leaf_of(host, plane)
+            for port in run.fabric.ports[leaf].values():
+                if topo.node(port.peer).role is Role.SPINE and port.packets > most:
+                    best, most = (leaf, port.peer), port.packets
+        if best is not None:
+            found[side] = best
+    if "data" not in found:
         raise RuntimeError(f"the baseline's flow {src}->{dst} crossed no leaf-spine link in the model")
-    return best
+    if seen is not None:
+        seen.update(found)
+    return found["data"]
 
 
 def _controller(fr: FaultRun, record: MemoryRecord, control: LiveControl, by: str) -> Callable[[Live], None]:
@@ -233,9 +243,11 @@ class Capture:
 
 def run_transport(scn: Scenario, transport: Transport, link: tuple[str, str] | None, seed: int,
                   reference: dict | None = None, on_bytes: Callable[[int, int], None] | None = None,
-                  progress: Progress = _quiet, pcap: Path | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+                  progress: Progress = _quiet, pcap: Path | None = None,
+                  emulator_guards: bool = False, ecmp_seed: int | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """One transport's run of the scenario in virtual time: (its summary, this machine's wall
-    figures); with `pcap`, the first WRITE's source host's ports are captured into it."""
+    figures); with `pcap`, the first WRITE's source host's ports are captured into it;
+    `emulator_guards`: the QPs' reordering guards as the emulated workers have them."""
     topo = scn.topology
     specs = [transport.spec(s, d, n, scn.mtu, label=f"{s}->{d}", topology=topo) for s, d, n in scn.transfers()]
     runs: list[FaultRun] = []
@@ -266,7 +278,8 @@ def run_transport(scn: Scenario, transport: Transport, link: tuple[str, str] | N
     capture = None if pcap is None else Capture(pcap, scn.transfers()[0][0])
     run = run_virtual(topo, specs, seed, faults, limit_ns=int(scn.timeout_s * 1e9), on_progress=on_bytes,
                       hooks=hooks, routing=routing_timers(scn), linger_ns=int(transport.linger_s * 1e9),
-                      tick_ns=VIRTUAL_TICK_NS, taps={capture.host: capture.tap} if capture else None)
+                      tick_ns=VIRTUAL_TICK_NS, taps={capture.host: capture.tap} if capture else None,
+                      emulator_guards=emulator_guards, ecmp_seed=ecmp_seed)
     for entry in run.virtual["faults"]:
         fr = runs[entry["tag"]]
         for action, at in ((fr.fault.kind, entry["applied_ns"]), ("undone", entry["reverted_ns"])):
@@ -292,8 +305,12 @@ def run_transport(scn: Scenario, transport: Transport, link: tuple[str, str] | N
 
 
 def run(scn: Scenario, out_dir: Path, seed: int = 0, progress: Progress = _quiet,
-        on_bytes: Callable[[str], Callable[[int, int], None] | None] | None = None) -> dict[str, Any]:
-    """The scenario in virtual time; returns results.json's data (wall.json is written to out_dir)."""
+        on_bytes: Callable[[str], Callable[[int, int], None] | None] | None = None,
+        emulator_guards: bool = False, ecmp_seed: int | None = None) -> dict[str, Any]:
+    """The scenario in virtual time; returns results.json's data (wall.json is written to out_dir).
+    `emulator_guards`: the QPs keep the emulated workers' reordering guards (runtime/virtual.py
+    _configured); `ecmp_seed`: the ECMP hash's salt, if not the seed's (a cross-validation gives
+    the one under which the baseline's flow takes the emulated run's path)."""
     check(scn)
     out_dir.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {"schema": "mrc-emu/results/1", "scenario": {**scn.to_dict(), "clock": "virtual",
@@ -315,8 +332,11 @@ def run(scn: Scenario, out_dir: Path, seed: int = 0, progress: Progress = _quiet
     link = None
     if any(f.link == "baseline-path" for f in scn.faults):
         src, dst, _ = scn.transfers()[0]
-        link, note = baseline_path(scn.topology, src, dst, scn.transports, lambda: baseline_link(scn, seed),
-                                   "seen in the model's leaf port counters")
+        seen: dict[str, tuple[str, str]] = {}
+        link, note = baseline_path(scn.topology, src, dst, scn.transports,
+                                   lambda: baseline_link(scn, seed, ecmp_seed, seen), "seen in the model's leaf port counters")
+        if seen:
+            results["baseline_uplinks"] = {side: list(link) for side, link in seen.items()}
         notes.append(note)
         progress(note)
     walls = []
@@ -324,11 +344,13 @@ def run(scn: Scenario, out_dir: Path, seed: int = 0, progress: Progress = _quiet
         reference = None
         if scn.faults and scn.reference:
             progress(f"{transport}: the workloads without faults first (the reference run)")
-            reference, wall = run_transport(replace(scn, faults=[]), transport, None, seed, progress=progress)
+            reference, wall = run_transport(replace(scn, faults=[]), transport, None, seed, progress=progress,
+                                            emulator_guards=emulator_guards, ecmp_seed=ecmp_seed)
             walls.append({**wall, "run": "reference"})
         summary, wall = run_transport(scn, transport, link, seed, reference,
                                       on_bytes(transport.value) if on_bytes else None, progress,
-                                      pcap=out_dir / f"{transport}.pcap" if scn.capture else None)
+                                      pcap=out_dir / f"{transport}.pcap" if scn.capture else None,
+                                      emulator_guards=emulator_guards, ecmp_seed=ecmp_seed)
         results["runs"][transport.value] = summary
         walls.append({**wall, "run": "measured"})
     results["seconds"] = round(sum(w["virtual_ns"] for w in walls) / 1e9, 9)  # of virtual time, every run

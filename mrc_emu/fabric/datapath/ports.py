@@ -149,14 +149,14 @@ def _indexes(topo: Topology) -> dict[tuple[str, str], int]:
     return out
 
 
-def _cfg_bytes(port: PortConfig, rate_bps: float, mtu: int, epoch: int = 0) -> bytes:
+def _cfg_bytes(port: PortConfig, rate_bps: float, mtu: int, epoch: int = 0, bucket: int | None = None) -> bytes:
     """The program's numbers for one port. Under `model: red` the kernel's RED qdisc marks and
     drops (fabric/datapath/red.py): the program only classifies (skb->priority), counts and keeps its
     virtual queue, with ECN and trimming off and its buffer at what TBF holds, so it drops nothing
     RED would let in; its histogram keeps the port's bucket width, comparable with a `bpf` run."""
-    rate, burst = tbf_shape(rate_bps, mtu)
+    rate, burst = tbf_shape(rate_bps, mtu, bucket)  # `bucket`: the topology's port: {bucket}
     if port.model == "red":
-        flags, buffer = PORT_ENABLED | (PORT_LASTHOP if port.lasthop else 0), tbf_limit(rate_bps, mtu)
+        flags, buffer = PORT_ENABLED | (PORT_LASTHOP if port.lasthop else 0), tbf_limit(rate_bps, mtu, bucket)
     else:
         flags = port_flags(port)
         buffer = port.buffer
@@ -191,7 +191,7 @@ def attach(fabric: Fabric) -> int:
         by_node: dict[str, list[int]] = {}
         for port in ports:
             index = indexes[(port.node, port.ifname)]
-            maps.cfg.put(index, _cfg_bytes(port, topo.link_rate_bps, topo.mtu))
+            maps.cfg.put(index, _cfg_bytes(port, topo.link_rate_bps, topo.mtu, bucket=topo.ports.bucket))
             by_node.setdefault(port.node, []).append(index)
         for node, node_indexes in by_node.items():
             batch = TcBatch()
@@ -247,7 +247,7 @@ def set_rate(fabric: Fabric, node: str, rate_bps: float) -> None:
     maps = _maps_of(fabric)
     for port, index in _by_node(topo).get(node, []):
         epoch = _CFG.unpack(maps.cfg.get(index))[-1]
-        maps.cfg.put(index, _cfg_bytes(port, rate_bps, topo.mtu, epoch))
+        maps.cfg.put(index, _cfg_bytes(port, rate_bps, topo.mtu, epoch, topo.ports.bucket))
 
 
 def set_port_rate(fabric: Fabric, node: str, ifname: str, rate_bps: float) -> None:
@@ -259,7 +259,8 @@ def set_port_rate(fabric: Fabric, node: str, ifname: str, rate_bps: float) -> No
     for port, index in _by_node(fabric.topology).get(node, []):
         if port.ifname == ifname:
             epoch = _CFG.unpack(maps.cfg.get(index))[-1]
-            maps.cfg.put(index, _cfg_bytes(port, rate_bps, fabric.topology.mtu, epoch))
+            topo = fabric.topology
+            maps.cfg.put(index, _cfg_bytes(port, rate_bps, topo.mtu, epoch, topo.ports.bucket))
 
 def reset(fabric: Fabric) -> None:
     """Zero every port's counters (queues keep their state): the program sees a new epoch and
