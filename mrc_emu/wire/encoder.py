@@ -295,6 +295,12 @@ def encode_roce(packet: RocePacket) -> bytes:
     if isinstance(packet, DataPacket):
         pad = -len(packet.payload) % 4
         head = _bth(packet.opcode, pad, packet.pkey, packet.dest_qp, packet.ack_req, packet.psn)
+        if packet.rc_opcode is not None:  # an RC peer's multi-packet WRITE (the tests' stand-in for one)
+            if packet.rc_opcode == fmt.Opcode.RDMA_WRITE_FIRST:
+                head += RETH_HDR.pack(packet.va, packet.rkey, packet.dma_len)
+            elif packet.imm is not None:
+                head += IMM_HDR.pack(packet.imm)
+            return head + packet.payload + b"\0" * pad
         head += RETH_HDR.pack(packet.va, packet.rkey, len(packet.payload))
         if packet.imm is not None:
             head += IMM_HDR.pack(packet.imm)
