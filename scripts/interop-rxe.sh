@@ -43,6 +43,10 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 loaded_before=0
 if [ -d /sys/module/rdma_rxe ]; then loaded_before=1; fi
+if ! command -v modprobe >/dev/null 2>&1; then
+    echo "interop-rxe.sh: skipped: no modprobe (kmod) here, so no rdma_rxe to load (a kernel without modules, e.g. a small VM kernel)"
+    exit 77
+fi
 if ! modprobe_err="$(modprobe rdma_rxe 2>&1)"; then
     echo "interop-rxe.sh: skipped: modprobe rdma_rxe failed, this kernel has no soft-RoCE ($(echo "$modprobe_err" | head -n 1))"
     exit 77

@@ -251,8 +251,8 @@ class FrameTemplate:
         return write_one
 
     def data(self, packet: DataPacket) -> bytes:
-        if packet.ecn_ce:  # as a marking switch leaves it: CE in the outer and the inner header
-            return self.frame(encode_roce(packet), self.data_tclass | fmt.ECN_CE)
+        if packet.ecn_ce or packet.rc_opcode is not None:  # CE as a marking switch leaves it, outer and inner
+            return self.frame(encode_roce(packet), self.data_tclass | (fmt.ECN_CE if packet.ecn_ce else 0))
         return bytes(self.write(packet.dest_qp, packet.psn, packet.va, packet.rkey, packet.payload, None,
                                 packet.ack_req, packet.imm, packet.pkey))
 
