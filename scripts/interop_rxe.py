@@ -169,12 +169,12 @@ def sockets(ns: str, address: str) -> SocketLink:
     return SocketLink(send, recv)
 
 
-def drive(endpoint, link: SocketLink, done, extra_fd=None) -> bool:
+def drive(endpoint, link: SocketLink, done, extra_fd=None, limit_s: float = RUN_LIMIT_S) -> bool:
     """The endpoint over its sockets until `done()` (or `extra_fd` is readable): datagrams in,
     pump, then select() until the next datagram or the endpoint's next wakeup. False: timed out."""
     clock = time.monotonic_ns
     fds = [link.recv_sock] + ([extra_fd] if extra_fd is not None else [])
-    limit = clock() + int(RUN_LIMIT_S * 1e9)
+    limit = clock() + int(limit_s * 1e9)
     while not done():
         link.receive(endpoint, clock, 64)
         endpoint.pump(clock(), link.send, clock)
@@ -191,20 +191,29 @@ def drive(endpoint, link: SocketLink, done, extra_fd=None) -> bool:
     return True
 
 
-def to_rxe(args: argparse.Namespace, size: int, link: SocketLink, path: QpPath) -> dict:
-    """The baseline's requester -> rxe's responder."""
+def to_rxe(args: argparse.Namespace, size: int, link: SocketLink, path: QpPath, mrc: bool = False) -> dict:
+    """The baseline's requester -> rxe's responder; `mrc`: MRC's own requester instead (SACK
+    recovery, path avoidance, `--mrc-evs` EVs: as many UDP source ports over the one link; a
+    fixed window of `--mrc-window` packets, so that what happens is the wire's doing, not NSCC's)."""
     peer = Peer(args, "responder", size)
     info = peer.hear()
-    config = QpConfig.baseline(mtu=args.mtu, link_rate_bps=args.rate)
-    cc = make_cc("dcqcn", args.mtu, args.rate, None)
-    req = Requester(socket.inet_pton(socket.AF_INET6, args.local), MY_QPN, info["qpn"], {0: path}, config, cc,
+    if mrc:
+        config = QpConfig(mtu=args.mtu)
+        cc = make_cc("fixed", args.mtu, window=args.mrc_window * args.mtu)
+        paths = {ev: QpPath(ev, args.rxe_address, FrameTemplate(fmt.Endpoints(args.local, args.rxe_address, UDP_SPORT_BASE + ev),
+                                                                Encap.udp())) for ev in range(args.mrc_evs)}
+    else:
+        config = QpConfig.baseline(mtu=args.mtu, link_rate_bps=args.rate)
+        cc = make_cc("dcqcn", args.mtu, args.rate, None)
+        paths = {0: path}
+    req = Requester(socket.inet_pton(socket.AF_INET6, args.local), MY_QPN, info["qpn"], paths, config, cc,
                     start_psn=MY_PSN, random_bits=secrets.randbits)
     data = pattern(args.seed, size)
     peer.say({"qpn": MY_QPN, "psn": MY_PSN, "gid": args.local, "rkey": 0, "va": 0})
     peer.hear()  # rxe's QP is ready to receive
-    began = time.monotonic()
-    req.post_write(data, info["va"], info["rkey"], now=time.monotonic_ns())
-    finished = drive(req, link, lambda: req.done)
+    began, began_ns = time.monotonic(), time.monotonic_ns()
+    req.post_write(data, info["va"], info["rkey"], now=began_ns)
+    finished = drive(req, link, lambda: req.done, limit_s=args.limit)
     seconds = time.monotonic() - began
     peer.say({"done": True})
     theirs = peer.hear()["sha256"]
@@ -214,8 +223,9 @@ def to_rxe(args: argparse.Namespace, size: int, link: SocketLink, path: QpPath) 
     return {"bytes": size, "completed": finished and req.error is None and bool(req.completions),
             "error": req.error, "seconds": round(seconds, 3), "sha256_sent": mine, "sha256_placed": theirs,
             "sha256_equal": mine == theirs,
-            "mrc_emu": {k: summary[k] for k in ("packets_sent", "retransmits", "naks", "timeouts", "bytes_acked")}
-            | {"drops": dict(req.drops)}}
+            "mrc_emu": {k: summary[k] for k in ("packets_sent", "retransmits", "naks", "timeouts", "bytes_acked", "lost_by",
+                                                "probes_sent", "probes_returned")}
+            | {"drops": dict(req.drops), "ev_events": [e.to_dict(began_ns) for e in req.profile.events]}}
 
 
 def from_rxe(args: argparse.Namespace, size: int, link: SocketLink, path: QpPath) -> dict:
@@ -232,7 +242,7 @@ def from_rxe(args: argparse.Namespace, size: int, link: SocketLink, path: QpPath
     peer.say({"qpn": MY_QPN, "psn": MY_PSN, "gid": args.local, "rkey": mr.rkey, "va": mr.va})
     peer.hear()
     began = time.monotonic()
-    finished = drive(resp, link, lambda: False, peer.proc.stdout)
+    finished = drive(resp, link, lambda: False, peer.proc.stdout, args.limit)
     seconds = time.monotonic() - began
     result = peer.hear() if finished else {"wcs": [], "sha256": ["", ""]}
     peer.close()
@@ -253,14 +263,14 @@ RXE_ERRORS = ("rcvd_seq_err", "out_of_seq_request", "duplicate_request", "comple
 
 def table(results: Path) -> str:
     """The runs of a --out file, one line each: what the issue asks to see."""
-    head = ("direction", "size", "link", "bytes placed", "SHA-256 equal", "completed", "mrc-emu resent / NAKs",
+    head = ("direction", "size", "link", "bytes placed", "SHA-256 equal", "completed", "mrc-emu resent / NAKs / timeouts",
             "rxe resent (pcap)", "rxe error counters", "pcap parsed (ICRC checked)", "kernel log", "seconds")
     rows = [head]
     for line in results.read_text().splitlines():
         r = json.loads(line)
         mine = r["mrc_emu"]
-        if r["direction"] == "to-rxe":
-            resent = f"{mine['retransmits']} / {mine['naks']} heard"
+        if r["direction"] != "from-rxe":
+            resent = f"{mine['retransmits']} / {mine['naks']} heard / {mine['timeouts']} timeouts"
         else:
             resent = f"0 / {mine['naks_sent']} sent"
         errors = {k: v for k, v in r["rxe_counters"].items() if k in RXE_ERRORS}
@@ -286,7 +296,10 @@ def main() -> int:
     parser.add_argument("--iface", required=True, help="rxe's netdev, where tcpdump listens")
     parser.add_argument("--device", default="rxe0")
     parser.add_argument("--sizes", default="4096,1048576,67108864")
-    parser.add_argument("--directions", default="to-rxe,from-rxe")
+    parser.add_argument("--directions", default="to-rxe,from-rxe", help="to-rxe, from-rxe, mrc-to-rxe (MRC's own requester)")
+    parser.add_argument("--mrc-evs", type=int, default=4, help="mrc-to-rxe: the EVs (UDP source ports) MRC sprays over")
+    parser.add_argument("--mrc-window", type=int, default=64, help="mrc-to-rxe: the fixed window, packets")
+    parser.add_argument("--limit", type=float, default=RUN_LIMIT_S, help="seconds a run may take")
     parser.add_argument("--label", default="clean", help="the link's condition, for the report (clean, lossy)")
     parser.add_argument("--mtu", type=int, default=4096)
     parser.add_argument("--rate", type=float, default=10e9, help="DCQCN's line rate, bit/s")
@@ -304,7 +317,10 @@ def main() -> int:
             pcap = args.pcaps / f"{direction}-{size}-{args.label}.pcap"
             log_before, counters_before = len(kernel_log()), rxe_counters(args.device)
             capture = Capture(args.iface, pcap, size)
-            run = (to_rxe if direction == "to-rxe" else from_rxe)(args, size, link, path)
+            if direction == "from-rxe":
+                run = from_rxe(args, size, link, path)
+            else:
+                run = to_rxe(args, size, link, path, mrc=direction == "mrc-to-rxe")
             capture_stats = capture.stop()
             after = rxe_counters(args.device)
             run = {"direction": direction, "size": size, "link": args.label} | run
