@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import ipaddress
 import json
 import sys
 import time
@@ -55,14 +56,14 @@ def pattern(seed: int, size: int) -> bytes:
 def roce_v2_gid_index(device: str, address: str) -> int:
     """The GID table index of `address` as a RoCE v2 GID of port 1 (rxe lists v1 and v2 of each)."""
     port = Path(f"/sys/class/infiniband/{device}/ports/1")
-    want = GID(address).gid
+    want = ipaddress.IPv6Address(address)
     for gid_file in sorted((port / "gids").iterdir(), key=lambda p: int(p.name)):
         kind = port / "gid_attrs" / "types" / gid_file.name
         try:
             gid, gid_type = gid_file.read_text().strip(), kind.read_text().strip()
         except OSError:  # an empty slot
             continue
-        if GID(gid).gid == want and "v2" in gid_type:
+        if ipaddress.IPv6Address(gid) == want and "v2" in gid_type.lower():
             return int(gid_file.name)
     raise SystemExit(f"rxe_peer: no RoCE v2 GID {address} on {device} port 1")
 
