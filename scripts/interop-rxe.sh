@@ -103,7 +103,7 @@ udp_4791() { ss -Hlun 'sport = :4791' | wc -l; }
 in_init="$(udp_4791)"; in_ns="$(ip netns exec "$ns" bash -c "$(declare -f udp_4791); udp_4791")"
 ns_dev="mrxn$id"; ns_dev_made="no ($(ip netns exec "$ns" rdma link add "$ns_dev" type rxe netdev "$ns_if" 2>&1 | head -n 1))"
 if rdma link show "$ns_dev/1" >/dev/null 2>&1; then
-    undo+=("rdma link delete $ns_dev")
+    undo+=("rdma link delete $ns_dev 2>/dev/null || true")
     ns_dev_made="yes"
     in_ns_after="$(ip netns exec "$ns" bash -c "$(declare -f udp_4791); udp_4791")"
     rdma link delete "$ns_dev"

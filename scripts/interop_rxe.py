@@ -139,12 +139,24 @@ def check_pcap(pcap: Path, rxe_address: str) -> dict:
 
 
 class Peer:
-    """scripts/rxe_peer.py, one JSON line each way."""
+    """scripts/rxe_peer.py, one JSON line each way. `running`: every one started, ended by `end_all`."""
+
+    running: list[Peer] = []
+
+    @classmethod
+    def end_all(cls) -> None:
+        """Whatever peer a broken run left behind, ended by its own handle."""
+        for peer in cls.running:
+            if peer.proc.poll() is None:
+                peer.proc.kill()
+                peer.proc.wait()
+        cls.running.clear()
 
     def __init__(self, args: argparse.Namespace, role: str, size: int) -> None:
         self.proc = subprocess.Popen(["/usr/bin/python3", str(PEER), "--device", args.device, "--address",
                                       args.rxe_address, "--role", role, "--size", str(size)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        Peer.running.append(self)
 
     def hear(self) -> dict:
         line = self.proc.stdout.readline()
@@ -269,7 +281,9 @@ def table(results: Path) -> str:
     for line in results.read_text().splitlines():
         r = json.loads(line)
         mine = r["mrc_emu"]
-        if r["direction"] != "from-rxe":
+        if not mine:
+            resent = r.get("error", "failed")
+        elif r["direction"] != "from-rxe":
             resent = f"{mine['retransmits']} / {mine['naks']} heard / {mine['timeouts']} timeouts"
         else:
             resent = f"0 / {mine['naks_sent']} sent"
@@ -317,11 +331,17 @@ def main() -> int:
             pcap = args.pcaps / f"{direction}-{size}-{args.label}.pcap"
             log_before, counters_before = len(kernel_log()), rxe_counters(args.device)
             capture = Capture(args.iface, pcap, size)
-            if direction == "from-rxe":
-                run = from_rxe(args, size, link, path)
-            else:
-                run = to_rxe(args, size, link, path, mrc=direction == "mrc-to-rxe")
-            capture_stats = capture.stop()
+            try:
+                if direction == "from-rxe":
+                    run = from_rxe(args, size, link, path)
+                else:
+                    run = to_rxe(args, size, link, path, mrc=direction == "mrc-to-rxe")
+            except (Exception, SystemExit) as failure:  # noqa: BLE001 - a run that broke is reported, the next one runs
+                run = {"bytes": 0, "completed": False, "sha256_equal": False, "error": f"{type(failure).__name__}: {failure}",
+                       "seconds": 0, "mrc_emu": {}}
+            finally:
+                Peer.end_all()
+                capture_stats = capture.stop()
             after = rxe_counters(args.device)
             run = {"direction": direction, "size": size, "link": args.label} | run
             run["rxe_counters"] = {k: v - counters_before.get(k, 0) for k, v in after.items() if v != counters_before.get(k, 0)}

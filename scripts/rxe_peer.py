@@ -85,7 +85,7 @@ def connect(qp: QP, gid_index: int, mtu: int, peer: dict, my_psn: int) -> None:
     attr.qp_access_flags = e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE
     attr.pkey_index = 0
     qp.to_init(attr)
-    route = GlobalRoute(dgid=GID(peer["gid"]), sgid_index=gid_index, hop_limit=64)
+    route = GlobalRoute(dgid=GID(ipaddress.IPv6Address(peer["gid"]).exploded), sgid_index=gid_index, hop_limit=64)
     attr.ah_attr = AHAttr(gr=route, is_global=1, port_num=1)
     attr.dest_qp_num, attr.rq_psn = peer["qpn"], peer["psn"]
     attr.max_dest_rd_atomic, attr.min_rnr_timer = 1, 12
