@@ -39,6 +39,7 @@ from pathlib import Path
 from rxe_peer import pattern
 
 from mrc_emu.fabric.kernel import netns
+from mrc_emu.fabric.ops import RING_FLUSH_S
 from mrc_emu.io.sockets import SocketLink, udp_receiver
 from mrc_emu.topology.evs import UDP_SPORT_BASE
 from mrc_emu.transport.cc.registry import make_cc
@@ -51,7 +52,6 @@ from mrc_emu.wire.decoder import decode_udp, open_frame
 from mrc_emu.wire.encoder import Encap, FrameTemplate
 
 PEER = Path(__file__).with_name("rxe_peer.py")
-UDP_NO_CHECK6_RX = 102  # linux/udp.h: take IPv6 UDP datagrams with a zero checksum (a tunnel may send them)
 MY_QPN, MY_PSN = 0x11, 0x777
 REGION_VA = 0x1000_0000
 RUN_LIMIT_S = 1800.0  # a run not done by then has failed (the VM is an emulated CPU: 64 MiB takes minutes)
@@ -66,13 +66,20 @@ def rxe_counters(device: str) -> dict[str, int]:
 
 
 def kernel_log() -> list[str]:
+    """The kernel's log, a line each (a run's new lines are those past the count before it)."""
     return subprocess.run(["dmesg"], capture_output=True, text=True).stdout.splitlines()
+
+
+def rdma_lines(lines: list[str]) -> list[str]:
+    """The lines about RDMA: rxe's own (a bad ICRC, a QP error), not tcpdump's promiscuous mode."""
+    return [line for line in lines if re.search(r"rdma|rxe|icrc|infiniband", line, re.I) and "promiscuous" not in line]
 
 
 class Capture:
     """tcpdump on one interface into a pcap, every byte of every RoCE packet (ICRC included)."""
 
     def __init__(self, iface: str, pcap: Path, size: int) -> None:
+        self.pcap = pcap
         ring_kib = max(65536, size * 3 // 1024)  # the run's frames whole, resends and ACKs beside them
         self.proc = subprocess.Popen(["tcpdump", "-i", iface, "-s", "0", "-B", str(ring_kib), "-w", str(pcap), "-n",
                                       "udp port 4791"], stderr=subprocess.PIPE, text=True)
@@ -81,6 +88,15 @@ class Capture:
             raise SystemExit(f"interop_rxe: tcpdump did not start: {line.strip()}")
 
     def stop(self) -> dict[str, int]:
+        """Once the pcap has stopped growing for RING_FLUSH_S (TPACKET_V3's block timer: a block
+        of the ring reaches the file within it; mrc_emu.fabric.ops.Capture does the same), end
+        tcpdump and read its statistics."""
+        seen, since = -1, time.monotonic()
+        while time.monotonic() - since <= RING_FLUSH_S and self.proc.poll() is None:
+            size = self.pcap.stat().st_size if self.pcap.exists() else 0
+            if size != seen:
+                seen, since = size, time.monotonic()
+            time.sleep(0.05)  # a poll of the file's size; the block timer is the kernel's, not ours to wake on
         self.proc.send_signal(2)
         err = self.proc.communicate(timeout=120)[1]
         return {k.replace(" ", "_"): int(n) for n, k in re.findall(r"(\d+) packets? (captured|received by filter|"
@@ -113,14 +129,12 @@ def check_pcap(pcap: Path, rxe_address: str) -> dict:
         counts = out[side]
         counts["packets"] += 1
         opened = open_frame(frame)
-        if opened is fmt.DropReason.BAD_UDP_CHECKSUM and frame[46:48] == b"\0\0" and frame[6] == 17:
-            counts["udp_checksum_zero"] += 1  # no checksum (a UDP tunnel's choice): the ICRC still covers it
-            payload, src, dst, sport = memoryview(frame)[48:], frame[8:24], frame[24:40], int.from_bytes(frame[40:42], "big")
-        elif isinstance(opened, fmt.DropReason):
+        if isinstance(opened, fmt.DropReason):
             counts["refused"][opened.value] += 1
             continue
-        else:
-            payload, src, dst, sport = opened.payload, opened.src, opened.dst, opened.sport
+        if frame[6] == 17 and frame[46:48] == b"\0\0":
+            counts["udp_checksum_zero"] += 1  # none sent (the ICRC covers the packet), as RoCEv2 over IPv6 may
+        payload, src, dst, sport = opened.payload, opened.src, opened.dst, opened.sport
         packet = decode_udp(payload, src, dst, sport)
         if isinstance(packet, fmt.DropReason):
             counts["refused"][packet.value] += 1
@@ -176,8 +190,7 @@ class Peer:
 def sockets(ns: str, address: str) -> SocketLink:
     with netns.entered(f"/run/netns/{ns}"):
         send = socket.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_RAW)
-        recv = udp_receiver(address)
-    recv.setsockopt(socket.IPPROTO_UDP, UDP_NO_CHECK6_RX, 1)
+        recv = udp_receiver(address)  # it takes rxe's datagrams, which carry no UDP checksum
     return SocketLink(send, recv)
 
 
@@ -345,7 +358,7 @@ def main() -> int:
             after = rxe_counters(args.device)
             run = {"direction": direction, "size": size, "link": args.label} | run
             run["rxe_counters"] = {k: v - counters_before.get(k, 0) for k, v in after.items() if v != counters_before.get(k, 0)}
-            run["kernel_log"] = kernel_log()[log_before:]
+            run["kernel_log"] = rdma_lines(kernel_log()[log_before:])
             run["capture"] = capture_stats
             run["pcap"] = check_pcap(pcap, args.rxe_address)
             run["pcap_all_parsed"] = all(s["parsed"] == s["packets"] for s in run["pcap"].values())

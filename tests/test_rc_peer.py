@@ -18,6 +18,7 @@ import pytest
 
 from mrc_emu.io.memory import MemoryNetwork
 from mrc_emu.topology import builtin
+from mrc_emu.topology.evs import EvFormat
 from mrc_emu.transport import requester as requester_module
 from mrc_emu.transport.cc.registry import make_cc
 from mrc_emu.transport.config import QpConfig
@@ -171,3 +172,23 @@ def test_the_baseline_completes_against_its_own_responder_over_a_lossy_network()
     assert net.run([req, responder], lambda: req.done)
     assert req.error is None and req.completions and bytes(buffer) == data
     assert req.naks and req.retransmits  # the losses were found by sequence NAKs, and resent
+
+
+def test_a_frame_without_a_udp_checksum_is_taken_as_rxe_sends_them_and_its_icrc_still_checked():
+    udp = qp_paths(TOPO, "h0", "h2", EvFormat.UDP).forward[0]  # as the baseline and rxe send: no outer header
+    frame = bytearray(udp.template.encode(DataPacket(0x33, 5, 0x1000, 9, b"rxe sends no UDP checksum")))
+    frame[46:48] = b"\0\0"  # the UDP checksum
+    got = decode_frame(bytes(frame))
+    assert isinstance(got.packet, DataPacket) and bytes(got.packet.payload) == b"rxe sends no UDP checksum"
+    frame[-5] ^= 1  # a payload byte: now only the ICRC can tell
+    assert decode_frame(bytes(frame)) is fmt.DropReason.BAD_ICRC
+
+
+def test_the_receive_socket_takes_datagrams_without_a_udp_checksum():
+    from mrc_emu.io.sockets import UDP_NO_CHECK6_RX, udp_receiver
+
+    sock = udp_receiver("::1", port=0, buffer=1 << 16)
+    try:
+        assert sock.getsockopt(socket.IPPROTO_UDP, UDP_NO_CHECK6_RX) == 1
+    finally:
+        sock.close()
