@@ -140,7 +140,7 @@ findings="$out/mrc-to-rxe.jsonl"
 : >"$findings"
 mrc_run() {
     local label="$1"; shift
-    results="$findings" sizes="$mrc_sizes" run "$label" --directions mrc-to-rxe --limit 300 "$@" || true
+    results="$findings" sizes="$mrc_sizes" run "$label" --directions mrc-to-rxe --limit 300 --keep-pcap-below $((64 << 20)) "$@" || true
 }
 say "MRC's own requester to rxe: netem loss $loss"
 mrc_run lossy

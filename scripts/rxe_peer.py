@@ -80,7 +80,7 @@ def hear() -> dict:
     return json.loads(line)
 
 
-def connect(qp: QP, gid_index: int, mtu: int, peer: dict, my_psn: int) -> None:
+def connect(qp: QP, gid_index: int, mtu: int, peer: dict, my_psn: int, timeout: int) -> None:
     attr = QPAttr(port_num=1, path_mtu={1024: e.IBV_MTU_1024, 2048: e.IBV_MTU_2048, 4096: e.IBV_MTU_4096}[mtu])
     attr.qp_access_flags = e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE
     attr.pkey_index = 0
@@ -90,8 +90,16 @@ def connect(qp: QP, gid_index: int, mtu: int, peer: dict, my_psn: int) -> None:
     attr.dest_qp_num, attr.rq_psn = peer["qpn"], peer["psn"]
     attr.max_dest_rd_atomic, attr.min_rnr_timer = 1, 12
     qp.to_rtr(attr)
-    attr.sq_psn, attr.timeout, attr.retry_cnt, attr.rnr_retry, attr.max_rd_atomic = my_psn, 14, 7, 7, 1
+    attr.sq_psn, attr.timeout, attr.retry_cnt, attr.rnr_retry, attr.max_rd_atomic = my_psn, timeout, 7, 7, 1
     qp.to_rts(attr)
+
+
+def qp_state(qp: QP) -> str:
+    """The QP's state as rxe has it (RTS while all is well; ERR once it gave up)."""
+    state = qp.query(e.IBV_QP_STATE)[0].qp_state
+    names = {e.IBV_QPS_RESET: "RESET", e.IBV_QPS_INIT: "INIT", e.IBV_QPS_RTR: "RTR", e.IBV_QPS_RTS: "RTS",
+             e.IBV_QPS_SQD: "SQD", e.IBV_QPS_SQE: "SQE", e.IBV_QPS_ERR: "ERR"}
+    return names.get(state, str(state))
 
 
 def wait_wc(cq: CQ) -> dict:
@@ -115,6 +123,7 @@ def main() -> int:
     parser.add_argument("--size", type=int, required=True)
     parser.add_argument("--mtu", type=int, default=4096, choices=MTUS)
     parser.add_argument("--psn", type=int, default=0x1234)
+    parser.add_argument("--timeout", type=int, default=18, help="the QP's local ACK timeout t: 4.096 us x 2^t")
     parser.add_argument("--seed", type=int, default=2)
     parser.add_argument("--imm", type=lambda s: int(s, 0), default=0x1A2B3C4D)
     args = parser.parse_args()
@@ -128,11 +137,11 @@ def main() -> int:
     mr = MR(pd, region, e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE)
     say({"qpn": qp.qp_num, "psn": args.psn, "gid": args.address, "rkey": mr.rkey, "va": mr.buf, "gid_index": gid_index})
     peer = hear()
-    connect(qp, gid_index, args.mtu, peer, args.psn)
+    connect(qp, gid_index, args.mtu, peer, args.psn, args.timeout)
     say({"ready": True})
     if args.role == "responder":
         hear()  # mrc-emu's requester completed (on rxe's ACKs)
-        say({"sha256": hashlib.sha256(mr.read(args.size, 0)).hexdigest()})
+        say({"sha256": hashlib.sha256(mr.read(args.size, 0)).hexdigest(), "qp_state": qp_state(qp)})
         return 0
     data = pattern(args.seed, args.size)
     mr.write(data, args.size)
@@ -147,7 +156,7 @@ def main() -> int:
         qp.post_send(wr)
         wcs.append(wait_wc(cq))
     say({"wcs": wcs, "sha256": [hashlib.sha256(data).hexdigest(), hashlib.sha256(data[::-1]).hexdigest()],
-         "imm": args.imm})
+         "imm": args.imm, "qp_state": qp_state(qp)})
     return 0
 
 
