@@ -331,11 +331,11 @@ def main() -> int:
     parser.add_argument("--mrc-evs", type=int, default=4, help="mrc-to-rxe: the EVs (UDP source ports) MRC sprays over")
     parser.add_argument("--mrc-window", type=int, default=64, help="mrc-to-rxe: the fixed window, packets")
     parser.add_argument("--limit", type=float, default=RUN_LIMIT_S, help="seconds a run may take")
-    # ACK timeouts (t: 4.096 us x 2^t, both sides alike) where an emulated CPU's late ACK is not taken
-    # for a loss: under TCG the baseline's own t=15 (33.5 ms) fired twice on a clean 64 MiB run and
-    # rxe's t=14 (67 ms) 94 times, every ACK late, none lost (docs/interop.md)
-    parser.add_argument("--ack-timeout-exp", type=int, default=18, help="the baseline requester's (268 ms)")
-    parser.add_argument("--rxe-timeout", type=int, default=18, help="rxe's QP's (268 ms)")
+    # ACK timeouts of 268 ms on both sides, where an emulated CPU's late ACK is not taken for a loss:
+    # under TCG the baseline's own (t=15: 33.5 ms) fired twice on a clean 64 MiB run and rxe's (t=14:
+    # 67 ms) 94 times, every ACK late, none lost (docs/interop.md)
+    parser.add_argument("--ack-timeout-exp", type=int, default=18, help="the baseline requester's t: 1.024 us x 2^t (268 ms)")
+    parser.add_argument("--rxe-timeout", type=int, default=16, help="rxe's QP's t: 4.096 us x 2^t (268 ms)")
     parser.add_argument("--label", default="clean", help="the link's condition, for the report (clean, lossy)")
     parser.add_argument("--mtu", type=int, default=4096)
     parser.add_argument("--rate", type=float, default=10e9, help="DCQCN's line rate, bit/s")

@@ -123,7 +123,7 @@ def main() -> int:
     parser.add_argument("--size", type=int, required=True)
     parser.add_argument("--mtu", type=int, default=4096, choices=MTUS)
     parser.add_argument("--psn", type=int, default=0x1234)
-    parser.add_argument("--timeout", type=int, default=18, help="the QP's local ACK timeout t: 4.096 us x 2^t")
+    parser.add_argument("--timeout", type=int, default=16, help="the QP's local ACK timeout t: 4.096 us x 2^t (268 ms)")
     parser.add_argument("--seed", type=int, default=2)
     parser.add_argument("--imm", type=lambda s: int(s, 0), default=0x1A2B3C4D)
     args = parser.parse_args()
