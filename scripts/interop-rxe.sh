@@ -2,7 +2,7 @@
 # A real RoCE stack as the judge of the wire: Linux soft-RoCE (rdma_rxe) against mrc-emu's
 # baseline transport (RoCEv2 RC as deployed), both directions, on a clean and on a lossy link.
 #
-#   sudo scripts/interop-rxe.sh [--sizes 4096,1048576,67108864] [--loss 1%] [--out DIR]
+#   sudo scripts/interop-rxe.sh [--sizes 4096,1048576,67108864] [--loss 1%] [--out DIR] [--no-mrc]
 #
 # As root, where `modprobe rdma_rxe` works (a stock Debian/Ubuntu kernel, e.g. the Vagrant VM);
 # elsewhere it says why in one line and exits 77 (skipped). It loads rdma_rxe, makes a veth pair
@@ -13,7 +13,9 @@
 # IMMEDIATE) into the baseline responder's region, at each size; then the same with netem loss on
 # both ends of the link. Each run's pcap is decoded by mrc-emu's decoder. A table at the end; the
 # runs' JSON in --out (default $MRC_EMU_RESULTS or results/interop-rxe). Exit 0 only if every
-# run completed with the data exact and every captured packet parsed.
+# run completed with the data exact and every captured packet parsed. Then MRC's own requester
+# to rxe, clean, lossy and reordered, as a finding that does not change the exit status
+# (--no-mrc: not run).
 #
 # rdma-core, python3-pyverbs, ibverbs-utils and perftest come from apt if missing (scripts/install.sh
 # installs them where the kernel ships rdma_rxe). Everything made is recorded when made and undone,
@@ -26,12 +28,14 @@ venv="${MRC_EMU_VENV:-$repo/.venv}"
 sizes="4096,1048576,67108864"
 loss="1%"
 out="${MRC_EMU_RESULTS:-$repo/results/interop-rxe}"
+mrc=1
 while [ "$#" -gt 0 ]; do
     case "$1" in
         --sizes) sizes="$2"; shift ;;
         --loss) loss="$2"; shift ;;
         --out) out="$2"; shift ;;
-        -h|--help) sed -n '2,21p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        --no-mrc) mrc=0 ;;
+        -h|--help) sed -n '2,23p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "interop-rxe.sh: unknown argument $1 (--help)" >&2; exit 2 ;;
     esac
     shift
@@ -133,30 +137,34 @@ tc qdisc add dev "$host_if" root netem loss "$loss"; undo+=("tc qdisc del dev $h
 ip netns exec "$ns" tc qdisc add dev "$ns_if" root netem loss "$loss"
 run lossy || status=1
 
-# MRC's own requester (SACK, 4 EVs, path avoidance) to rxe: a finding, not a pass/fail of this
-# script (RC takes only in-order PSNs; docs/interop.md says what rxe did)
-mrc_sizes="${MRC_EMU_RXE_MRC_SIZES:-1048576}"
-findings="$out/mrc-to-rxe.jsonl"
-: >"$findings"
-mrc_run() {
-    local label="$1"; shift
-    results="$findings" sizes="$mrc_sizes" run "$label" --directions mrc-to-rxe --limit 300 --keep-pcap-below $((64 << 20)) "$@" || true
-}
-say "MRC's own requester to rxe: netem loss $loss"
-mrc_run lossy
-tc qdisc del dev "$host_if" root
-ip netns exec "$ns" tc qdisc del dev "$ns_if" root
-say "MRC's own requester to rxe: clean link"
-mrc_run clean
-say "MRC's own requester to rxe: reordered (netem delay 1ms reorder 25% on mrc-emu's side)"
-ip netns exec "$ns" tc qdisc add dev "$ns_if" root netem delay 1ms reorder 25% 50%
-mrc_run reordered
-ip netns exec "$ns" tc qdisc del dev "$ns_if" root
+if [ "$mrc" -eq 1 ]; then
+    # MRC's own requester (SACK, 4 EVs, path avoidance) to rxe: a finding, not a pass/fail of this
+    # script (RC takes only in-order PSNs; docs/interop.md says what rxe did)
+    mrc_sizes="${MRC_EMU_RXE_MRC_SIZES:-1048576}"
+    findings="$out/mrc-to-rxe.jsonl"
+    : >"$findings"
+    mrc_run() {
+        local label="$1"; shift
+        results="$findings" sizes="$mrc_sizes" run "$label" --directions mrc-to-rxe --limit 300 --keep-pcap-below $((64 << 20)) "$@" || true
+    }
+    say "MRC's own requester to rxe: netem loss $loss"
+    mrc_run lossy
+    tc qdisc del dev "$host_if" root
+    ip netns exec "$ns" tc qdisc del dev "$ns_if" root
+    say "MRC's own requester to rxe: clean link"
+    mrc_run clean
+    say "MRC's own requester to rxe: reordered (netem delay 1ms reorder 25% on mrc-emu's side)"
+    ip netns exec "$ns" tc qdisc add dev "$ns_if" root netem delay 1ms reorder 25% 50%
+    mrc_run reordered
+    ip netns exec "$ns" tc qdisc del dev "$ns_if" root
+fi
 cp "$pcaps"/*.pcap "$out"/ 2>/dev/null || true  # the small runs' pcaps (the large ones were checked and deleted)
 
 "$venv/bin/python" "$repo/scripts/interop_rxe.py" --table "$results" >&2
-say "MRC's own requester (findings, docs/interop.md):"
-"$venv/bin/python" "$repo/scripts/interop_rxe.py" --table "$findings" >&2
+if [ "$mrc" -eq 1 ]; then
+    say "MRC's own requester (findings, docs/interop.md):"
+    "$venv/bin/python" "$repo/scripts/interop_rxe.py" --table "$findings" >&2
+fi
 say "results: $results"
 if [ "$status" -ne 0 ]; then say "FAILED: a run did not complete exactly (above)"; fi
 exit "$status"
