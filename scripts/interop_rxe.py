@@ -65,6 +65,15 @@ def rxe_counters(device: str) -> dict[str, int]:
     return {k: int(v) for k, v in re.findall(r"(\w+) (\d+)", out)}
 
 
+def backlog_drops() -> int:
+    """Packets the kernel dropped from a CPU's receive backlog (/proc/net/softnet_stat, column 2,
+    summed over the CPUs): a veth hands what it carries to that backlog, a full one drops."""
+    try:
+        return sum(int(line.split()[1], 16) for line in Path("/proc/net/softnet_stat").read_text().splitlines())
+    except (OSError, IndexError, ValueError):
+        return -1
+
+
 def kernel_log() -> list[str]:
     """The kernel's log, a line each (a run's new lines are those past the count before it)."""
     return subprocess.run(["dmesg"], capture_output=True, text=True).stdout.splitlines()
@@ -352,6 +361,7 @@ def main() -> int:
         for size in (int(s) for s in args.sizes.split(",")):
             pcap = args.pcaps / f"{direction}-{size}-{args.label}.pcap"
             log_before, counters_before = len(kernel_log()), rxe_counters(args.device)
+            drops_before, send_errors_before = backlog_drops(), link.send_errors
             capture = Capture(args.iface, pcap, size)
             try:
                 if direction == "from-rxe":
@@ -368,6 +378,10 @@ def main() -> int:
             run = {"direction": direction, "size": size, "link": args.label} | run
             run["rxe_counters"] = {k: v - counters_before.get(k, 0) for k, v in after.items() if v != counters_before.get(k, 0)}
             run["kernel_log"] = rdma_lines(kernel_log()[log_before:])
+            # losses inside the machine, not on the link: a send the raw socket refused (a full queue:
+            # counted, the packet lost) and the receive backlog's drops (every CPU's, any interface's)
+            run["local_losses"] = {"raw_socket_send_errors": link.send_errors - send_errors_before,
+                                   "backlog_drops": backlog_drops() - drops_before}
             run["capture"] = capture_stats
             run["pcap"] = check_pcap(pcap, args.rxe_address)
             run["pcap_all_parsed"] = all(s["parsed"] == s["packets"] for s in run["pcap"].values())
