@@ -25,6 +25,10 @@ apt_packages=(
 # bpftool only inspects the port program's maps by hand (`bpftool map dump pinned /sys/fs/bpf/mrc-emu/...`);
 # Debian 12 packages it, some releases ship it elsewhere (linux-tools): install it where apt knows it
 if apt-cache show bpftool >/dev/null 2>&1; then apt_packages+=(bpftool); fi
+# soft-RoCE's user side (rdma-core, the verbs API from Python, ibv_devinfo, ib_write_bw) for
+# scripts/interop-rxe.sh, which makes rdma_rxe the peer of the transports: only where the running
+# kernel ships the rdma_rxe module (a stock Debian/Ubuntu kernel; not a small VM kernel without RDMA)
+if modinfo rdma_rxe >/dev/null 2>&1; then apt_packages+=(rdma-core ibverbs-providers python3-pyverbs ibverbs-utils perftest); fi
 missing=()
 for pkg in "${apt_packages[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")

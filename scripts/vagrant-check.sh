@@ -12,7 +12,9 @@
 #   scripts/vagrant-check.sh --in RUN_DIR --run 'CMD'   in a kept VM: the checkout synced again (vagrant
 #                                                rsync), CMD run, results copied out; the VM stays up
 #   scripts/vagrant-check.sh --destroy RUN_DIR   destroy a kept VM and everything its run recorded
-#   options: --results DIR (default results/vagrant-RUN), --cpus N, --memory MIB
+#   options: --results DIR (default results/vagrant-RUN), --cpus N, --memory MIB,
+#            --nice N (the VM's qemu, every thread, at nice N from its start: a host shared with
+#            timing-sensitive work; kept for --in and applied again there)
 #
 # The VM runs with libvirt's plain emulation (TCG, driver qemu): this machine's /dev/kvm has no
 # hardware virtualisation. Every object is recorded in RUN_DIR/record when it is made (or, for the
@@ -28,6 +30,7 @@ in_dir=""
 results=""
 cpus=2
 memory=4096
+nice_level=""
 commands=()
 while [ "$#" -gt 0 ]; do
     case "$1" in
@@ -36,9 +39,10 @@ while [ "$#" -gt 0 ]; do
         --results) results="$2"; shift ;;
         --cpus) cpus="$2"; shift ;;
         --memory) memory="$2"; shift ;;
+        --nice) nice_level="$2"; shift ;;
         --destroy) destroy_dir="$(cd "$2" && pwd)"; shift ;;
         --in) in_dir="$(cd "$2" && pwd)"; shift ;;
-        -h|--help) sed -n '2,21p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,22p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "vagrant-check.sh: unknown argument $1 (--help)" >&2; exit 2 ;;
     esac
     shift
@@ -162,6 +166,7 @@ teardown() {
             vagrant box remove --force --all "$name" >/dev/null || true
         fi
     done
+    for pid in $(recorded renicer); do kill "$pid" 2>/dev/null || true; done
     # the VM's qemu: gone with its domain; a straggler this run saw start is ended by its pid
     for pid in $(recorded qemu); do
         if kill -0 "$pid" 2>/dev/null; then say "qemu $pid still running: ending it"; kill "$pid" || true; fi
@@ -189,6 +194,33 @@ teardown() {
     fi
     mv "$run/record" "$run/record.done"
     return "$left"
+}
+
+# ---- --nice: the VM's qemu at a low priority ------------------------------------------------------
+# The domain is the one this run's `vagrant up` made (libvirt's list against the one taken before),
+# its qemu the pid in libvirt's own pid file; every thread is reniced (a nice value is per thread
+# on Linux; threads made later inherit it from the thread that makes them).
+run_domain() { new_lines "$run/before/domains" <(list_domains) | head -n 1; }
+renice_vm() {  # 0 once the VM's qemu runs at $nice_level
+    local domain pid task
+    domain="$(run_domain)"
+    [ -n "$domain" ] && [ -s "/run/libvirt/qemu/$domain.pid" ] || return 1
+    pid="$(cat "/run/libvirt/qemu/$domain.pid")"
+    [ -d "/proc/$pid/task" ] || return 1
+    for task in /proc/"$pid"/task/*; do renice -n "$nice_level" -p "${task##*/}" >/dev/null 2>&1 || true; done
+}
+start_renicer() {  # in the background for the length of `vagrant up` (recorded; ended after it)
+    [ -n "$nice_level" ] || return 0
+    echo "$nice_level" >"$run/nice"
+    ( while :; do renice_vm || true; sleep 2; done ) &
+    record renicer "$!"
+}
+stop_renicer() {
+    local pid
+    for pid in $(recorded renicer); do kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; done
+    if [ -n "$nice_level" ]; then
+        if renice_vm; then say "the VM's qemu runs at nice $nice_level"; else say "--nice: the VM's qemu not found"; fi
+    fi
 }
 
 # ---- the libvirt daemons --------------------------------------------------------------------------
@@ -259,6 +291,8 @@ if [ -n "$in_dir" ]; then
     [ -f "$run/record" ] && [ -n "$(recorded machine)" ] || { say "$run has no VM up (already destroyed?)"; exit 1; }
     [ "${#commands[@]}" -gt 0 ] || { say "--in needs at least one --run 'CMD'"; exit 2; }
     cpus="$(cat "$run/cpus")"; memory="$(cat "$run/memory")"
+    [ -n "$nice_level" ] || [ ! -f "$run/nice" ] || nice_level="$(cat "$run/nice")"
+    if [ -n "$nice_level" ]; then renice_vm || say "--nice: the VM's qemu not found"; fi
     results="${results:-$repo/results/vagrant-$(basename "$run")-$(date -u +%H%M%S)}"
     mkdir -p "$results"
     phase rsync
@@ -328,7 +362,9 @@ phase up
 record machine default
 vagrant_env
 up_rc=0
+start_renicer
 vagrant up --provider libvirt 2>&1 | quiet_progress || up_rc=$?
+stop_renicer
 record_libvirt_made
 [ "$up_rc" -eq 0 ] || { say "vagrant up failed ($up_rc)"; exit "$up_rc"; }
 vagrant ssh-config >"$run/ssh-config"

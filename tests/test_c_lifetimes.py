@@ -57,7 +57,7 @@ _SPRAY = """
         wr = SimpleNamespace(local=bytes(packets * MTU), remote_va=0x1000, rkey=7, imm=None, length=packets * MTU,
                              next_offset=0, acked=0)
         return _spray.spray(SentPackets([0]), heads, paths, MTU, wr, send, 0, 0, 1 << 20, len(schedule), 0, 1e12,
-                            schedule, 0, None, None)  # no clock, no CC
+                            schedule, 0, None, None, 0)  # no clock, no CC, no periodic AckReq
 """
 
 

@@ -80,7 +80,8 @@ def ack(cum: int, arrived=(), base: int | None = None, echo: tuple[int, int] = (
         word = sum(1 << (nbits - 1 - (psn - base)) for psn in arrived)
         bitmap = word.to_bytes(nbits // 8, "big")
     syndrome = Syndrome.NAK_PSN_SEQUENCE if nak else Syndrome.ACK
-    return AckPacket(0x11, cum & 0xFFFFFF, syndrome, 0, base & 0xFFFFFF, echo[0] & 0xFFFFFF, echo[1], ecn, bitmap)
+    psn = cum + 1 if nak else cum  # a sequence NAK names the expected PSN (IBA)
+    return AckPacket(0x11, psn & 0xFFFFFF, syndrome, 0, base & 0xFFFFFF, echo[0] & 0xFFFFFF, echo[1], ecn, bitmap)
 
 
 def settled(rec: Recovery, rtts: dict[int, int], var: int = 2 * US) -> None:

@@ -120,10 +120,16 @@ class SocketLink:
         return n
 
 
+UDP_NO_CHECK6_RX = 102  # linux/udp.h: take IPv6 datagrams that carry no UDP checksum (zero)
+
+
 def udp_receiver(address: str, port: int = 4791, buffer: int = RECV_BUFFER) -> socket.socket:
     """A UDP socket bound to the host address on the RoCEv2 port, with a large receive buffer
-    (`buffer` bytes). Call it inside the host's namespace."""
+    (`buffer` bytes), that takes datagrams with a zero UDP checksum too: a RoCEv2 sender over IPv6
+    may send none, the ICRC covering the packet (rdma_rxe does; the kernel would drop them else,
+    docs/interop.md). Call it inside the host's namespace."""
     sock = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+    sock.setsockopt(socket.IPPROTO_UDP, UDP_NO_CHECK6_RX, 1)
     try:
         sock.setsockopt(socket.SOL_SOCKET, 33, buffer)  # SO_RCVBUFFORCE (root)
     except OSError:

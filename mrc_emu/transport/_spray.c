@@ -17,7 +17,8 @@
  *     it is sent. The same fields as recovery.py's pure-Python PyPkt.
  *
  * spray(table, heads, paths, mtu, wr, send, now, next_psn, window_end, budget, bif, cwnd,
- *       schedule, cursor, clock, cc_sent) -> (sent, next_psn, bif, cursor, failed_ev, counts)
+ *       schedule, cursor, clock, cc_sent, ack_req_every) -> (sent, next_psn, bif, cursor, failed_ev, counts)
+ *   ack_req_every  QpConfig.ack_req_every: AckReq also on every this many PSNs and the window's last (0: not)
  *   table    the requester's sent-packet table (sent.SentPackets): each packet sent is
  *            recorded in its `pkts`, `flight` and `by_ev` as SentPackets.record does; the
  *            caller adds `bif` and `counts` to its byte counters
@@ -384,7 +385,7 @@ static PyObject *spray_on(PyObject *pkts, PyObject *flight, PyObject *by_ev, PyO
                           long long mtu, PyObject *mtu_obj, PyObject *wr, PyObject *send, PyObject *now_obj,
                           PyObject *next_psn_obj, PyObject *window_end_obj, PyObject *budget_obj, PyObject *bif_obj,
                           PyObject *cwnd_obj, PyObject *schedule, PyObject *cursor_obj, PyObject *clock,
-                          PyObject *cc_sent) {
+                          PyObject *cc_sent, long long ack_req_every) {
     if (!PyDict_Check(pkts) || !PyDict_Check(flight) || !PyDict_Check(by_ev)) {
         PyErr_SetString(PyExc_TypeError, "the table's pkts, flight and by_ev must be dicts");
         return NULL;
@@ -468,7 +469,10 @@ static PyObject *spray_on(PyObject *pkts, PyObject *flight, PyObject *by_ev, PyO
             }
             if (e == &scratch && k > 0)
                 break;  /* the scratch entry serves one packet per batch (only with more EVs than MAX_CACHED) */
-            int ack_req = last || (double)(p_bif + 4 * mtu) > cwnd;  /* a full window waits for no delayed ACK */
+            /* a full window waits for no delayed ACK; QpConfig.ack_req_every: every N PSNs and the
+               window's last (an RC responder acknowledges only what asks) */
+            int ack_req = last || (double)(p_bif + 4 * mtu) > cwnd ||
+                          (ack_req_every > 0 && (p_psn % ack_req_every == ack_req_every - 1 || p_psn + 1 >= window_end));
             uint8_t *f = slots[k];
             const PatchHead *h = &e->head;
             memcpy(f, e->frame.buf, (size_t)h->payload_at);
@@ -837,9 +841,9 @@ done:
 }
 
 static PyObject *spray(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 16) {
+    if (nargs != 17) {
         PyErr_SetString(PyExc_TypeError, "spray(table, heads, paths, mtu, wr, send, now, next_psn, window_end, "
-                                         "budget, bif, cwnd, schedule, cursor, clock, cc_sent)");
+                                         "budget, bif, cwnd, schedule, cursor, clock, cc_sent, ack_req_every)");
         return NULL;
     }
     PyObject *table = args[0], *heads = args[1], *paths = args[2], *wr = args[4], *send = args[5],
@@ -848,8 +852,8 @@ static PyObject *spray(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
         PyErr_SetString(PyExc_TypeError, "heads and paths must be dicts, the schedule a list");
         return NULL;
     }
-    long long mtu = PyLong_AsLongLong(args[3]);
-    if (mtu == -1 && PyErr_Occurred())
+    long long mtu = PyLong_AsLongLong(args[3]), ack_req_every = PyLong_AsLongLong(args[16]);
+    if (PyErr_Occurred())
         return NULL;
     /* the table's three dicts, held for the call (new references, released at the end) */
     PyObject *pkts = PyObject_GetAttr(table, s_pkts), *flight = NULL, *by_ev = NULL;
@@ -868,7 +872,7 @@ static PyObject *spray(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
     } else {
         spraying = 1;
         out = spray_on(pkts, flight, by_ev, heads, paths, mtu, args[3], wr, send, now_obj, args[7], args[8], args[9],
-                       args[10], args[11], schedule, args[13], clock, cc_sent);
+                       args[10], args[11], schedule, args[13], clock, cc_sent, ack_req_every);
         spraying = 0;
     }
     Py_DECREF(pkts);

@@ -40,6 +40,10 @@ class QpConfig:
     mpr: int = 8  # max PSN range (the SACK window), in units of 128 PSNs
     ack_every: int = 32  # the responder acknowledges at least every this many data packets ...
     ack_delay_ns: int = 250_000  # ... or this long after the first packet it has not acknowledged
+    # the requester sets AckReq on every this many PSNs and on the last one its PSN window lets
+    # out (0: only on a WRITE's last packet, a resend, or a nearly full congestion window): an RC
+    # responder, rdma_rxe's for one, acknowledges only a packet that asks (docs/interop.md)
+    ack_req_every: int = 0
     probe_interval_ns: int = 1_000_000
     reorder_floor_ns: int = 10_000  # the least reorder window of an EV (loss.window)
     # witness probes in a row that must go unanswered before an EV's path is taken for failed
@@ -75,6 +79,8 @@ class QpConfig:
             raise ValueError("retries: linear 0..7, exponential 0..25 (25 = infinite)")
         if not 1 <= self.mpr <= MAX_MPR:
             raise ValueError(f"MPR {self.mpr}: must be 1..{MAX_MPR} (x{MPR_PSNS} PSNs)")
+        if self.ack_req_every < 0:
+            raise ValueError(f"AckReq every {self.ack_req_every} PSNs: must be >= 0 (0: not periodic)")
         if self.cnp_interval_ns < 0:
             raise ValueError(f"CNP interval {self.cnp_interval_ns} ns: must be >= 0")
         for what, rate in (("link", self.link_rate_bps), ("NIC", self.nic_rate_bps)):
@@ -93,9 +99,10 @@ class QpConfig:
     def baseline(cls, **kw) -> QpConfig:
         """RoCEv2 RC as deployed today: one path, go-back-N, no path avoidance, and the ACK
         timeout and retry count of a typical RoCE NIC set-up (t=15: 33.5 ms; 7 retries, then
-        6 doubling ones: a budget of about 4.4 s, so that routing can repair the path)."""
+        6 doubling ones: a budget of about 4.4 s, so that routing can repair the path); AckReq
+        every 32 PSNs, as an RC responder that coalesces no ACKs of its own needs it."""
         return cls(**{"path_avoidance": False, "recovery": RecoveryMode.GO_BACK_N, "ack_timeout_exp": 15,
-                      "retry_exp": 6, "trimmable": False, **kw})
+                      "retry_exp": 6, "trimmable": False, "ack_req_every": 32, **kw})
 
     @property
     def cc_rate_bps(self) -> float | None:

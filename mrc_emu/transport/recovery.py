@@ -87,16 +87,22 @@ class Recovery:
 
     # ---- ACKs ----------------------------------------------------------------------------
 
+    def cumulative(self, ack: AckPacket) -> int:
+        """The PSN every PSN up to which has arrived: an ACK's own, one before a PSN sequence
+        NAK's (the NAK names the PSN the responder expects, IBA's and rdma_rxe's meaning)."""
+        cum = psn_abs(ack.psn, self.una)
+        return cum - 1 if ack.syndrome == Syndrome.NAK_PSN_SEQUENCE else cum
+
     def in_range(self, ack: AckPacket) -> bool:
         """Whether the ACK's cumulative PSN is one this QP could be acknowledged up to."""
-        cum = psn_abs(ack.psn, self.una)
+        cum = self.cumulative(ack)
         return self.una - self.config.window - 1 <= cum < self.next_psn
 
     def on_ack(self, ack: AckPacket, now: int) -> None:
         """An ACK (or non-fatal NAK) that is `in_range`: deliver, sample RTTs, find losses."""
         W = self.config.window
         una = self.una
-        cum = psn_abs(ack.psn, una)  # every PSN up to this one has arrived
+        cum = self.cumulative(ack)  # every PSN up to this one has arrived
         if ack.syndrome == Syndrome.NAK_PSN_SEQUENCE and self.policy.on_sequence_nak(self, cum, now):
             return
         sent = self.sent

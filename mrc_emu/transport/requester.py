@@ -259,7 +259,7 @@ class Requester:
         # the data path: locals only, one frame per iteration (this loop sets the packet rate)
         cfg, rec = self.config, self.recovery
         table = rec.sent
-        mtu, burst, pkey, dest_qp = cfg.mtu, cfg.burst, cfg.pkey, self.dest_qp
+        mtu, burst, pkey, dest_qp, every = cfg.mtu, cfg.burst, cfg.pkey, self.dest_qp, cfg.ack_req_every
         tokens, overhead = self._refill(now), self._frame_overhead
         cwnd = self.cc.cwnd
         window_end = rec.una + cfg.window
@@ -296,7 +296,7 @@ class Requester:
                         budget = min(budget, int(tokens // (mtu + overhead)) + 1)
                     n, next_psn, table.bytes_in_flight, cursor, failed, counts = spray(
                         table, heads, paths, mtu, wr, send, now, next_psn, window_end, budget,
-                        table.bytes_in_flight, cwnd, schedule, cursor, clock, cc_sent)
+                        table.bytes_in_flight, cwnd, schedule, cursor, clock, cc_sent, every)
                     tokens -= n * (mtu + overhead)
                     self.profile.advance(cursor)
                     for ev, count in counts.items():
@@ -322,7 +322,8 @@ class Requester:
             path = paths[ev]
             last = pkt.last
             # a full window waits for no delayed ACK
-            ack_req = last or pkt.tx > 0 or table.bytes_in_flight + 4 * length > cwnd
+            ack_req = last or pkt.tx > 0 or table.bytes_in_flight + 4 * length > cwnd or (
+                every > 0 and (pkt.psn % every == every - 1 or pkt.psn + 1 >= window_end))
             if length == mtu and writers and (not last or wr.imm is None):
                 frame = writers[ev]((ack_req << 31) | (pkt.psn & 0xFFFFFF), wr.remote_va + offset, wr.rkey, None,
                                     wr.local[offset:offset + length])

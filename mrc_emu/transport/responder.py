@@ -36,7 +36,7 @@ from .config import PSN_MOD, QpConfig, RandomBits, RecoveryMode, psn_abs
 from .endpoint import ProbeAnswers, packed_peer
 from .multipath.paths import Path, Send
 from .multipath.portstatus import PortStatus
-from .regions import ImmCompletion, MemoryRegion
+from .regions import ImmCompletion, MemoryRegion, Message, next_of_message, reach
 
 try:  # the C placement of the common data packet (optional; see _place.c)
     from . import _place
@@ -49,7 +49,7 @@ _SHARED = ("peer", "epsn", "pd", "window", "pkey", "in_order_only", "received", 
            "ack_every", "unacked_since", "ack_due", "echo_psn", "echo_ev", "echo_at", "ecn", "ce_counts", "cnp",
            "cnp_due", "cnp_last", "cnp_interval", "top_psn", "reorder", "reorder_max")
 _PYTHON_ONLY = ("qpn", "peer_qpn", "start_psn", "paths_back", "config", "nak", "nak_sent_at", "nak_psn", "trims",
-                "ev_of_wire")
+                "ev_of_wire", "message", "not_ends")
 _TRIMMED_DSCPS = (fmt.DSCP_TRIMMED, fmt.DSCP_TRIMMED_LASTHOP)
 REORDER_BUCKETS = 16  # _place.c: placed packets by PSNs behind the highest: 0, then [2^(b-1), 2^b - 1]
 MAX_PENDING_TRIMS = 1024  # TRIM NACKs a QP holds between two pumps (more: counted drops)
@@ -67,7 +67,9 @@ class _QpFields:
     says how long it was held since); ce_counts: EV -> CE-marked data packets not yet reported;
     cnp: send DCQCN CNPs (cnp_due: one is to leave; cnp_last: when the last was due); trims: the
     TRIM NACKs to send at the next pump; ev_of_wire: the EV of each source-port number (sport less
-    UDP_SPORT_BASE, what echo_ev and ce_counts hold) where they differ, as a STEV EV's may (None: none do)."""
+    UDP_SPORT_BASE, what echo_ev and ce_counts hold) where they differ, as a STEV EV's may (None: none do);
+    message: an RC peer's WRITE under way after its FIRST (regions.Message; None: none); not_ends: placed
+    FIRSTs and MIDDLEs, which end no message (the AETH's MSN counts messages: epsn - start_psn - not_ends)."""
 
     __slots__ = ()
 
@@ -89,6 +91,7 @@ class _QpFields:
         wire = {path.template.ends.sport - UDP_SPORT_BASE: ev for ev, path in paths_back.items()}
         self.ev_of_wire = None if all(n == ev for n, ev in wire.items()) else wire
         self.top_psn, self.reorder, self.reorder_max = start_psn - 1, [0] * REORDER_BUCKETS, 0
+        self.message, self.not_ends = None, 0
 
 
 def _ev(qp: _QpFields, wire: int) -> int:
@@ -202,26 +205,23 @@ class Responder:
             self.stats["duplicates"] += 1
             qp.ack_due = True
             return
+        # a PSN sequence NAK names the expected PSN (IBA; every PSN before it arrived), as rdma_rxe's does
         if offset > 0 and qp.in_order_only:
             self.drops["out_of_sequence"] += 1  # RC: only the expected PSN is accepted
             if qp.nak_sent_at != qp.epsn:
                 qp.nak_sent_at = qp.epsn
-                self._nak(qp, Syndrome.NAK_PSN_SEQUENCE, qp.epsn - 1)
+                self._nak(qp, Syndrome.NAK_PSN_SEQUENCE, qp.epsn)
             return
         if offset >= qp.window:
             self.drops["psn_out_of_window"] += 1
-            self._nak(qp, Syndrome.NAK_PSN_SEQUENCE, qp.epsn - 1)
+            self._nak(qp, Syndrome.NAK_PSN_SEQUENCE, qp.epsn)
             return
-        mr = self.regions.get(packet.rkey)
+        if offset and packet.rc_opcode is not None:  # an RC peer's message is placed in order only
+            self.drops["rc_out_of_order"] += 1
+            return
         data = packet.payload
-        if mr is None or mr.pd != qp.pd:  # another domain's R_Key is as invalid as an unknown one
-            self.drops["bad_rkey"] += 1
-            self._nak(qp, Syndrome.NAK_REMOTE_ACCESS, psn)
-            return
-        start = packet.va - mr.va
-        if start < 0 or start + len(data) > mr.length:
-            self.drops["out_of_bounds"] += 1
-            self._nak(qp, Syndrome.NAK_REMOTE_ACCESS, psn)
+        mr, start, message = self._target(qp, packet, psn)
+        if start is None:
             return
         if packet.imm is not None:
             if self.recvs.get(qp.qpn, 0) <= 0:  # no RNR in MRC: refused, and the requester's QP errs
@@ -230,6 +230,8 @@ class Responder:
                 return
             self.recvs[qp.qpn] -= 1
         mr.view[start:start + len(data)] = data
+        if packet.rc_opcode is not None:
+            qp.message, qp.not_ends = message, qp.not_ends + (message is not None)
         late = qp.top_psn - psn if psn < qp.top_psn else 0  # how far out of PSN order it came
         if not late:
             qp.top_psn = psn
@@ -256,6 +258,28 @@ class Responder:
             qp.unacked_since = now
         if packet.ack_req or qp.since_ack >= qp.ack_every:
             qp.ack_due = True
+
+    def _target(self, qp: _PyQp | _CQp, packet: DataPacket, psn: int) -> tuple[MemoryRegion | None, int | None, Message | None]:
+        """(region, offset, the RC peer's message after this packet) for a data packet's bytes;
+        offset None: refused, with a NAK. MRC's packets each carry their address; an RC peer's
+        FIRST opens a message at its RETH (the whole length checked, as an RC responder does;
+        a FIRST always starts over, a retried message's too), its MIDDLE and LAST continue it."""
+        op, n = packet.rc_opcode, len(packet.payload)
+        if op is None or op == fmt.Opcode.RDMA_WRITE_FIRST:
+            mr = self.regions.get(packet.rkey)
+            start = reach(mr, qp.pd, packet.va, n if op is None else packet.dma_len)
+            if isinstance(start, str):
+                self.drops[start] += 1
+                self._nak(qp, Syndrome.NAK_REMOTE_ACCESS, psn)
+                return None, None, None
+            return mr, start, None if op is None else (mr, start + n, packet.dma_len - n)
+        step = next_of_message(qp.message, n, op != fmt.Opcode.RDMA_WRITE_MIDDLE)
+        if isinstance(step, str):
+            self.drops[step] += 1
+            self._nak(qp, Syndrome.NAK_INVALID_REQUEST, psn)
+            return None, None, None
+        (mr, start, _), message = step
+        return mr, start, message
 
     def _maybe_cnp(self, qp: _PyQp | _CQp, now: int) -> None:
         """DCQCN's NP: a CE mark makes a CNP due, unless one was due less than the interval ago."""
@@ -345,7 +369,7 @@ class Responder:
             syndrome, psn = qp.nak, qp.nak_psn
         else:
             syndrome, psn = Syndrome.ACK, qp.epsn - 1
-        return AckPacket(qp.peer_qpn, psn & (PSN_MOD - 1), syndrome, (qp.epsn - qp.start_psn) & (PSN_MOD - 1),
+        return AckPacket(qp.peer_qpn, psn & (PSN_MOD - 1), syndrome, (qp.epsn - qp.start_psn - qp.not_ends) & (PSN_MOD - 1),
                          qp.epsn & (PSN_MOD - 1), qp.echo_psn, _ev(qp, qp.echo_ev) & 0xFFFF, qp.ecn, bitmap,
                          qp.pkey, now - qp.echo_at if qp.config.svc_time else 0,
                          self._take_ce(qp.ce_counts, functools.partial(_ev, qp)) if qp.ce_counts else ())

@@ -251,8 +251,8 @@ class FrameTemplate:
         return write_one
 
     def data(self, packet: DataPacket) -> bytes:
-        if packet.ecn_ce:  # as a marking switch leaves it: CE in the outer and the inner header
-            return self.frame(encode_roce(packet), self.data_tclass | fmt.ECN_CE)
+        if packet.ecn_ce or packet.rc_opcode is not None:  # CE as a marking switch leaves it, outer and inner
+            return self.frame(encode_roce(packet), self.data_tclass | (fmt.ECN_CE if packet.ecn_ce else 0))
         return bytes(self.write(packet.dest_qp, packet.psn, packet.va, packet.rkey, packet.payload, None,
                                 packet.ack_req, packet.imm, packet.pkey))
 
@@ -295,6 +295,12 @@ def encode_roce(packet: RocePacket) -> bytes:
     if isinstance(packet, DataPacket):
         pad = -len(packet.payload) % 4
         head = _bth(packet.opcode, pad, packet.pkey, packet.dest_qp, packet.ack_req, packet.psn)
+        if packet.rc_opcode is not None:  # an RC peer's multi-packet WRITE (the tests' stand-in for one)
+            if packet.rc_opcode == fmt.Opcode.RDMA_WRITE_FIRST:
+                head += RETH_HDR.pack(packet.va, packet.rkey, packet.dma_len)
+            elif packet.imm is not None:
+                head += IMM_HDR.pack(packet.imm)
+            return head + packet.payload + b"\0" * pad
         head += RETH_HDR.pack(packet.va, packet.rkey, len(packet.payload))
         if packet.imm is not None:
             head += IMM_HDR.pack(packet.imm)

@@ -76,8 +76,14 @@ def is_trimmed(tclass: int) -> bool:
 
 
 class Opcode(IntEnum):
-    """The RC opcodes MRC uses (MRC has no READ, SEND, ATOMIC)."""
+    """The RC opcodes MRC uses (MRC has no READ, SEND, ATOMIC), and the multi-packet WRITE opcodes
+    an RC peer sends (a real RoCE stack such as rdma_rxe: docs/interop.md), which MRC never sends
+    but the responder of a go-back-N QP takes in order."""
 
+    RDMA_WRITE_FIRST = 0x06  # RETH: the message's address and whole length
+    RDMA_WRITE_MIDDLE = 0x07
+    RDMA_WRITE_LAST = 0x08
+    RDMA_WRITE_LAST_WITH_IMMEDIATE = 0x09  # ImmDt
     RDMA_WRITE_ONLY = 0x0A
     RDMA_WRITE_ONLY_WITH_IMMEDIATE = 0x0B
     ACKNOWLEDGE = 0x11
@@ -140,7 +146,12 @@ class Endpoints:
 
 @dataclass(slots=True)
 class DataPacket:
-    """An RDMA WRITE packet: carries its own address, so it is placed on its own."""
+    """An RDMA WRITE packet: carries its own address, so it is placed on its own.
+
+    `rc_opcode`: None for MRC's own packets (WRITE_ONLY, or WRITE_ONLY_WITH_IMMEDIATE with
+    `imm`); an RC peer's multi-packet message is FIRST (RETH: `va`, `rkey`, and `dma_len` the
+    whole message's length), MIDDLE and LAST (no RETH: `va` and `rkey` 0) or LAST_WITH_IMMEDIATE
+    (`imm`), placed after the FIRST of its message (transport/responder.py)."""
 
     dest_qp: int
     psn: int
@@ -151,9 +162,13 @@ class DataPacket:
     imm: int | None = None  # set on the last packet of a WRITE_WITH_IMM
     pkey: int = DEFAULT_PKEY
     ecn_ce: bool = False
+    rc_opcode: int | None = None  # FIRST, MIDDLE, LAST or LAST_WITH_IMMEDIATE (None: ONLY)
+    dma_len: int = -1  # a FIRST's RETH: the whole message's length
 
     @property
     def opcode(self) -> Opcode:
+        if self.rc_opcode is not None:
+            return Opcode(self.rc_opcode)
         return Opcode.RDMA_WRITE_ONLY if self.imm is None else Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE
 
 
