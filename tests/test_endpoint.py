@@ -325,3 +325,17 @@ def test_both_receive_paths_name_the_arrival_port():
     finally:
         sender.close()
         recv.close()
+
+
+def test_a_hosts_raw_sender_has_a_send_buffer_for_a_window_of_frames():
+    """The worker's raw socket is charged every frame waiting in its host's port queues: at the
+    kernel's default a QP's window filled it and sendto blocked the worker (io/sockets.SEND_BUFFER)."""
+    from mrc_emu.io.sockets import SEND_BUFFER, raw_sender
+
+    try:
+        sock = raw_sender()
+    except PermissionError:
+        pytest.skip("a raw socket needs root (CAP_NET_RAW)")
+    with sock:
+        got = sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
+    assert got >= min(SEND_BUFFER, int(open("/proc/sys/net/core/wmem_max").read())) and got > 212992

@@ -33,7 +33,7 @@ from ...api.formats import EvFormatMode
 from ...fabric.kernel import netns
 from ...fabric.procs import Parent, Stop
 from ...io.loop import Clock, EventLoop, Horizon, Port
-from ...io.sockets import udp_receiver
+from ...io.sockets import raw_sender, udp_receiver
 from ...transport.config import QpConfig
 from ...transport.endpoint import HostEndpoint
 from ...transport.multipath.evvalues import ValuePaths
@@ -224,7 +224,7 @@ def _host_sockets(spec: HostSpec) -> tuple[socket.socket, socket.socket, dict[st
     its kernel UDP counters, and its interface indexes' ports."""
     with netns.entered(spec.ns_path):
         recv = udp_receiver(spec.address, buffer=RECV_BUFFER)
-        raw = socket.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_RAW)
+        raw = raw_sender()
         ports = {socket.if_nametoindex(intf): port for intf, port in spec.ports.items()}
         return raw, recv, kernel_udp_counters(), ports
 
