@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ...api.files import ProfileFile
 from ...fabric import build
@@ -405,7 +405,8 @@ def send(fabric: Fabric, src: str, dst: str, size: int, evs: list[int] | None = 
         base_rtt = topo.ports.base_rtt_ns if cc != "nscc" or topo.ports.base_rtt_given else None
         nic = topo.nic_rate_bps if evs is None or len(evs) > 1 else None  # sprayed: its NIC's rate
         config = QpConfig(mtu=mtu, link_rate_bps=topo.link_rate_bps, nic_rate_bps=nic, base_rtt_ns=base_rtt,
-                          cnp=cc == "dcqcn", cc_options=cc_options(cc, nic or topo.link_rate_bps, base_rtt))
+                          cnp=cc == "dcqcn")
+        config = replace(config, cc_options=cc_options(cc, config.cc_rate_bps, base_rtt))
     spec = TransferSpec(src, dst, size, evs, ev_format, config, cc, ev_min_active, imm, recvs=recvs,
                         ev_profile=ev_profile, cc_config=cc_config, qp_caps=qp_caps)
     run = run_transfers(fabric, [spec], control, on_progress, linger_s, workers=workers, dilation=dilation)

@@ -129,11 +129,11 @@ def _configured(spec: TransferSpec, fabric: VirtualFabric, rtt_ns: int, emulator
     """The spec with the model's link rate and unloaded RTT where its config leaves them open,
     and NSCC's MaxWnd from them (spec.cc_options) where it has none; `emulator_guards`: the
     reordering guards left as the emulated workers have them (a cross-validation's QPs)."""
-    config = spec.config
-    rate = config.link_rate_bps or fabric.rate_bps
-    nic = config.nic_rate_bps or (rate * fabric.topo.planes if config.path_avoidance else None)
-    base = config.base_rtt_ns or rtt_ns
-    options = config.cc_options if config.cc_options is not None else cc_options(spec.cc, nic or rate, base)
+    rate = spec.config.link_rate_bps or fabric.rate_bps
+    nic = spec.config.nic_rate_bps or (rate * fabric.topo.planes if spec.config.path_avoidance else None)
+    config = replace(spec.config, link_rate_bps=rate, nic_rate_bps=nic, base_rtt_ns=spec.config.base_rtt_ns or rtt_ns)
+    options = config.cc_options if config.cc_options is not None else cc_options(spec.cc, config.cc_rate_bps,
+                                                                                  config.base_rtt_ns)
     # the guards against the namespace emulator's own reordering (a host's two CPUs), where the QP's
     # config leaves them at their defaults: the model reorders nothing of one path, so one witness
     # decides a path failure and the reorder window's floor is the model's 1 us link delay
@@ -141,8 +141,7 @@ def _configured(spec: TransferSpec, fabric: VirtualFabric, rtt_ns: int, emulator
     if not emulator_guards and config.witnesses == QpConfig.witnesses and \
             config.reorder_floor_ns == QpConfig.reorder_floor_ns:
         guards = {"witnesses": 1, "reorder_floor_ns": VIRTUAL_REORDER_FLOOR_NS}
-    return replace(spec, config=replace(config, link_rate_bps=rate, nic_rate_bps=nic, base_rtt_ns=base, cc_options=options,
-                                        **guards))
+    return replace(spec, config=replace(config, cc_options=options, **guards))
 
 
 def run_virtual(topo: Topology, specs: list[TransferSpec], seed: int = 0, faults: list[LinkFault] = (),

@@ -3,7 +3,7 @@
 Why it exists: the EV profile (ev.py) keeps each EV's state and turns what its EVs observed into
 a spray schedule; the rule that weighs an EV against the others is its own thing, tested alone
 (tests/test_ev_profile.py): loss, trims, ECN marks and delay, each judged against the EVs it
-can be compared with, and the congestion signals fading with time as well as with deliveries.
+can be compared with, and a fabric trim's penalty fading with time as well as with deliveries.
 """
 
 from __future__ import annotations
@@ -120,7 +120,7 @@ def weight(stats: EvStats, best_srtt: float, least_ecn: float = 0.0, best_any: f
 
 def spray_weights(evs: Mapping[int, EvStats], good: Sequence[int], planes: Mapping[int, int | None],
                   delay_threshold_rtts: float, now: int) -> list[float]:
-    """The weights of the `good` EVs, in order, their congestion signals faded to `now`.
+    """The weights of the `good` EVs, in order, their trim penalties faded to `now`.
 
     Each EV's delay and ECN marks are judged against the best of its own plane (all where planes
     are unknown): a queue all EVs of a plane share (the receiver's port, in an incast) moves
