@@ -130,15 +130,23 @@ class SocketLink:
 UDP_NO_CHECK6_RX = 102  # linux/udp.h: take IPv6 datagrams that carry no UDP checksum (zero)
 
 
+SO_SNDBUFFORCE, SO_RCVBUFFORCE = 32, 33  # asm-generic/socket.h: past the system's limit (root)
+
+
+def _set_buffer(sock: socket.socket, force: int, plain: int, size: int) -> None:
+    """A socket buffer of `size` bytes: forced past net.core's limit where root, else as allowed."""
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, force, size)
+    except OSError:
+        sock.setsockopt(socket.SOL_SOCKET, plain, size)
+
+
 def raw_sender(buffer: int = SEND_BUFFER) -> socket.socket:
     """A raw IPv6 socket that sends whole frames, with a send buffer of `buffer` bytes (SEND_BUFFER:
     the host's queues, not the socket, decide when a frame cannot leave). Call it inside the
     host's namespace."""
     sock = socket.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_RAW)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, 32, buffer)  # SO_SNDBUFFORCE (root)
-    except OSError:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, buffer)
+    _set_buffer(sock, SO_SNDBUFFORCE, socket.SO_SNDBUF, buffer)
     return sock
 
 
@@ -149,9 +157,6 @@ def udp_receiver(address: str, port: int = 4791, buffer: int = RECV_BUFFER) -> s
     docs/interop.md). Call it inside the host's namespace."""
     sock = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
     sock.setsockopt(socket.IPPROTO_UDP, UDP_NO_CHECK6_RX, 1)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, 33, buffer)  # SO_RCVBUFFORCE (root)
-    except OSError:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, buffer)
+    _set_buffer(sock, SO_RCVBUFFORCE, socket.SO_RCVBUF, buffer)
     sock.bind((address, port))
     return sock
