@@ -39,16 +39,18 @@ def test_defaults_follow_uec_relative_to_the_plane_bdp():
     assert fabric_port.trim_threshold == last_hop.trim_threshold == bdp  # the last hop too, as uet-htsim's queues
     assert fabric_port.buffer == 4 * bdp and fabric_port.trim_bytes == 28
     assert last_hop.lasthop and not fabric_port.lasthop
-    # the histogram's buckets: the trim threshold is one's upper edge (3,125 B x 16), the buffer nearly covered
-    assert fabric_port.trim_threshold % fabric_port.hist_width == 0 and fabric_port.hist_width == 3125
-    assert fabric_port.hist_width * (HIST_BUCKETS - 1) >= 0.9 * fabric_port.buffer
+    # the histogram's buckets: Kmax and the trim threshold are upper edges (2,000 B x 20 and x 25), the buffer covered
+    assert fabric_port.hist_width == 2000 and fabric_port.kmax % 2000 == 0 == fabric_port.trim_threshold % 2000
+    assert fabric_port.hist_width * (HIST_BUCKETS - 1) >= fabric_port.buffer
 
 
-def test_the_histogram_width_spreads_the_buffer_and_puts_the_trim_threshold_on_an_edge():
-    assert histogram_width(200_000) == 3175  # no trimming: the buffer over buckets 1..63
-    assert histogram_width(200_000, 50_000) == 3125
-    assert histogram_width(200_000, 50_001) == 3175  # no divisor of it near 3,175: as without
-    assert histogram_width(63 * 1000, 7000) == 1000 and histogram_width(10, 3) == 1
+def test_the_histogram_width_spreads_the_buffer_and_puts_kmax_and_the_trim_threshold_on_edges():
+    assert HIST_BUCKETS == 128 and histogram_width(200_000) == 1575  # no thresholds: the buffer over buckets 1..127
+    assert histogram_width(200_000, 50_000, 40_000) == 2000  # both on edges: the median against Kmax is exact too
+    assert histogram_width(200_000, 50_000) == 2000  # the threshold alone: its divisor nearest 1,575 within 0.9-1.5x
+    assert histogram_width(200_000, 50_000, 40_001) == 2000  # Kmax with no common divisor near: the threshold alone
+    assert histogram_width(200_000, 50_021) == 1575  # 50,021 = 11 x 4,547: no divisor near 1,575, as without
+    assert histogram_width(127 * 1000, 7000) == 1000 and histogram_width(10, 3) == 1
 
 
 def test_every_switch_port_is_served_and_host_ports_only_when_asked():

@@ -25,6 +25,7 @@ are bytes (`parse_size`) or BDP multiples ("0.8bdp"). This module never touches 
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, replace
 from typing import Any
@@ -36,7 +37,7 @@ MIN_TRIM_BYTES = 28  # BTH 12 + RETH 16: PSN, address, R_Key and DMA length surv
 MAX_TRIM_BYTES = 256  # the program's scratch buffer (port.bpf.c MAX_TRIM_BYTES)
 ETH_FRAME_HEADER = 14  # what TBF counts of a frame beyond its IP MTU (skb->len on a veth)
 BDP_FLOOR_MTUS = 2  # a plane BDP below two packets would trim and mark every packet of a burst
-HIST_BUCKETS = 64  # port.bpf.c HIST_BUCKETS
+HIST_BUCKETS = 128  # port.bpf.c HIST_BUCKETS
 _BDP_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*bdp\s*$", re.IGNORECASE)
 _PORT_KEYS = {"buffer", "ecn", "trim", "hosts", "links", "model", "red", "bucket"}
 QUEUE_MODELS = ("bpf", "red")  # who marks: the port program's virtual queue, or the kernel's RED qdisc (fabric/datapath/red.py)
@@ -141,26 +142,28 @@ class PortConfig:
     @property
     def hist_width(self) -> int:
         """Bytes per bucket of the queue histogram (histogram_width)."""
-        return histogram_width(self.buffer, self.trim_threshold if self.trim else 0)
+        return histogram_width(self.buffer, self.trim_threshold if self.trim else 0, self.kmax if self.ecn else 0)
 
     def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in ("peer", "lasthop", "bdp_bytes", "buffer", "ecn", "kmin", "kmax", "pmax",
                                               "trim", "trim_threshold", "trim_bytes", "model")}
 
 
-def histogram_width(buffer: int, trim_threshold: int = 0) -> int:
+def histogram_width(buffer: int, trim_threshold: int = 0, kmax: int = 0) -> int:
     """Bytes per bucket of a port's queue histogram: bucket 0 counts arrivals at an empty queue,
     bucket i the queues in ((i-1) w, i w], the last one that or more. The buffer spread over
-    buckets 1..63, or, with trimming, a little less, so that the trim threshold is a bucket's
-    upper edge where a width within 10 % of that divides it: then "the queue's p99 is at most
-    the threshold" is read off the histogram exactly (50,000 B: 3,125 B, not 3,175)."""
+    buckets 1..HIST_BUCKETS-1, the width moved (within 0.9-1.5 of that) to divide ECN's `kmax`
+    and the trim threshold, or failing that the threshold alone: then "the queue's median is at
+    most Kmax" and "its p99 at most the threshold" are read off the histogram exactly (Kmax
+    40,000 B and threshold 50,000 B over 200,000 B: 2,000 B, not 1,575)."""
     width = max(1, -(-buffer // (HIST_BUCKETS - 1)))
-    if trim_threshold > 0:
-        for k in range(-(-trim_threshold // width), trim_threshold + 1):
-            if trim_threshold % k == 0:
-                if trim_threshold // k >= 0.9 * width:
-                    return trim_threshold // k
-                break
+    for edges in ((trim_threshold, kmax), (trim_threshold,)):
+        if not all(e > 0 for e in edges):
+            continue
+        common = math.gcd(*edges)
+        fits = [d for d in range(max(1, int(0.9 * width)), int(1.5 * width) + 1) if common % d == 0]
+        if fits:
+            return min(fits, key=lambda d: (abs(d - width), -d))
     return width
 
 

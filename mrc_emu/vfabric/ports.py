@@ -58,7 +58,7 @@ class EgressPort:
         self._armed = False  # a transmit event is scheduled at busy_until
         self.packets = self.bytes = self.max_queue = self.ce_marked = self.trimmed = self.dropped = 0
         self.flushed = 0  # frames lost in the queue when the link went down
-        self.hist_width = rule and histogram_width(rule.buffer, rule.trim_threshold)
+        self.hist_width = rule and histogram_width(rule.buffer, rule.trim_threshold, rule.kmax)
         self.hist = [0] * HIST_BUCKETS if rule else None
 
     def backlog(self, now: int) -> int:

@@ -50,7 +50,7 @@
 #define DSCP_TRIMMED 10          /* the same numbers as mrc_emu/fabric/ports.py */
 #define DSCP_TRIMMED_LASTHOP 11
 #define ECN_CE 3
-#define HIST_BUCKETS 64
+#define HIST_BUCKETS 128
 #define MAX_TRIM_BYTES 256
 #define PSEUDO_LEN 40            /* source, destination, UDP length, next header */
 
@@ -262,9 +262,11 @@ int port_egress(struct __sk_buff *skb)
 		st->epoch = epoch;
 		st->packets = st->bytes = st->max_queue = 0;
 		st->ce_marked = st->trimmed = st->dropped = 0;
-#pragma unroll
-		for (int i = 0; i < HIST_BUCKETS; i++)
+		/* a bounded loop, not unrolled: clang would make 128 stores one memset, which BPF lacks */
+		for (int i = 0; i < HIST_BUCKETS; i++) {
 			st->hist[i] = 0;
+			asm volatile("" ::: "memory");
+		}
 	}
 	/* TBF as a fluid: the rate's supply since the last packet drains the queue first, then
 	 * refills the bucket (up to burst); an arrival at an empty queue spends tokens first
@@ -285,7 +287,7 @@ int port_egress(struct __sk_buff *skb)
 	__u32 slot = bucket < HIST_BUCKETS ? (__u32)bucket : HIST_BUCKETS - 1;
 	/* The verifier of older kernels (Debian 12's 6.1) cannot bound the select clang makes of the
 	 * clamp above ("math between map_value pointer and register with unbounded min value"):
-	 * hide it from the optimiser and mask, a bound every verifier sees (64 is a power of two). */
+	 * hide it from the optimiser and mask, a bound every verifier sees (HIST_BUCKETS is a power of two). */
 	asm volatile("" : "+r"(slot));
 	slot &= HIST_BUCKETS - 1;
 	st->hist[slot] += 1;
