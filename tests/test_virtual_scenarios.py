@@ -204,3 +204,18 @@ def test_progress_reports_come_every_10_ms_of_wall_time_at_any_time_dilation():
 
     assert report_interval_ns(1.0) == 10_000_000
     assert report_interval_ns(16.0) == 625_000  # of emulated time: a fault at 30 % of a 12 ms ring fires near it
+
+
+def test_a_run_reports_the_share_of_packets_on_the_evs_through_each_fault_while_it_held(tmp_path):
+    from mrc_emu.experiments.analysis import metrics
+    timeline = [[0.0, [0, 0], [0, 0]], [10.0, [50, 50], [50, 50]], [20.0, [60, 140], [60, 140]], [30.0, [61, 239], [0, 0]]]
+    assert metrics.share_of(timeline, {0}, 0.0, 10.0) == 0.5 and metrics.share_of(timeline, {0}, 10.0) == 0.055
+    assert metrics.share_of(timeline, {0}, 10.0, 20.0) == 0.1 and metrics.share_of(timeline, {0}, 30.0) is None
+    result = CliRunner().invoke(main, ["run", "gray-failure", "--clock", "virtual", "-o", str(tmp_path / "gf")])
+    assert result.exit_code == 0, result.output
+    shares = json.loads((tmp_path / "gf" / "results.json").read_text())["runs"]["mrc"]["transfers"][0]["fault_shares"]
+    degrade, delay, blackhole = shares  # the three gray failures of h4 -> h0, each on one of its four EVs
+    assert [s["evs"] for s in shares] == [[0], [1], [2]] and all(0.2 < s["before"] < 0.35 for s in shares)
+    assert degrade["share"] < 0.8 * degrade["before"] and delay["share"] < 0.1 and blackhole["share"] < 0.01
+    assert "spray share: mrc h4->h0: while `degrade to 25% p0l1-p0s0 at 20%` held, EV 0 through it carried" in result.output
+    assert "- Spray share: mrc h4->h0" in (tmp_path / "gf" / "report.md").read_text()

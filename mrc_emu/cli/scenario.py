@@ -109,6 +109,7 @@ def _scenario_text(results: dict) -> str:
         lines += ["", sentence]
     for note in results["notes"]:
         lines.append(f"note: {note}")
+    lines += [f"spray share: {line}" for line in report.share_lines(results)]
     lines += [f"emulation: {line}" if not line.startswith("  ") else line for line in report.emulation_lines(results)]
     files = results["files"]
     lines += ["", f"results: {files['results']}", f"report:  {files['report']}",

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
+from typing import Any
 
 from ...stats import nearest_rank, percentile
 
@@ -168,3 +169,39 @@ def across_runs(values: list[float | None]) -> dict:
     median = ordered[nearest_rank(len(ordered), 50) - 1] if ordered else None  # the lower middle
     return {"runs": list(values), "median": median, "never": len(values) - len(known),
             "min": known[0] if known else None, "max": known[-1] if known else None}
+
+
+def denied_at(ev_events: list[dict[str, Any]], time_ms: float) -> set[int]:
+    """The EVs that were DENIED at `time_ms` (since the WRITE began), from its EV events."""
+    state: dict[int, str] = {}
+    for e in ev_events:
+        if e["time_ms"] <= time_ms:
+            state[e["ev"]] = e["new"]
+    return {ev for ev, s in state.items() if s == "DENIED"}
+
+
+def worst(values: list, *, never_wins: bool = True) -> float | None:
+    """The largest of a figure over several transfers; None (never) if any is None."""
+    if not values or (never_wins and any(v is None for v in values)):
+        return None
+    return max(v for v in values if v is not None)
+
+
+def share_of(ev_timeline: list, evs: set[int], begin_ms: float, end_ms: float | None = None) -> float | None:
+    """The share of the packets sent (first sends and resends) on `evs` from `begin_ms` to `end_ms`
+    (None: the end) of a WRITE's ev_timeline ([ms since it began, packets sent per EV, delivered per
+    EV], cumulative; the latest entry at or before each end counts). None: nothing sent then."""
+    def sent_at(t: float | None) -> list[int] | None:
+        row = None
+        for entry in ev_timeline:
+            if t is not None and entry[0] > t:
+                break
+            row = entry[1]
+        return row
+    first, last = sent_at(begin_ms), sent_at(end_ms)
+    if last is None:
+        return None
+    first = first or [0] * len(last)
+    sent = [b - a for a, b in zip(first, last)]
+    total = sum(sent)
+    return round(sum(n for i, n in enumerate(sent) if i in evs) / total, 4) if total else None

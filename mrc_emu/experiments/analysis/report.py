@@ -241,6 +241,20 @@ def controller_rows(transfer: dict) -> list[list[str]]:
     return rows
 
 
+def share_lines(results: dict[str, Any], shown: int = 4) -> list[str]:
+    """Per transport and fault, the share of each WRITE's packets the EVs through the fault carried
+    while it held (a gray failure's degraded EV: RTT-aware spraying moves the packets off it)."""
+    lines = []
+    for transport, run in results["runs"].items():
+        for t in run["transfers"][:shown]:
+            for s in t.get("fault_shares") or ():
+                before = "" if s["before"] is None else f" ({s['before']:.3f} before it)"
+                evs = ", ".join(map(str, s["evs"]))
+                lines.append(f"{transport} {t['src']}->{t['dst']}: while `{s['fault']}` held, EV {evs} through it carried "
+                             f"{s['share']:.3f} of the packets{before}")
+    return lines
+
+
 def table(rows: list[list[str]]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows)
@@ -313,6 +327,7 @@ def markdown(results: dict[str, Any]) -> str:
               "and 10 ms is back at 90 % of the 50 ms before the fault" + _band_text(results) + ".", ""]
     for note in results["notes"]:
         lines.append(f"- {note}")
+    lines += [f"- Spray share: {line}" for line in share_lines(results)]
     for transport, run in results["runs"].items():
         if run.get("base_rtt"):
             lines.append(f"- NSCC's base RTT ({transport}): {run['base_rtt']['summary']}.")

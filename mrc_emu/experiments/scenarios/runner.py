@@ -200,20 +200,16 @@ def _failed_evs(transport: Transport, topo, fr: FaultRun | None, src: str, dst: 
     return {ev.index for ev in evs_between(topo, src, dst) if any(ev.crosses(link.a, link.b) for link in links)}
 
 
-def _denied_at(ev_events: list[dict[str, Any]], time_ms: float) -> set[int]:
-    """The EVs that were DENIED at `time_ms` (since the WRITE began), from its EV events."""
-    state: dict[int, str] = {}
-    for e in ev_events:
-        if e["time_ms"] <= time_ms:
-            state[e["ev"]] = e["new"]
-    return {ev for ev, s in state.items() if s == "DENIED"}
-
-
-def _worst(values: list, *, never_wins: bool = True) -> float | None:
-    """The largest of a figure over several transfers; None (never) if any is None."""
-    if not values or (never_wins and any(v is None for v in values)):
+def _fault_share(transport: Transport, topo, fr: FaultRun, entry: dict, src: str, dst: str) -> dict | None:
+    """The share of a WRITE's packets on the EVs through a fault while it held (metrics.share_of)."""
+    evs = _failed_evs(transport, topo, fr, src, dst) if topo is not None and fr.events else None
+    times = [e["began_ms"] - entry["offset_ms"] for e in fr.events if "began_ms" in e]
+    if not evs or not times:
         return None
-    return max(v for v in values if v is not None)
+    at = {i for i, e in enumerate(entry["per_ev"]) if e["ev"] in evs}  # the timeline's columns: per_ev's order
+    held = metrics.share_of(entry["ev_timeline"], at, times[0], times[1] if len(times) > 1 else None)
+    return held is not None and {"fault": fr.fault.describe(), "evs": sorted(evs), "share": held,
+                                 "before": metrics.share_of(entry["ev_timeline"], at, 0.0, times[0])} or None
 
 
 def _summarise(transport: Transport, results: Run, runs: list[FaultRun], pcap: str | None, topo=None,
@@ -244,7 +240,7 @@ def _summarise(transport: Transport, results: Run, runs: list[FaultRun], pcap: s
         figures = None
         if fault_rel is not None and topo is not None:
             failed = _failed_evs(transport, topo, first_run, r.src, r.dst)
-            drained = _denied_at(r.ev_events, fault_rel / 1e6)  # EVs the controller had taken out of use
+            drained = metrics.denied_at(r.ev_events, fault_rel / 1e6)  # EVs the controller had taken out of use
             if failed and drained & failed:
                 entry["drained_at_fault"] = sorted(drained & failed)
                 failed -= drained  # a fault on a drained EV hits nothing of this WRITE
@@ -262,6 +258,7 @@ def _summarise(transport: Transport, results: Run, runs: list[FaultRun], pcap: s
                 rec["noise_band"] = metrics.noise_band([(int(t * 1e6), b) for t, b in ref["timeline"]], fault_rel)
         entry["recovery"] = rec
         entry["fault_figures"] = figures
+        entry["fault_shares"] = [x for fr in runs if (x := _fault_share(transport, topo, fr, entry, r.src, r.dst))]
         # resends of packets that had arrived (the responder placed them twice), and EVs marked
         # ASSUMED_BAD that no fault crossed: neither is a network event
         entry["spurious_retransmits"] = r.responder.get("stats", {}).get("duplicates", 0)
@@ -280,9 +277,9 @@ def _summarise(transport: Transport, results: Run, runs: list[FaultRun], pcap: s
     hit = [t["fault_figures"] for t in main if t["fault_figures"]]
     fault = None
     if hit:
-        fault = {"detection_ms": _worst([f["detection_ms"] for f in hit]), "stall_ms": _worst([f["stall_ms"] for f in hit]),
-                 "repair_ms": _worst([f["repair_ms"] for f in hit]), "transfers_through_it": len(hit),
-                 "stall_noise_ms": _worst([f.get("stall_noise_ms") for f in hit])}
+        fault = {"detection_ms": metrics.worst([f["detection_ms"] for f in hit]), "stall_ms": metrics.worst([f["stall_ms"] for f in hit]),
+                 "repair_ms": metrics.worst([f["repair_ms"] for f in hit]), "transfers_through_it": len(hit),
+                 "stall_noise_ms": metrics.worst([f.get("stall_noise_ms") for f in hit])}
     ref_span = reference.get("completion_ms") if reference else None
     slowdowns = sorted(t["slowdown"] for t in transfers if t["slowdown"] is not None)
     return {
