@@ -74,8 +74,9 @@ def test_nscc_without_a_topology_base_rtt_gets_the_measured_one_and_maxwnd_from_
     # left out) and the serialization; its MaxWnd covers the whole loop the endpoints close
     assert (found.ns, found.window_ns) == (170_000 + serial, 420_000 + serial)
     assert specs[0].config.base_rtt_ns == found.ns
-    # 1.5 BDP of the NIC (two planes' links at 400 Mbit/s: MRC sprays over both): 117,144 B
-    assert specs[0].config.cc_options == {"max_cwnd": max_wnd_for(800e6, found.window_ns)}
+    # 1.5 BDP of the NIC (two planes' links at 400 Mbit/s: MRC sprays over both): 117,144 B; UEC's
+    # scaling factor a from one plane's link, as uet-htsim's initNsccParams takes the link speed
+    assert specs[0].config.cc_options == {"max_cwnd": max_wnd_for(800e6, found.window_ns), "scale_rate_bps": 400e6}
     assert specs[0].config.cc_rate_bps == 800e6 and "MaxWnd covers the whole loop, 781 us" in found.describe()
     assert specs[1] is baseline
     assert base_rtt.source_of(INCAST, specs[0], found) == {"ns": found.ns, "source": "measured"}
@@ -84,7 +85,8 @@ def test_nscc_without_a_topology_base_rtt_gets_the_measured_one_and_maxwnd_from_
 
 def test_a_topology_base_rtt_wins_and_no_probe_goes_out():
     mrc = Transport.MRC.spec("h4", "h0", 1 << 20, 4096, topology=GIVEN)
-    assert mrc.config.base_rtt_ns == 300_000 and mrc.config.cc_options == {"max_cwnd": max_wnd_for(800e6, 300_000)}
+    assert mrc.config.base_rtt_ns == 300_000 and mrc.config.cc_options == {"max_cwnd": max_wnd_for(800e6, 300_000),
+                                                                  "scale_rate_bps": 400e6}
     ops = FakeOps({})
     specs, found = base_rtt.for_specs(GIVEN, [mrc], [qp_paths(GIVEN, "h4", "h0")], ops, {}, {})
     assert found is None and not ops.asked and specs == [mrc]
@@ -99,7 +101,8 @@ def test_no_answer_falls_back_to_the_topology_default_and_a_given_max_cwnd_stays
     ops = FakeOps({("h4", "h0", ev): [None] * 3 for ev in range(4)})
     specs, found = base_rtt.for_specs(INCAST, [mrc], [qp_paths(INCAST, "h4", "h0")], ops, {}, {})
     assert (found.ns, found.source) == (DEFAULT_BASE_RTT_NS, "topology default")
-    assert specs[0].config.base_rtt_ns == DEFAULT_BASE_RTT_NS and specs[0].config.cc_options == {"max_cwnd": 99_000}
+    assert specs[0].config.base_rtt_ns == DEFAULT_BASE_RTT_NS
+    assert specs[0].config.cc_options == {"max_cwnd": 99_000, "scale_rate_bps": 400e6}  # the given MaxWnd stays
     assert found.describe() == "1000 us, the topology default"
 
 

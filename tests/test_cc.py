@@ -7,7 +7,7 @@ import pytest
 from mrc_emu.transport.cc import registry as cc_module
 from mrc_emu.transport.cc.base import CongestionControl
 from mrc_emu.transport.cc.fixed import FixedWindow
-from mrc_emu.transport.cc.nscc import DEFAULT_MAX_CWND, DELAY_GAIN, QA_THRESHOLD_OFF, Nscc, NsccParams
+from mrc_emu.transport.cc.nscc import DEFAULT_MAX_CWND, DELAY_GAIN, QA_THRESHOLD_OFF, Nscc, NsccParams, max_wnd_for
 from mrc_emu.transport.cc.registry import CC_PROFILES, make_cc, profile_names
 
 US = 1000
@@ -343,3 +343,14 @@ def test_a_tiny_rtt_sample_never_takes_max_wnd_under_one_packet():
     cc = Nscc(mtu=4096, link_rate_bps=400e6, base_rtt_ns=1_000_000)
     cc.on_acked(0, 0, 4096, 5_000, 0.0, False)
     assert cc.base_rtt == 5_000 and cc.max_wnd == 4096 and cc.cwnd == 4096
+
+
+def test_uecs_scaling_factor_can_come_from_one_planes_link_while_maxwnd_covers_the_nic():
+    # a NIC of two 400 Mbit/s planes: uet-htsim scales NSCC by its link speed (initNsccParams), and
+    # MRC's MaxWnd covers the NIC; the NIC's rate as the scale gave every increase twice htsim's
+    nic = make_cc("nscc", 4096, 800e6, 366_000)
+    plane = make_cc("nscc", 4096, 800e6, 366_000, scale_rate_bps=400e6)
+    assert plane.max_wnd == nic.max_wnd == max_wnd_for(800e6, 366_000)
+    assert plane.p.fi == nic.p.fi / 2 and plane.p.eta == nic.p.eta / 2 and plane.p.fi_scale == nic.p.fi_scale / 2
+    assert plane.alpha == pytest.approx(nic.alpha / 2)
+    assert plane.p.fi == 5 * 4096 * (400e6 / 8 * 366e-6) / 150_000  # a = one link's BDP / UEC's reference BDP

@@ -171,7 +171,8 @@ def for_specs(topo: Topology, specs: Sequence[Spec], plans: Sequence[QpPaths], o
     for spec in specs:
         if measures(spec):
             window = found.window_ns or found.ns
-            options = {**(cc_options("nscc", spec.config.cc_rate_bps, window) or {}), **(spec.config.cc_options or {})}
+            options = {**(cc_options("nscc", spec.config.cc_rate_bps, window, spec.config.link_rate_bps) or {}),
+                       **(spec.config.cc_options or {})}
             spec = replace(spec, config=replace(spec.config, base_rtt_ns=found.ns, cc_options=options or None))
         out.append(spec)
     return out, found

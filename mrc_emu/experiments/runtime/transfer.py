@@ -406,7 +406,7 @@ def send(fabric: Fabric, src: str, dst: str, size: int, evs: list[int] | None = 
         nic = topo.nic_rate_bps if evs is None or len(evs) > 1 else None  # sprayed: its NIC's rate
         config = QpConfig(mtu=mtu, link_rate_bps=topo.link_rate_bps, nic_rate_bps=nic, base_rtt_ns=base_rtt,
                           cnp=cc == "dcqcn")
-        config = replace(config, cc_options=cc_options(cc, config.cc_rate_bps, base_rtt))
+        config = replace(config, cc_options=cc_options(cc, config.cc_rate_bps, base_rtt, config.link_rate_bps))
     spec = TransferSpec(src, dst, size, evs, ev_format, config, cc, ev_min_active, imm, recvs=recvs,
                         ev_profile=ev_profile, cc_config=cc_config, qp_caps=qp_caps)
     run = run_transfers(fabric, [spec], control, on_progress, linger_s, workers=workers, dilation=dilation)

@@ -44,7 +44,7 @@ class Transport(str, Enum):
         if topology is not None and not topology.ports.base_rtt_given:
             base_rtt = None
         config = QpConfig(mtu=mtu, link_rate_bps=rate, nic_rate_bps=nic, base_rtt_ns=base_rtt,
-                          cc_options=cc_options("nscc", nic, base_rtt))
+                          cc_options=cc_options("nscc", nic, base_rtt, rate))
         return TransferSpec(src, dst, size, evs, EvFormat.SRV6, config, "nscc", label=label, start_at=start_at)
 
     @property

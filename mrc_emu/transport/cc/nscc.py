@@ -48,12 +48,14 @@ class NsccParams:
     qa_threshold: int | None = None  # a delay above this arms quick adapt: 4 target (no trimming), else off
     target_delay: int | None = None  # target queueing delay: 0.75 base_rtt (trimming), 1.0 base_rtt (none)
 
-    def derive(self, mtu: int, link_rate_bps: float | None = None, trimming: bool = True) -> tuple[NsccParams, float]:
-        """Every field given, with the BDP the scaling came from: BDP = link rate x base RTT, or,
-        with no link rate, max_cwnd / 1.5 (max_cwnd then defaulting to DEFAULT_MAX_CWND)."""
+    def derive(self, mtu: int, link_rate_bps: float | None = None, trimming: bool = True,
+               scale_rate_bps: float | None = None) -> tuple[NsccParams, float]:
+        """Every field given, with the BDP the scaling came from: BDP = `scale_rate_bps` (else the
+        link rate) x base RTT, or, with no link rate, max_cwnd / 1.5 (max_cwnd then defaulting to
+        DEFAULT_MAX_CWND). MaxWnd's default is 1.5 BDP at the link rate."""
         base_rtt = self.base_rtt if self.base_rtt is not None else DEFAULT_BASE_RTT_NS
         if link_rate_bps:
-            bdp = link_rate_bps / 8 * base_rtt / 1e9
+            bdp = (scale_rate_bps or link_rate_bps) / 8 * base_rtt / 1e9
             max_cwnd = self.max_cwnd if self.max_cwnd is not None else max_wnd_for(link_rate_bps, base_rtt)
         else:
             max_cwnd = self.max_cwnd if self.max_cwnd is not None else DEFAULT_MAX_CWND
@@ -93,14 +95,18 @@ class Nscc(CongestionControl):
     name = "nscc"
 
     def __init__(self, params: NsccParams | None = None, mtu: int = 4096, link_rate_bps: float | None = None,
-                 base_rtt_ns: int | None = None, *, trimming: bool = True, rccc: bool = False, **ocp) -> None:
+                 base_rtt_ns: int | None = None, *, trimming: bool = True, rccc: bool = False,
+                 scale_rate_bps: float | None = None, **ocp) -> None:
         """`link_rate_bps`/`base_rtt_ns`: the slower end's link and config_base_rtt (None: unknown);
         `trimming`: whether the fabric trims (target and qa_threshold follow); `rccc`: receiver
-        credit CC on, so a last-hop trim leaves the window alone; `ocp`: NsccParams fields."""
+        credit CC on, so a last-hop trim leaves the window alone; `scale_rate_bps`: the rate UEC's
+        scaling factor a (and so alpha, fi, eta, fi_scale) is taken from, where it is not
+        `link_rate_bps` (a multi-plane NIC: one plane's link, as uet-htsim's initNsccParams takes
+        its link speed, while MaxWnd covers the NIC); `ocp`: NsccParams fields."""
         params = replace(params or NsccParams(), **ocp)
         if base_rtt_ns is not None and params.base_rtt is None:
             params = replace(params, base_rtt=base_rtt_ns)
-        self.p, bdp = params.derive(mtu, link_rate_bps, trimming)
+        self.p, bdp = params.derive(mtu, link_rate_bps, trimming, scale_rate_bps)
         self.mtu = mtu
         self.link_rate_bps = link_rate_bps
         self.rccc = rccc
