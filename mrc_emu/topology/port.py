@@ -25,6 +25,7 @@ are bytes (`parse_size`) or BDP multiples ("0.8bdp"). This module never touches 
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass, replace
@@ -149,6 +150,7 @@ class PortConfig:
                                               "trim", "trim_threshold", "trim_bytes", "model")}
 
 
+@functools.lru_cache(maxsize=1024)
 def histogram_width(buffer: int, trim_threshold: int = 0, kmax: int = 0) -> int:
     """Bytes per bucket of a port's queue histogram: bucket 0 counts arrivals at an empty queue,
     bucket i the queues in ((i-1) w, i w], the last one that or more. The buffer spread over
@@ -160,11 +162,18 @@ def histogram_width(buffer: int, trim_threshold: int = 0, kmax: int = 0) -> int:
     for edges in ((trim_threshold, kmax), (trim_threshold,)):
         if not all(e > 0 for e in edges):
             continue
-        common = math.gcd(*edges)
-        fits = [d for d in range(max(1, int(0.9 * width)), int(1.5 * width) + 1) if common % d == 0]
+        low, high = max(1, int(0.9 * width)), int(1.5 * width)
+        fits = [d for d in _divisors(math.gcd(*edges)) if low <= d <= high]
         if fits:
             return min(fits, key=lambda d: (abs(d - width), -d))
     return width
+
+
+@functools.lru_cache(maxsize=256)
+def _divisors(n: int) -> tuple[int, ...]:
+    """Every divisor of n, in O(sqrt n) (a fabric's ports share a few sizes: cached)."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return tuple(sorted(set(small + [n // d for d in small])))
 
 
 def plane_bdp(rate_bps: float, base_rtt_ns: int, mtu: int) -> int:
