@@ -22,11 +22,17 @@ The rules, each threshold from the EVs' own RTT estimators:
   answer the next one for a quiet EV waits two of its smallest RTTs (not one for losses).
 - **dead**, on an ACK: a packet it delivered, on another EV of the same plane, left more than
   the allowance after the witness: the EV's reorder window (a quarter of its smallest RTT, at
-  least the QP's floor), how much longer its smallest RTT is than that EV's, and a data
-  packet's serialisation at each switch port of the round trip. A witness of an EV none of
-  whose siblings delivered anything sent after it (a plane of one EV, a plane down) is dead
-  once something sent after it was delivered and twice the EV's srtt, its window, the ports'
-  serialisation and the responder's ACK delay passed (judged at the emulation's horizon).
+  least the QP's floor), how much longer its smallest RTT is than that EV's smallest was when
+  the EV last took a sample (over the same span: a quiet EV's stays what it saw before, perhaps
+  only a start-up queue, while its siblings' go on to see the plane idle), and a data packet's
+  serialisation at each switch port of the round trip.
+- **dead**, by time (judged at the emulation's horizon): a witness of an EV none of whose
+  siblings delivered anything sent after it (a plane of one EV, a plane down) once something
+  sent after it was delivered, or, sent when nothing else was left, all was acknowledged; then
+  twice the EV's srtt, its window, the ports' serialisation and the responder's ACK delay
+  after it left. One whose siblings delivered packets sent after it but carry nothing more (the
+  QP's data ended) once a sibling's packet sent an allowance after it would have been
+  acknowledged: twice that sibling's srtt and the ACK delay later. No ACK is left to judge it.
 - **two in a row** (`QpConfig.witnesses`): the first dead witness suspends the EV and sends the
   next at once; the second makes it ASSUMED_BAD; an answer resumes it.
 - **alive**: the witness's answer arrived, or the EV delivered a packet sent after it.
