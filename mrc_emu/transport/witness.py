@@ -268,8 +268,8 @@ class Witness:
         if later:
             if any(sent.ev_flight.get(k) for k in siblings):
                 return None
-            return out[1] + max(self.allowance(ev, k) + int(TIMER_RTTS * evs[k].rtt.srtt_ns) for k in later) \
-                + rec.config.ack_delay_ns, DEAD_IDLE
+            wait = max(self.allowance(ev, k) + int(TIMER_RTTS * self._or_known(evs[k].rtt.srtt_ns)) for k in later)
+            return out[1] + wait + rec.config.ack_delay_ns, DEAD_IDLE
         idle = rec.rack_sent_ns <= out[1]
         if idle and (sent.bytes_in_flight or sent.retx):
             return None  # nothing sent after it was delivered yet (an ACK that does wakes the QP)
