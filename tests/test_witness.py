@@ -9,6 +9,7 @@ from test_recovery import RecordingCc, send, settled
 from mrc_emu.transport import witness as witness_module
 from mrc_emu.transport.config import QpConfig
 from mrc_emu.transport.multipath.ev import EvProfile
+from mrc_emu.transport.multipath.rtt import RttEstimator
 from mrc_emu.transport.recovery import ACK_TIMEOUT, Recovery
 from mrc_emu.transport.witness import Witness
 from mrc_emu.wire.format import AckPacket, Syndrome
@@ -77,6 +78,8 @@ class Net:
         while t < until:
             if self.witness is not None:  # as the requester's pump: witnesses before data
                 self.witness.pump(t, None)
+            while rec.sent.retx and rec.sent.retx[0] not in rec.sent.pkts:  # delivered after all (a queue)
+                rec.sent.retx.popleft()
             if rec.sent.retx:
                 pkt = rec.sent.pkts[rec.sent.retx.popleft()]
                 rec.sent.record(pkt, rec.profile.pick(pkt.ev), t)
@@ -181,14 +184,44 @@ def test_an_ev_behind_a_sudden_queue_is_alive_to_its_witness_and_never_fails():
 
 
 def test_a_dead_ev_whose_last_packet_was_the_qps_last_is_found():
+    """The QP's data end just after the fault: the first witness is convicted by the resends on its
+    siblings, the second, sent when nothing else is left to send, by time once all the QP sent was
+    acknowledged (it was left out, the EV suspended for good, with nothing left to judge it)."""
     net = Net(TWO_PLANES, {ev: 100 * US for ev in range(8)}, dead={5}, dead_from=1000 * US)
     net.run(until=4000 * US, new_until=1010 * US)
     assert net.rec.una == net.rec.next_psn and net.rec.timeouts == 0  # all delivered, the dead EV's packets resent
-    # out of use: failed, or suspended while its second witness waits for something sent after it
-    assert net.rec.profile.evs[5].state.name == "ASSUMED_BAD" or 5 in net.rec.profile.suspended
+    (event,) = net.rec.profile.events
+    assert event.ev == 5 and event.new.name == "ASSUMED_BAD" and event.reason.startswith(witness_module.DEAD_IDLE)
+    assert event.time_ns - 1000 * US <= 1100 * US and not net.rec.profile.suspended and not net.witness.out
     single = Net(TWO_PLANES, {ev: 100 * US for ev in range(8)}, dead={5}, dead_from=1000 * US, witnesses=1)
     single.run(until=4000 * US, new_until=1010 * US)
     assert single.rec.profile.evs[5].state.name == "ASSUMED_BAD" and single.rec.timeouts == 0
+
+
+def test_a_second_witness_the_siblings_data_ended_before_is_judged_by_time():
+    """The siblings delivered packets sent after the second witness, none an allowance after it,
+    then carried nothing more: no ACK can convict it, so the timer stands in for a sibling packet
+    sent an allowance after it (due two of its srtts and the ACK delay later). The old rules left
+    the EV suspended, its EV event never reported (ring16's h3->h4 in virtual time)."""
+    net = Net(TWO_PLANES, {ev: 100 * US for ev in range(8)}, dead={5}, dead_from=1000 * US)
+    net.run(until=4000 * US, new_until=1200 * US)
+    rules = [v["rule"] for v in net.witness.summary()["verdicts"]]
+    assert rules == ["plane", "idle"] and net.rec.timeouts == 0
+    (event,) = net.rec.profile.events
+    assert event.ev == 5 and "2 witness probes in a row" in event.reason
+    second = net.witness.verdicts[1]
+    due = net.witness.allowance(5, 4) + witness_module.TIMER_RTTS * 100 * US + net.rec.config.ack_delay_ns
+    assert abs(event.time_ns - (second[1] + due)) <= 8 * US
+
+
+def test_an_ev_queued_at_the_end_of_the_qps_data_answers_its_witness_and_never_fails():
+    """Fault-free: EV 2's last packets wait behind a queue of 15 RTTs as the QP's data end; its
+    witness skips the queue and is answered, so the timers that judge a witness once nothing else
+    is in flight convict nothing."""
+    net = Net(TWO_PLANES, {ev: 100 * US for ev in range(8)}, queue=queue_on(2, 1000 * US, 1500 * US))
+    net.run(until=6000 * US, new_until=1100 * US)
+    assert net.rec.profile.events == [] and net.rec.timeouts == 0 and not net.rec.profile.suspended
+    assert net.witness.answered >= 1 and net.witness.dead == 0 and net.rec.una == net.rec.next_psn
 
 
 def test_an_ev_alone_in_its_plane_is_judged_by_the_witness_timer():
@@ -279,3 +312,52 @@ def test_an_ev_whose_path_grew_ten_times_longer_fails_at_most_once_then_is_learn
     net.run(until=20000 * US)  # and from then on it carries its share, convicted no more
     assert net.witness.dead <= 3 and len(net.rec.profile.events) == len(events)
     assert net.rec.profile.evs[1].last_delivered_sent_ns > 12000 * US
+
+
+def test_a_smallest_rtt_is_compared_with_its_siblings_over_the_same_span_of_time():
+    """A quiet EV's smallest RTT is what it saw before it went quiet; its sibling's is taken as it
+    was then, not after the plane went idle (ring16 in virtual time: 1,291 us behind the host's
+    start-up queue against 34.6 us, and the second witness waited 2.1 ms for a sibling's packet
+    that never came). A path that is longer over the same span still counts."""
+    net = Net({0: 0, 1: 0}, {0: 1300 * US, 1: 1300 * US})
+    evs, witness = net.rec.profile.evs, net.witness
+    plain = witness.window(0) + witness.holdup_ns
+    net.rec.profile.on_rtt(0, 1300 * US, 1000 * US)  # both behind the same queue, then 0 goes quiet
+    net.rec.profile.on_rtt(1, 1300 * US, 1000 * US)
+    net.rec.profile.on_rtt(1, 100 * US, 5000 * US)  # the queue drained: its sibling sees the plane idle
+    assert evs[1].rtt.min_rtt_ns == 100 * US and evs[0].rtt.min_rtt_ns == 1298 * US
+    assert witness.allowance(0, 1) == plain  # the old rule allowed 1,198 us more
+    net.rec.profile.on_rtt(0, 1200 * US, 6000 * US)  # 0 heard from again, its path 1.1 ms longer than 1's
+    assert witness.allowance(0, 1) == witness.window(0) + 1100 * US + witness.holdup_ns
+    evs[0].rtt.rebase(2000 * US, at_least=True, now=7000 * US)  # a late answer: its path grew longer still
+    assert witness.allowance(0, 1) == witness.window(0) + 1900 * US + witness.holdup_ns
+
+
+def test_an_ev_dead_since_its_start_up_queue_fails_by_its_siblings_acks_once_they_run_fast():
+    """Every EV's first samples read the QP's start-up queue (1.3 ms on 100 us paths) and EV 3 dies
+    before that queue drains, so its smallest RTT stays 1.3 ms while its siblings' fall to 100 us.
+    Its witnesses are convicted as soon as its siblings' ACKs overtake them by a window: ASSUMED_BAD
+    2.5 ms after the fault, where the old rule (the siblings' smallest RTTs of all time) waited
+    1.2 ms more for each of its two witnesses."""
+    net = Net(TWO_PLANES, {ev: 1300 * US for ev in range(8)}, dead={3}, dead_from=0)
+    net.rtts = {ev: 100 * US for ev in range(8)}  # the start-up queue drained: the paths as they are
+    net.run(until=6000 * US)
+    (event,) = net.rec.profile.events
+    assert event.ev == 3 and event.reason.startswith(witness_module.DEAD) and "2 witness probes" in event.reason
+    assert event.time_ns <= 2700 * US and net.rec.timeouts == 0
+    assert net.witness.late == 0 and net.witness.dead == 2
+
+
+def test_an_rtt_estimator_answers_for_a_past_time_with_its_smallest_rtt_then_or_at_most_an_eighth_less():
+    rtt = RttEstimator()
+    assert rtt.min_by(0) == 0
+    for t in range(100):  # a queue draining: the smallest RTT falls from 1,300 us to 301 us, sample by sample
+        rtt.update((1300 - 10 * t) * US, (1000 + t) * US)
+    rtt.update(1500 * US, 2000 * US)  # no new smallest
+    assert rtt.min_by(999 * US) == 0 and rtt.min_by(5000 * US) == rtt.min_rtt_ns == 310 * US
+    for t in range(100):
+        true = (1300 - 10 * t) * US
+        assert true * 7 / 8 <= rtt.min_by((1000 + t) * US) <= true
+    assert len(rtt.lows) <= 12  # steps of an eighth, not one a sample
+    rtt.rebase(900 * US, now=3000 * US)  # the path changed: a new span from then
+    assert rtt.min_by(2999 * US) == 310 * US and rtt.min_by(3000 * US) == 900 * US and rtt.heard_ns == 3000 * US

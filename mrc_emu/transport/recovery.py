@@ -116,7 +116,7 @@ class Recovery:
                 rtt := rtt_sample(heard, echo.sent_ns, echo.left_ns)) is not None:
             echo_sent = echo.sent_ns
             sampled = echo.ev
-            self.profile.on_rtt(echo.ev, rtt)  # ECN comes from the ACK's CE counts, per packet
+            self.profile.on_rtt(echo.ev, rtt, now)  # ECN comes from the ACK's CE counts, per packet
         ce = {ev: count for ev, count in ack.ce_counts if ev in evs} if ack.ce_counts else None
         seen: dict[int, list[int]] = {}
         acked = 0
@@ -235,7 +235,7 @@ class Recovery:
                 sample = rtt
             elif (echo_sent is not None and latest_tx == 1 and echo_sent - latest_sent <= rtt
                   and (sample := rtt_sample(heard, latest_sent, latest_left)) is not None):
-                profile.on_rtt(ev, sample)
+                profile.on_rtt(ev, sample, now)
             cc.on_acked(now, ev, nbytes, sample, evs[ev].rtt.srtt_ns, marked > 0)
         # an echo (sample) or CE marks on an EV that delivered nothing new
         for ev in ({sampled} | (ce.keys() if ce else set())) - seen.keys() - {None}:

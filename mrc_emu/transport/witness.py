@@ -22,11 +22,17 @@ The rules, each threshold from the EVs' own RTT estimators:
   answer the next one for a quiet EV waits two of its smallest RTTs (not one for losses).
 - **dead**, on an ACK: a packet it delivered, on another EV of the same plane, left more than
   the allowance after the witness: the EV's reorder window (a quarter of its smallest RTT, at
-  least the QP's floor), how much longer its smallest RTT is than that EV's, and a data
-  packet's serialisation at each switch port of the round trip. A witness of an EV none of
-  whose siblings delivered anything sent after it (a plane of one EV, a plane down) is dead
-  once something sent after it was delivered and twice the EV's srtt, its window, the ports'
-  serialisation and the responder's ACK delay passed (judged at the emulation's horizon).
+  least the QP's floor), how much longer its smallest RTT is than that EV's smallest was when
+  the EV last took a sample (over the same span: a quiet EV's stays what it saw before, perhaps
+  only a start-up queue, while its siblings' go on to see the plane idle), and a data packet's
+  serialisation at each switch port of the round trip.
+- **dead**, by time (judged at the emulation's horizon): a witness of an EV none of whose
+  siblings delivered anything sent after it (a plane of one EV, a plane down) once something
+  sent after it was delivered, or, sent when nothing else was left, all was acknowledged; then
+  twice the EV's srtt, its window, the ports' serialisation and the responder's ACK delay
+  after it left. One whose siblings delivered packets sent after it but carry nothing more (the
+  QP's data ended) once a sibling's packet sent an allowance after it would have been
+  acknowledged: twice that sibling's srtt and the ACK delay later. No ACK is left to judge it.
 - **two in a row** (`QpConfig.witnesses`): the first dead witness suspends the EV and sends the
   next at once; the second makes it ASSUMED_BAD; an answer resumes it.
 - **alive**: the witness's answer arrived, or the EV delivered a packet sent after it.
@@ -52,6 +58,8 @@ if TYPE_CHECKING:
 
 DEAD = "its witness probe went unanswered while later packets on its plane were acknowledged"
 DEAD_TIMER = "its witness probe went unanswered within two RTTs while later packets were acknowledged"
+DEAD_IDLE = "its witness probe went unanswered while nothing else on its plane was in flight"
+RULES = {DEAD_TIMER: "timer", DEAD_IDLE: "idle"}  # the summary's name of each rule but the ACKs' ("plane")
 FOUND_DEAD = "its path failed (witness probe unanswered)"  # the reason its packets in flight are lost
 TIMER_RTTS = 2  # the timer: twice the EV's srtt (and its window and the ACK delay) for an answer
 AFTER_RTTS = 2  # an answered EV's next witness: after two of its smallest RTTs (or windows)
@@ -98,10 +106,16 @@ class Witness:
         """How much later than the witness of `ev` a packet on `other` (same plane) must have left
         for its ACK to prove the witness lost: the window, the smallest RTTs' difference, and a
         full data packet's serialisation at each switch port of the way out and back (a port
-        sends what it has begun before the control class's next packet: no preemption)."""
-        evs = self.rec.profile.evs
-        mine, theirs = evs[ev].rtt.min_rtt_ns, evs[other].rtt.min_rtt_ns
-        return self.window(ev) + (max(0, mine - theirs) if mine and theirs else 0) + self.holdup_ns
+        sends what it has begun before the control class's next packet: no preemption).
+
+        The two smallest RTTs are compared over the same span of time: `other`'s as it was when
+        `ev` last took a sample. A quiet EV's smallest RTT stays what it saw before it went quiet
+        (all of it, perhaps, behind its host's start-up queue), while its sibling's later samples
+        see the plane idle: the difference would then be that queue, not the paths' lengths."""
+        mine, theirs = self.rec.profile.evs[ev].rtt, self.rec.profile.evs[other].rtt
+        then = theirs.min_by(mine.heard_ns) or theirs.min_rtt_ns  # (forgotten: the smallest of all)
+        longer = max(0, mine.min_rtt_ns - then) if mine.min_rtt_ns and then else 0
+        return self.window(ev) + longer + self.holdup_ns
 
     @property
     def holdup_ns(self) -> int:
@@ -180,7 +194,7 @@ class Witness:
             if probe_id in self._convicted:  # answered after all: a reordering or a slower path, not a failure
                 # its path is slower than the EV's smallest RTT said (a longer route, a delay): that
                 # starts again from this answer, so the EV's next witness allows for it
-                self.rec.profile.evs[ev].rtt.rebase(now - self._convicted.pop(probe_id), at_least=True)
+                self.rec.profile.evs[ev].rtt.rebase(now - self._convicted.pop(probe_id), at_least=True, now=now)
                 self.late += 1
                 if self.rec.profile.evs[ev].state is EvState.GOOD:
                     self._clear(ev)  # its next witness, if out, is moot
@@ -230,22 +244,40 @@ class Witness:
                 self._lead[ev] = lead
 
     def deadline(self, ev: int) -> int | None:
-        """When the timer rule convicts the witness of `ev` (None: none out, nothing sent after it
-        delivered yet, no RTT known, or a sibling in its plane delivered something sent after it:
-        their ACKs judge it, as a timer cannot know how fast a queue grew; a plane whose EVs all
-        went quiet is judged by time)."""
+        """When the timer rule convicts the witness of `ev` (None: it does not judge it now)."""
+        due = self._due(ev)
+        return due[0] if due is not None else None
+
+    def _due(self, ev: int) -> tuple[int, str] | None:
+        """When and why the timer rule convicts the witness of `ev` (None: none out, no RTT known,
+        or its siblings' ACKs judge it: one of them delivered something sent after it and they
+        still carry packets, as a timer cannot know how fast a queue grew; or nothing sent after it
+        was delivered yet while the QP has packets out). A plane whose EVs all went quiet is judged
+        by time. So is a witness whose siblings delivered packets sent after it, none of them an
+        allowance after it, and carry nothing more (the QP's data ended, or went elsewhere): no
+        ACK will come to judge it, so the timer stands in for the ACK of a sibling's packet sent an
+        allowance after it, due twice that sibling's srtt and the responder's ACK delay later. And
+        so is one sent when the QP had nothing else left to send, once all it sent was acknowledged."""
         out = self.out.get(ev)
         if out is None:
             return None
-        evs = self.rec.profile.evs
-        if self.rec.rack_sent_ns <= out[1]:
+        rec, sent = self.rec, self.rec.sent
+        evs = rec.profile.evs
+        siblings = self.siblings.get(ev, ())
+        later = [k for k in siblings if evs[k].last_delivered_sent_ns > out[1]]
+        if later:
+            if any(sent.ev_flight.get(k) for k in siblings):
+                return None
+            wait = max(self.allowance(ev, k) + int(TIMER_RTTS * self._or_known(evs[k].rtt.srtt_ns)) for k in later)
+            return out[1] + wait + rec.config.ack_delay_ns, DEAD_IDLE
+        idle = rec.rack_sent_ns <= out[1]
+        if idle and (sent.bytes_in_flight or sent.retx):
             return None  # nothing sent after it was delivered yet (an ACK that does wakes the QP)
-        if any(evs[k].last_delivered_sent_ns > out[1] for k in self.siblings.get(ev, ())):
-            return None
         srtt = self._or_known(evs[ev].rtt.srtt_ns)
         if not srtt:
             return None
-        return out[1] + int(TIMER_RTTS * srtt) + self.window(ev) + self.holdup_ns + self.rec.config.ack_delay_ns
+        due = out[1] + int(TIMER_RTTS * srtt) + self.window(ev) + self.holdup_ns + rec.config.ack_delay_ns
+        return due, DEAD_IDLE if idle else DEAD_TIMER
 
     def timer(self, now: int) -> None:
         """Witnesses unanswered past their deadline, while something sent after them was delivered."""
@@ -254,13 +286,13 @@ class Witness:
         rec = self.rec
         known = rec.decide_at(now)
         for ev in list(self.out):
-            due = self.deadline(ev)
+            due = self._due(ev)
             if due is None:
                 continue
-            if known >= due:
-                self.fail(ev, now, DEAD_TIMER)
+            if known >= due[0]:
+                self.fail(ev, now, due[1])
             else:
-                rec.put_off(due, now)
+                rec.put_off(due[0], now)
 
     def next_wakeup(self, now: int) -> int | None:
         """When a witness may next be due or convicted, if nothing arrives meanwhile."""
@@ -305,5 +337,5 @@ class Witness:
     def summary(self) -> dict:
         return {"sent": self.sent, "answered": self.answered, "dead": self.dead, "late": self.late, "out": len(self.out),
                 "lead_us": round(self.lead_ns / 1e3, 1),
-                "verdicts": [{"ev": ev, "sent_ns": sent, "dead_ns": dead, "rule": "timer" if why == DEAD_TIMER else "plane",
+                "verdicts": [{"ev": ev, "sent_ns": sent, "dead_ns": dead, "rule": RULES.get(why, "plane"),
                               "lead_ns": lead} for ev, sent, dead, why, lead in self.verdicts]}

@@ -198,9 +198,9 @@ class EvProfile:
 
     # ---- observations ------------------------------------------------------------------
 
-    def on_rtt(self, ev: int, rtt_ns: int) -> None:
-        """An RTT sample of `ev` (its ECN echo comes per packet, `on_ecn`)."""
-        self.evs[ev].rtt.update(rtt_ns)
+    def on_rtt(self, ev: int, rtt_ns: int, now: int = 0) -> None:
+        """An RTT sample of `ev`, taken at `now` (its ECN echo comes per packet, `on_ecn`)."""
+        self.evs[ev].rtt.update(rtt_ns, now)
 
     def on_delivered(self, ev: int, sent_ns: int, count: int = 1) -> None:
         """`count` packets delivered on `ev`, the latest of them sent at `sent_ns`."""
@@ -273,7 +273,7 @@ class EvProfile:
         it first, or the controller DENIED it meanwhile)."""
         self.sync(now)
         if self.evs[ev].state is EvState.ASSUMED_BAD:
-            self.evs[ev].rtt.rebase(rtt_ns)  # its path as it is now (repaired, or slower)
+            self.evs[ev].rtt.rebase(rtt_ns, now=now)  # its path as it is now (repaired, or slower)
             self.set_state(ev, EvState.GOOD, now, "probe returned", rtt_ns)
 
     # ---- spraying ----------------------------------------------------------------------
