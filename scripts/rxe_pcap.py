@@ -12,9 +12,10 @@ a resend on a link that lost nothing (issue 31):
   the capture;
 - `naks`: for each PSN-sequence NAK (up to NAK_DETAIL of them), the data packets around it as
   the capture has them, each PSN less the NAK's (the PSN its receiver expected), `r` marking a
-  repeat, and what became of the expected PSN: `late` (it came after a later PSN, as itself),
-  `resent` (it first appeared in a resend run from it, so its first transmission never reached
-  the capture: lost before it);
+  repeat, and where the expected PSN came: `late` (after the NAK, as itself: reordered behind
+  a later PSN), `resent` (after the NAK, first in a resend run from it: its first transmission
+  never reached the capture, lost before it), `before` (captured since the previous NAK and
+  still refused: behind an earlier gap, or reordered after the capture), `never`;
 - `ack_wait_ms`: for a responder's ACKs, how long each data packet waited from its capture until
   an ACK covering it was sent (p50, p99, max, ms): rxe's requester retries when it waits longer
   than its ACK timeout.
@@ -128,20 +129,20 @@ def _starts_resend(data: list[tuple[int, int, bool]], i: int) -> bool:
 def _naks(data: list[tuple[int, int, bool]], events: list[tuple[str, int, int, int]]) -> dict:
     """Each PSN-sequence NAK about this sender's data, with the data around it (module docstring)."""
     naks = [(index, psn) for kind, index, _, psn in events if kind == "nak"]
-    first_at: dict[int, int] = {}
-    for i, (_, psn, _) in enumerate(data):
-        first_at.setdefault(psn, i)
-    described = []
+    described, since = [], 0
     for index, expected in naks[:NAK_DETAIL]:
         around = [f"{psn - expected:+d}{'r' if repeat else ''}" for _, psn, repeat in data[max(0, index - AROUND):index]]
         around.append("NAK")
         around += [f"{psn - expected:+d}{'r' if repeat else ''}" for _, psn, repeat in data[index:index + AROUND]]
-        at = first_at.get(expected)
-        if at is None:
+        after = next((k for k in range(index, len(data)) if data[k][1] == expected), None)
+        if any(psn == expected for _, psn, _ in data[since:index]):
+            fate = "before"  # captured since the last NAK, yet refused: behind an earlier gap, or reordered past the capture
+        elif after is None:
             fate = "never"
         else:
-            fate = "resent" if _starts_resend(data, at) else "late"
-        described.append({"expected": expected, "around": " ".join(around), "expected_first_came": fate})
+            fate = "resent" if _starts_resend(data, after) else "late"
+        described.append({"expected": expected, "around": " ".join(around), "expected_came": fate})
+        since = index
     return {"naks": {"count": len(naks), "detail": described}} if naks else {}
 
 

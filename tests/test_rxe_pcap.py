@@ -50,12 +50,12 @@ def test_a_reordered_packet_is_late_and_a_lost_one_is_resent(tmp_path):
     assert got["order"] == {"reordered": 1, "most_behind": 1, "first_seen_resent": 0}
     assert got["naks"]["count"] == 1
     detail = got["naks"]["detail"][0]
-    assert detail["expected_first_came"] == "late" and detail["around"] == "-1 +1 NAK +0 +2 +0r +1r +2r"
+    assert detail["expected_came"] == "late" and detail["around"] == "-1 +1 NAK +0 +2 +0r +1r +2r"
     lost = [_data(start), _data(start + 2), _nak(start + 1), _data(start + 3), _data(start + 1),
             _data(start + 2), _data(start + 3)]
     got = check_pcap(_pcap(tmp_path / "l.pcap", list(enumerate(lost))), RXE)["mrc-emu"]
     assert got["order"] == {"reordered": 0, "most_behind": 0, "first_seen_resent": 1}
-    assert got["naks"]["detail"][0]["expected_first_came"] == "resent"
+    assert got["naks"]["detail"][0]["expected_came"] == "resent"
     assert got["parsed"] == got["packets"] == 6 and got["retransmitted"] == 2
 
 
@@ -64,3 +64,11 @@ def test_ack_waits_run_from_a_packets_capture_to_the_first_ack_that_covers_it(tm
     got = check_pcap(_pcap(tmp_path / "a.pcap", frames), RXE)["mrc-emu"]
     assert got["ack_wait_ms"]["max"] == 7.0 and got["ack_wait_ms"]["packets"] == 3
     assert check_pcap(_pcap(tmp_path / "b.pcap", frames), RXE)["rxe"]["parsed"] == 2
+
+
+def test_a_packet_refused_behind_an_earlier_gap_came_before_its_nak(tmp_path):
+    """3's original was captured while the receiver still waited for 1 (and dropped it); its resend
+    was lost before the capture, so the NAK naming 3 finds it captured since the previous NAK."""
+    frames = [_data(0), _data(2), _nak(1), _data(3), _data(1), _data(2), _data(4), _nak(3), _data(3), _data(4)]
+    got = check_pcap(_pcap(tmp_path / "g.pcap", list(enumerate(frames))), RXE)["mrc-emu"]
+    assert [d["expected_came"] for d in got["naks"]["detail"]] == ["resent", "before"]
