@@ -12,8 +12,8 @@
 # the baseline's requester WRITEs into rxe's MR, rxe's requester WRITEs (and WRITEs WITH
 # IMMEDIATE) into the baseline responder's region, at each size; then the same with netem loss on
 # both ends of the link. Each run's pcap is decoded by mrc-emu's decoder. mrc-emu's process runs on
-# one CPU (a NIC's one send queue); the largest WRITE to rxe is run twice more without that, as a
-# finding. A table at the end; the runs' JSON in --out (default $MRC_EMU_RESULTS or
+# one CPU (a NIC's one send queue; a precaution); the largest clean WRITE to rxe is run twice more
+# without that, as a finding. A table at the end; the runs' JSON in --out (default $MRC_EMU_RESULTS or
 # results/interop-rxe). Exit 0 only if every
 # run completed with the data exact and every captured packet parsed. Then MRC's own requester
 # to rxe, clean, lossy and reordered, as a finding that does not change the exit status
@@ -135,8 +135,8 @@ status=0
 say "clean link"
 run clean || status=1
 # the same largest WRITE to rxe with mrc-emu's process on any CPU (interop_rxe.py pins it to one):
-# does a sender moving between CPUs reorder its packets on the veth? A finding; the exit status is
-# the pinned runs' (docs/interop.md)
+# would a sender moving between CPUs reorder its packets on the veth? A finding (none so far); the
+# exit status is the pinned runs' (docs/interop.md)
 unpinned="$out/unpinned.jsonl"
 : >"$unpinned"
 say "clean link, mrc-emu's process on any CPU (twice)"

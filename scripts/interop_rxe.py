@@ -18,13 +18,10 @@ and decoded by mrc-emu's own decoder (mrc_emu/wire: the UDP checksum, every leng
 and the data packets whose PSN went out before count as retransmissions, per sender; what the
 order of arrival says (reordering, each NAK's neighbourhood, ACK waits) is scripts/rxe_pcap.py's.
 
-mrc-emu's process runs on one CPU (--no-pin: wherever the scheduler puts it). A veth hands each
-packet to the receive backlog of the CPU that sent it, and a sender that moved between the two
-CPUs while the first one's backlog is still being worked off (by ksoftirqd, rxe checking each
-ICRC) can have its later packets reach rxe first, and rxe NAKs such a packet as out of sequence.
-A NIC's send queue keeps a QP's packets in order; one CPU is that queue here (docs/interop.md). rxe's
-counters (`rdma statistic`) and new kernel log lines are taken around the run. One JSON object a
-run on stdout (and in --out); exit 1 if any run failed a check. `--table FILE`: those runs as a table.
+mrc-emu's process runs on one CPU (--no-pin: wherever the scheduler puts it), as a NIC sends a
+QP's packets from one queue: a veth hands each packet to the receive backlog of the CPU that sent
+it, so a sender that moves between CPUs could in principle have later packets reach rxe first. A
+precaution: no run has shown it to matter (docs/interop.md, "The clean 64 MiB WRITE to rxe").
 """
 
 from __future__ import annotations
