@@ -15,9 +15,13 @@ scripts/rxe_peer.py under the system Python (pyverbs), spoken to over a pipe. A 
 
 tcpdump captures the run on rxe's side of the veth; every RoCE packet of the pcap is then opened
 and decoded by mrc-emu's own decoder (mrc_emu/wire: the UDP checksum, every length, the ICRC),
-and the data packets whose PSN went out before count as retransmissions, per sender. rxe's
-counters (`rdma statistic`) and new kernel log lines are taken around the run. One JSON object a
-run on stdout (and in --out); exit 1 if any run failed a check. `--table FILE`: those runs as a table.
+and the data packets whose PSN went out before count as retransmissions, per sender; what the
+order of arrival says (reordering, each NAK's neighbourhood, ACK waits) is scripts/rxe_pcap.py's.
+
+mrc-emu's process runs on one CPU (--no-pin: wherever the scheduler puts it), as a NIC sends a
+QP's packets from one queue: a veth hands each packet to the receive backlog of the CPU that sent
+it, so a sender that moves between CPUs could in principle have later packets reach rxe first. A
+precaution: no run has shown it to matter (docs/interop.md, "The clean 64 MiB WRITE to rxe").
 """
 
 from __future__ import annotations
@@ -25,17 +29,17 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import re
 import secrets
 import select
 import socket
-import struct
 import subprocess
 import sys
 import time
-from collections import Counter
 from pathlib import Path
 
+from rxe_pcap import check_pcap
 from rxe_peer import pattern
 
 from mrc_emu.fabric.kernel import netns
@@ -48,7 +52,6 @@ from mrc_emu.transport.multipath.paths import Path as QpPath
 from mrc_emu.transport.requester import Requester
 from mrc_emu.transport.responder import Responder
 from mrc_emu.wire import format as fmt
-from mrc_emu.wire.decoder import decode_udp, open_frame
 from mrc_emu.wire.encoder import Encap, FrameTemplate
 
 PEER = Path(__file__).with_name("rxe_peer.py")
@@ -110,55 +113,6 @@ class Capture:
         err = self.proc.communicate(timeout=120)[1]
         return {k.replace(" ", "_"): int(n) for n, k in re.findall(r"(\d+) packets? (captured|received by filter|"
                                                                    r"dropped by kernel)", err)}
-
-
-def pcap_frames(pcap: Path):
-    """(frame from the IPv6 header on) of each Ethernet IPv6 record of a classic pcap."""
-    raw = pcap.read_bytes()
-    endian = "<" if raw[:4] in (b"\xd4\xc3\xb2\xa1", b"\x4d\x3c\xb2\xa1") else ">"
-    offset = 24
-    while offset + 16 <= len(raw):
-        included = struct.unpack(endian + "I", raw[offset + 8:offset + 12])[0]
-        record = raw[offset + 16:offset + 16 + included]
-        offset += 16 + included
-        if len(record) > 14 and record[12:14] == b"\x86\xdd":
-            yield record[14:]
-
-
-def check_pcap(pcap: Path, rxe_address: str) -> dict:
-    """Every RoCE packet of the pcap through mrc-emu's decoder, by sender: how many, how many it
-    parsed (UDP checksum, lengths, ICRC all right), why the others were refused, the opcodes,
-    and the data packets whose PSN that sender had sent before (its retransmissions)."""
-    rxe = socket.inet_pton(socket.AF_INET6, rxe_address)
-    out = {side: {"packets": 0, "parsed": 0, "refused": Counter(), "opcodes": Counter(), "retransmitted": 0,
-                  "udp_checksum_zero": 0} for side in ("rxe", "mrc-emu")}
-    seen: dict[str, set[int]] = {"rxe": set(), "mrc-emu": set()}
-    for frame in pcap_frames(pcap):
-        side = "rxe" if frame[8:24] == rxe else "mrc-emu"
-        counts = out[side]
-        counts["packets"] += 1
-        opened = open_frame(frame)
-        if isinstance(opened, fmt.DropReason):
-            counts["refused"][opened.value] += 1
-            continue
-        if frame[6] == 17 and frame[46:48] == b"\0\0":
-            counts["udp_checksum_zero"] += 1  # none sent (the ICRC covers the packet), as RoCEv2 over IPv6 may
-        payload, src, dst, sport = opened.payload, opened.src, opened.dst, opened.sport
-        packet = decode_udp(payload, src, dst, sport)
-        if isinstance(packet, fmt.DropReason):
-            counts["refused"][packet.value] += 1
-            continue
-        counts["parsed"] += 1
-        op = packet.opcode if isinstance(packet, fmt.DataPacket) else (
-            "NAK" if isinstance(packet, fmt.AckPacket) and packet.is_nak else type(packet).__name__)
-        counts["opcodes"][op.name if hasattr(op, "name") else op] += 1
-        if isinstance(packet, fmt.DataPacket):
-            if packet.psn in seen[side]:
-                counts["retransmitted"] += 1
-            seen[side].add(packet.psn)
-    for counts in out.values():
-        counts["refused"], counts["opcodes"] = dict(counts["refused"]), dict(counts["opcodes"])
-    return out
 
 
 class Peer:
@@ -299,10 +253,17 @@ RXE_ERRORS = ("rcvd_seq_err", "out_of_seq_request", "duplicate_request", "comple
               "send_err", "rcvd_rnr_err", "retry_rnr_exceeded_err")
 
 
+def _order(sender: dict) -> str:
+    """Its packets that came behind a higher PSN of its own: late originals / first seen in a resend."""
+    order = sender.get("order")
+    return f"{order['reordered']} / {order['first_seen_resent']}" if order else "-"
+
+
 def table(results: Path) -> str:
     """The runs of a --out file, one line each: what the issue asks to see."""
     head = ("direction", "size", "link", "bytes placed", "SHA-256 equal", "completed", "mrc-emu resent / NAKs / timeouts",
-            "rxe resent (pcap)", "rxe error counters", "pcap parsed (ICRC checked)", "kernel log", "seconds")
+            "rxe resent (pcap)", "rxe error counters", "pcap parsed (ICRC checked)", "kernel log", "reordered / lost before capture",
+            "local losses", "ACK wait p99 / max ms", "seconds")
     rows = [head]
     for line in results.read_text().splitlines():
         r = json.loads(line)
@@ -316,11 +277,16 @@ def table(results: Path) -> str:
         errors = {k: v for k, v in r["rxe_counters"].items() if k in RXE_ERRORS}
         parsed = sum(s["parsed"] for s in r["pcap"].values())
         packets = sum(s["packets"] for s in r["pcap"].values())
+        sender = r["pcap"]["rxe" if r["direction"] == "from-rxe" else "mrc-emu"]  # the data's sender
+        wait = sender.get("ack_wait_ms")
+        losses = r.get("local_losses", {})
         rows.append((r["direction"], str(r["size"]), r["link"], str(r.get("mrc_emu", {}).get("bytes_placed", r["bytes"])
                      if r["direction"] == "from-rxe" else r["bytes"]), "yes" if r["sha256_equal"] else "NO",
                      "yes" if r["completed"] else "NO", resent, str(r["pcap"]["rxe"]["retransmitted"]),
                      " ".join(f"{k}={v}" for k, v in errors.items()) or "none", f"{parsed}/{packets}",
-                     str(len(r["kernel_log"])), str(r["seconds"])))
+                     str(len(r["kernel_log"])), _order(sender),
+                     f"{losses.get('backlog_drops', '-')} / {losses.get('raw_socket_send_errors', '-')}",
+                     f"{wait['p99']} / {wait['max']}" if wait else "-", str(r["seconds"])))
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)
 
@@ -352,7 +318,11 @@ def main() -> int:
     parser.add_argument("--pcaps", type=Path, required=True, help="directory for the pcaps")
     parser.add_argument("--keep-pcap-below", type=int, default=1 << 20, help="delete a run's pcap once checked if its size is this or more")
     parser.add_argument("--out", type=Path, help="append each run's JSON line here")
+    parser.add_argument("--no-pin", action="store_true", help="leave mrc-emu's process on any CPU (default: one)")
     args = parser.parse_args()
+    cpus = sorted(os.sched_getaffinity(0))
+    if not args.no_pin:
+        os.sched_setaffinity(0, {cpus[0]})  # one send queue, as a NIC's (module docstring)
     link = sockets(args.ns, args.local)
     path = QpPath(0, args.rxe_address, FrameTemplate(fmt.Endpoints(args.local, args.rxe_address, UDP_SPORT_BASE),
                                                      Encap.udp(), data_tclass=fmt.TCLASS_DATA_NO_TRIM))
@@ -376,6 +346,7 @@ def main() -> int:
                 capture_stats = capture.stop()
             after = rxe_counters(args.device)
             run = {"direction": direction, "size": size, "link": args.label} | run
+            run["cpus"] = sorted(os.sched_getaffinity(0))
             run["rxe_counters"] = {k: v - counters_before.get(k, 0) for k, v in after.items() if v != counters_before.get(k, 0)}
             run["kernel_log"] = rdma_lines(kernel_log()[log_before:])
             # losses inside the machine, not on the link: a send the raw socket refused (a full queue:

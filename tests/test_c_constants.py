@@ -34,6 +34,10 @@ SRV6 = "fabric/bpf/srv6.bpf.c"
 SHARED = [
     (PLACE, "MAX_WINDOW", config.MAX_MPR * config.MPR_PSNS),
     (PLACE, "OP_WRITE_ONLY", fmt.Opcode.RDMA_WRITE_ONLY),
+    (PLACE, "OP_WRITE_FIRST", fmt.Opcode.RDMA_WRITE_FIRST),
+    (PLACE, "OP_WRITE_MIDDLE", fmt.Opcode.RDMA_WRITE_MIDDLE),
+    (PLACE, "OP_WRITE_LAST", fmt.Opcode.RDMA_WRITE_LAST),
+    (PLACE, "BTH_LEN", fmt.BTH_LEN),
     (PLACE, "HEAD_LEN", fmt.BTH_LEN + fmt.RETH_LEN),
     (PLACE, "DSCP_TRIMMED", fmt.DSCP_TRIMMED),
     (PLACE, "DSCP_TRIMMED_LASTHOP", fmt.DSCP_TRIMMED_LASTHOP),

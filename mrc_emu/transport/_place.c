@@ -4,10 +4,12 @@
  *
  * Why it exists: nearly every datagram a responder receives is an RDMA WRITE_ONLY for a known
  * QP, in its PSN window, new, with the right P_Key, R_Key, protection domain and bounds and a
- * correct ICRC. CPython spent about 20 us on each (a packet record, the ICRC, a Python-int
+ * correct ICRC, or, from an RC peer (rdma_rxe, docs/interop.md), the FIRST, MIDDLE or LAST of a
+ * multi-packet WRITE at the expected PSN that fits the message its FIRST's RETH opened. CPython spent about 20 us on each (a packet record, the ICRC, a Python-int
  * bitmap, a dozen checks); this does the same checks and the same placement in well under
  * one. Anything else (duplicates, every refusal and NAK, out-of-window and out-of-sequence
- * PSNs, WRITE_WITH_IMM, ACKs, garbage) it leaves untouched and says so: responder.py then
+ * PSNs, an RC packet at any PSN but the expected one, WRITE_WITH_IMM and LAST_WITH_IMMEDIATE,
+ * ACKs, garbage) it leaves untouched and says so: responder.py then
  * handles the datagram in Python, which stays the reference (the tests run both and compare
  * placement, ACKs and drops). Sans-IO like the rest of the transport: bytes in, memory and QP
  * state out; no sockets, no clock.
@@ -16,6 +18,8 @@
  *   (a base class; responder.py adds the fields only Python uses). `received` is the SACK
  *   bitmap as responder.py sees it, a Python int whose bit (window-1-i) says PSN epsn+i
  *   arrived; here it is kept as bit i of an array of words, so that advancing is a shift.
+ *   `message` is the RC peer's WRITE under way as responder.py sees it, None or the tuple
+ *   (region, offset of its next byte, bytes left); here the region and two numbers.
  *
  * Placer(qps, regions, stats, address, dport, sport_base): one responder's tables (QPN ->
  *   QpState, R_Key -> MemoryRegion, the stats dict), its packed address and port (the ICRC
@@ -36,7 +40,11 @@
 /* numbers Python has too: tests/test_c_constants.py holds each equal to its Python constant */
 #define MAX_WINDOW 8192 /* PSNs: the largest MPR (config.py MAX_MPR x MPR_PSNS) */
 #define WORDS (MAX_WINDOW / 64)
+#define OP_WRITE_FIRST 0x06 /* an RC peer's multi-packet WRITE: FIRST (with RETH), MIDDLE, LAST */
+#define OP_WRITE_MIDDLE 0x07
+#define OP_WRITE_LAST 0x08
 #define OP_WRITE_ONLY 0x0A
+#define BTH_LEN 12
 #define HEAD_LEN 28 /* BTH + RETH */
 #define DSCP_TRIMMED 10 /* wire/format.py */
 #define DSCP_TRIMMED_LASTHOP 11
@@ -46,6 +54,8 @@
 typedef struct {
     PyObject_HEAD
     PyObject *peer, *pending_imm, *ce_counts;
+    PyObject *msg_mr; /* the RC peer's WRITE under way: its region (NULL: none), next byte, bytes left */
+    long long msg_start, msg_left, not_ends;
     long long epsn, pd, since_ack, ack_every, unacked_since, echo_psn, echo_ev, echo_at, cnp_last, cnp_interval;
     int pkey, window;
     char in_order_only, ack_due, ecn, cnp, cnp_due;
@@ -74,6 +84,7 @@ static int qp_traverse(QpState *self, visitproc visit, void *arg) {
     Py_VISIT(self->peer);
     Py_VISIT(self->pending_imm);
     Py_VISIT(self->ce_counts);
+    Py_VISIT(self->msg_mr);
     return 0;
 }
 
@@ -81,6 +92,7 @@ static int qp_clear(QpState *self) {
     Py_CLEAR(self->peer);
     Py_CLEAR(self->pending_imm);
     Py_CLEAR(self->ce_counts);
+    Py_CLEAR(self->msg_mr);
     return 0;
 }
 
@@ -171,6 +183,35 @@ static int qp_set_reorder(QpState *self, PyObject *value, void *closure) {
     return 0;
 }
 
+static PyObject *qp_get_message(QpState *self, void *closure) {
+    if (self->msg_mr == NULL)
+        Py_RETURN_NONE;
+    return Py_BuildValue("(OLL)", self->msg_mr, self->msg_start, self->msg_left);
+}
+
+static int qp_set_message(QpState *self, PyObject *value, void *closure) {
+    if (value == NULL) {
+        PyErr_SetString(PyExc_TypeError, "a QP's message cannot be deleted (set None)");
+        return -1;
+    }
+    if (value == Py_None) {
+        Py_CLEAR(self->msg_mr);
+        self->msg_start = self->msg_left = 0;
+        return 0;
+    }
+    PyObject *mr;
+    long long start, left;
+    if (!PyTuple_Check(value) || !PyArg_ParseTuple(value, "OLL", &mr, &start, &left)) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_TypeError, "message: None or (region, offset, bytes left)");
+        return -1;
+    }
+    Py_XSETREF(self->msg_mr, Py_NewRef(mr));
+    self->msg_start = start;
+    self->msg_left = left;
+    return 0;
+}
+
 /* peer, pending_imm and ce_counts: objects the placement reads at every packet, so never deleted
    (a deletion would leave NULL where it looks; set None for any peer, or empty the dict, instead) */
 typedef struct {
@@ -210,6 +251,8 @@ static PyGetSetDef qp_getset[] = {
     {"reorder", (getter)qp_get_reorder, (setter)qp_set_reorder,
      "placed packets by how many PSNs behind the highest placed they came (bucket 0: none; b: 2^(b-1)..2^b-1)", NULL},
     {"received", (getter)qp_get_received, (setter)qp_set_received, "bit (window-1-i): PSN epsn+i arrived", NULL},
+    {"message", (getter)qp_get_message, (setter)qp_set_message,
+     "an RC peer's WRITE under way after its FIRST: (region, offset of the next byte, bytes left), or None", NULL},
     {"window", (getter)qp_get_window, (setter)qp_set_window, "the SACK window in PSNs (setting it clears received)",
      NULL},
     {NULL},
@@ -232,6 +275,7 @@ static PyMemberDef qp_members[] = {
     {"cnp_due", T_BOOL, offsetof(QpState, cnp_due), 0, "a CNP is to be sent at the next pump"},
     {"cnp_last", T_LONGLONG, offsetof(QpState, cnp_last), 0, "when the last CNP was due"},
     {"cnp_interval", T_LONGLONG, offsetof(QpState, cnp_interval), 0, "at most one CNP per this long (ns)"},
+    {"not_ends", T_LONGLONG, offsetof(QpState, not_ends), 0, "placed FIRSTs and MIDDLEs (they end no message)"},
     {"top_psn", T_LONGLONG, offsetof(QpState, top_psn), 0, "the highest PSN placed (unbounded)"},
     {"reorder_max", T_LONGLONG, offsetof(QpState, reorder_max), 0, "the most PSNs a placed packet came behind it"},
     {NULL},
@@ -395,11 +439,17 @@ static PyObject *placer_place(Placer *self, PyObject *const *args, Py_ssize_t na
     PyObject *result = Py_False, *found = NULL, *mr = NULL, *view_obj = NULL;
     const unsigned char *p = payload.buf;
     size_t n = (size_t)payload.len;
-    if (n < HEAD_LEN + 4 || p[0] != OP_WRITE_ONLY || (p[1] & 0x0F))
+    /* WRITE_ONLY and an RC peer's FIRST carry a RETH (a FIRST's: the whole message); MIDDLE and LAST do not */
+    int op = n >= BTH_LEN ? p[0] : -1, reth = op == OP_WRITE_ONLY || op == OP_WRITE_FIRST;
+    if ((!reth && op != OP_WRITE_MIDDLE && op != OP_WRITE_LAST) || (p[1] & 0x0F))
         goto done;
-    size_t pad = (p[1] >> 4) & 3, end = n - 4;
-    if (end < HEAD_LEN + pad || be32(p + 24) != end - pad - HEAD_LEN)
+    size_t head = reth ? HEAD_LEN : BTH_LEN, pad = (p[1] >> 4) & 3;
+    if (n < head + 4 || n - 4 < head + pad)
         goto done;
+    size_t end = n - 4, length = end - pad - head;
+    uint32_t dma_len = reth ? be32(p + 24) : 0;
+    if ((op == OP_WRITE_ONLY && dma_len != length) || (op == OP_WRITE_FIRST && dma_len < length))
+        goto done;  /* (the decoder's BAD_LENGTH) */
     uint32_t wire_icrc = (uint32_t)p[n - 4] | ((uint32_t)p[n - 3] << 8) | ((uint32_t)p[n - 2] << 16) |
                          ((uint32_t)p[n - 1] << 24);
     if (roce_icrc(src, self->address, (int)sport, self->dport, p, n) != wire_icrc)
@@ -407,9 +457,6 @@ static PyObject *placer_place(Placer *self, PyObject *const *args, Py_ssize_t na
     int pkey = (p[2] << 8) | p[3];
     uint32_t qpn = be32(p + 4) & 0xFFFFFF, psn_word = be32(p + 8);
     long long psn = psn_word & 0xFFFFFF;
-    uint64_t va = ((uint64_t)be32(p + 12) << 32) | be32(p + 16);
-    uint32_t rkey = be32(p + 20);
-    size_t length = end - pad - HEAD_LEN;
     PyObject *key = PyLong_FromUnsignedLong(qpn);
     if (key == NULL)
         goto fail;
@@ -435,29 +482,55 @@ static PyObject *placer_place(Placer *self, PyObject *const *args, Py_ssize_t na
     if (diff >= (1 << 23))
         diff -= 1 << 24;
     if (diff < 0 || diff >= qp->window || (diff > 0 && qp->in_order_only) ||
-        (qp->bits[diff >> 6] >> (diff & 63) & 1))
-        goto done;
-    key = PyLong_FromUnsignedLong(rkey);
-    if (key == NULL)
-        goto fail;
-    mr = Py_XNewRef(PyDict_GetItemWithError(self->regions, key));
-    Py_DECREF(key);
-    if (mr == NULL) {
-        if (PyErr_Occurred())
-            goto fail;
-        goto done;
-    }
+        (qp->bits[diff >> 6] >> (diff & 63) & 1) || (op != OP_WRITE_ONLY && diff != 0))
+        goto done;  /* (an RC peer's message is placed in PSN order only) */
     long long mr_pd, mr_va;
-    if (!region_of(mr, &mr_pd, &mr_va, &view_obj) || mr_pd != qp->pd || mr_va < 0 || va < (uint64_t)mr_va)
-        goto done;
+    uint64_t start, need = length;
+    if (reth) {  /* the region its R_Key names, the whole message (a FIRST's) within it, as an RC responder checks */
+        uint64_t va = ((uint64_t)be32(p + 12) << 32) | be32(p + 16);
+        key = PyLong_FromUnsignedLong(be32(p + 20));
+        if (key == NULL)
+            goto fail;
+        mr = Py_XNewRef(PyDict_GetItemWithError(self->regions, key));
+        Py_DECREF(key);
+        if (mr == NULL) {
+            if (PyErr_Occurred())
+                goto fail;
+            goto done;
+        }
+        if (!region_of(mr, &mr_pd, &mr_va, &view_obj) || mr_pd != qp->pd || mr_va < 0 || va < (uint64_t)mr_va)
+            goto done;
+        start = va - (uint64_t)mr_va;
+        if (op == OP_WRITE_FIRST)
+            need = dma_len;
+    } else {  /* a MIDDLE or LAST continues the message its FIRST opened (regions.py next_of_message) */
+        if (qp->msg_mr == NULL || (long long)length > qp->msg_left ||
+            (op == OP_WRITE_LAST && (long long)length != qp->msg_left) || qp->msg_start < 0)
+            goto done;
+        mr = Py_NewRef(qp->msg_mr);
+        if (!region_of(mr, &mr_pd, &mr_va, &view_obj))
+            goto done;
+        start = (uint64_t)qp->msg_start;
+    }
     Py_buffer *region = PyMemoryView_GET_BUFFER(view_obj);
-    uint64_t start = va - (uint64_t)mr_va;
-    if (start > (uint64_t)region->len || (uint64_t)region->len - start < length)
+    if (start > (uint64_t)region->len || (uint64_t)region->len - start < need)
         goto done;
     /* the common case: place it, and account for it as responder.py does */
-    memcpy((char *)region->buf + start, p + HEAD_LEN, length);
+    memcpy((char *)region->buf + start, p + head, length);
     if (add_stat(self->stats, s_packets_placed, 1) < 0 || add_stat(self->stats, s_bytes_placed, (long long)length) < 0)
         goto fail;
+    if (op == OP_WRITE_FIRST) {  /* a FIRST always starts over (a retried message's too) */
+        Py_XSETREF(qp->msg_mr, Py_NewRef(mr));
+        qp->msg_start = (long long)(start + length);
+        qp->msg_left = (long long)dma_len - (long long)length;
+    } else if (op == OP_WRITE_MIDDLE) {
+        qp->msg_start += (long long)length;
+        qp->msg_left -= (long long)length;
+    } else if (op == OP_WRITE_LAST) {
+        Py_CLEAR(qp->msg_mr);
+        qp->msg_start = qp->msg_left = 0;
+    }
+    qp->not_ends += op == OP_WRITE_FIRST || op == OP_WRITE_MIDDLE;
     qp->echo_psn = psn;
     qp->echo_ev = sport - self->sport_base;
     qp->echo_at = now;

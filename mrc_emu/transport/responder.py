@@ -47,9 +47,9 @@ except ImportError:  # pragma: no cover - the extension was not built
 # A responder QP's state: the fields the C placement (_place.c) reads and writes, and those only Python uses
 _SHARED = ("peer", "epsn", "pd", "window", "pkey", "in_order_only", "received", "pending_imm", "since_ack",
            "ack_every", "unacked_since", "ack_due", "echo_psn", "echo_ev", "echo_at", "ecn", "ce_counts", "cnp",
-           "cnp_due", "cnp_last", "cnp_interval", "top_psn", "reorder", "reorder_max")
+           "cnp_due", "cnp_last", "cnp_interval", "top_psn", "reorder", "reorder_max", "message", "not_ends")
 _PYTHON_ONLY = ("qpn", "peer_qpn", "start_psn", "paths_back", "config", "nak", "nak_sent_at", "nak_psn", "trims",
-                "ev_of_wire", "message", "not_ends")
+                "ev_of_wire")
 _TRIMMED_DSCPS = (fmt.DSCP_TRIMMED, fmt.DSCP_TRIMMED_LASTHOP)
 REORDER_BUCKETS = 16  # _place.c: placed packets by PSNs behind the highest: 0, then [2^(b-1), 2^b - 1]
 MAX_PENDING_TRIMS = 1024  # TRIM NACKs a QP holds between two pumps (more: counted drops)
