@@ -354,3 +354,18 @@ def test_uecs_scaling_factor_can_come_from_one_planes_link_while_maxwnd_covers_t
     assert plane.p.fi == nic.p.fi / 2 and plane.p.eta == nic.p.eta / 2 and plane.p.fi_scale == nic.p.fi_scale / 2
     assert plane.alpha == pytest.approx(nic.alpha / 2)
     assert plane.p.fi == 5 * 4096 * (400e6 / 8 * 366e-6) / 150_000  # a = one link's BDP / UEC's reference BDP
+
+
+def test_no_rtt_sample_takes_the_base_rtt_under_its_floor():
+    # an emulated port's token bucket lets an idle path's first frame through unserialised: an 8 us
+    # sample on a path whose packets take 361 us to serialise must not become the base RTT (a QP
+    # whose base fell to it read every later delay 360 us too long and cut deeper than its peers)
+    floored = make_cc("nscc", 4096, 800e6, 366_000, base_rtt_floor_ns=361_000)
+    free = make_cc("nscc", 4096, 800e6, 366_000)
+    for cc in (floored, free):
+        cc.on_sent(0, 0, 4096)
+        cc.on_acked(10_000, 0, 4096, 8_000, 8_000.0, False)
+    assert floored.base_rtt == 361_000 and free.base_rtt == 8_000
+    floored.on_sent(20_000, 0, 4096)
+    floored.on_acked(400_000, 0, 4096, 350_000, 350_000.0, False)  # under the floor too: no change
+    assert floored.base_rtt == 361_000

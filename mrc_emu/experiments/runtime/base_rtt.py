@@ -168,10 +168,12 @@ def for_specs(topo: Topology, specs: Sequence[Spec], plans: Sequence[QpPaths], o
         network = found.network_ns if serial and found.network_ns is not None else found.loop_ns
         found = replace(found, ns=network + serial, window_ns=found.loop_ns + serial, serialization_ns=serial)
     out = []
-    for spec in specs:
+    for spec, plan in zip(specs, plans):
         if measures(spec):
             window = found.window_ns or found.ns
-            options = {**(cc_options("nscc", spec.config.cc_rate_bps, window, spec.config.link_rate_bps) or {}),
+            # no sample takes NSCC's base RTT under a packet's serialisation (an idle TBF's bucket skips it)
+            floor = min((serialization_ns(topo, spec, plan, ev) for ev in _probed(topo, spec, plan)), default=0)
+            options = {**(cc_options("nscc", spec.config.cc_rate_bps, window, spec.config.link_rate_bps, floor) or {}),
                        **(spec.config.cc_options or {})}
             spec = replace(spec, config=replace(spec.config, base_rtt_ns=found.ns, cc_options=options or None))
         out.append(spec)

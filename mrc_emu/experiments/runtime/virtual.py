@@ -133,7 +133,7 @@ def _configured(spec: TransferSpec, fabric: VirtualFabric, rtt_ns: int, emulator
     nic = spec.config.nic_rate_bps or (rate * fabric.topo.planes if spec.config.path_avoidance else None)
     config = replace(spec.config, link_rate_bps=rate, nic_rate_bps=nic, base_rtt_ns=spec.config.base_rtt_ns or rtt_ns)
     options = config.cc_options if config.cc_options is not None else cc_options(spec.cc, config.cc_rate_bps,
-                                                                                  config.base_rtt_ns, rate)
+                                                                                  config.base_rtt_ns, rate, rtt_ns)
     # the guards against the namespace emulator's own reordering (a host's two CPUs), where the QP's
     # config leaves them at their defaults: the model reorders nothing of one path, so one witness
     # decides a path failure and the reorder window's floor is the model's 1 us link delay

@@ -96,13 +96,17 @@ class Nscc(CongestionControl):
 
     def __init__(self, params: NsccParams | None = None, mtu: int = 4096, link_rate_bps: float | None = None,
                  base_rtt_ns: int | None = None, *, trimming: bool = True, rccc: bool = False,
-                 scale_rate_bps: float | None = None, **ocp) -> None:
+                 scale_rate_bps: float | None = None, base_rtt_floor_ns: int = 0, **ocp) -> None:
         """`link_rate_bps`/`base_rtt_ns`: the slower end's link and config_base_rtt (None: unknown);
         `trimming`: whether the fabric trims (target and qa_threshold follow); `rccc`: receiver
         credit CC on, so a last-hop trim leaves the window alone; `scale_rate_bps`: the rate UEC's
         scaling factor a (and so alpha, fi, eta, fi_scale) is taken from, where it is not
         `link_rate_bps` (a multi-plane NIC: one plane's link, as uet-htsim's initNsccParams takes
-        its link speed, while MaxWnd covers the NIC); `ocp`: NsccParams fields."""
+        its link speed, while MaxWnd covers the NIC); `base_rtt_floor_ns`: no RTT sample takes
+        base_rtt below this (a full packet's and its ACK's serialisation over the path, which no
+        switch port skips; an emulated port's token bucket lets an idle path's first frame through
+        unserialised, and a QP whose base_rtt fell to such an 8 us sample read every later delay
+        360 us too long and cut deeper than its peers); `ocp`: NsccParams fields."""
         params = replace(params or NsccParams(), **ocp)
         if base_rtt_ns is not None and params.base_rtt is None:
             params = replace(params, base_rtt=base_rtt_ns)
@@ -119,6 +123,7 @@ class Nscc(CongestionControl):
         self.cwnd = float(self.p.max_cwnd)
         self.max_wnd = float(self.p.max_cwnd)
         self.base_rtt = self.p.base_rtt
+        self.base_rtt_floor = base_rtt_floor_ns
         self.inflight = 0
         self.saved_cwnd = 0.0
         self.achieved_bytes = self.received_bytes = self.fi_count = 0
@@ -160,9 +165,9 @@ class Nscc(CongestionControl):
             # processAck), so a marked ACK without a sample can still cut and an unmarked one grow
             delay = self.avg_delay
         else:
-            if rtt_ns < self.base_rtt:
-                self._update_base_rtt(rtt_ns)
-            delay = rtt_ns - self.base_rtt
+            if rtt_ns < self.base_rtt and self.base_rtt > self.base_rtt_floor:
+                self._update_base_rtt(max(rtt_ns, self.base_rtt_floor))
+            delay = max(0, rtt_ns - self.base_rtt)
             self._update_delay(delay, n)
         p = self.p
         # (quick adapt is called only where it can act: its ignore phase, or after its period)
