@@ -142,3 +142,15 @@ def default_fabric(fabric_name):
     with Fabric.open(fabric_name) as fabric:
         yield fabric
     build.down(fabric_name)
+
+
+class CountingPlacer:
+    """Wraps a responder's C placement and counts the packets it placed itself."""
+
+    def __init__(self, place) -> None:
+        self.place, self.placed = place, 0
+
+    def __call__(self, *args) -> bool:
+        done = self.place(*args)
+        self.placed += done
+        return done

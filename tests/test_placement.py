@@ -12,6 +12,7 @@ import random
 import socket
 
 import pytest
+from conftest import CountingPlacer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -51,18 +52,6 @@ class _Recording(MemoryNetwork):
     def send(self, frame, path) -> bool:
         self.frames.append((path.ev, bytes(frame)))
         return super().send(frame, path)
-
-
-class _Counting:
-    """Wraps a responder's C placement and counts the packets it placed itself."""
-
-    def __init__(self, place) -> None:
-        self.place, self.placed = place, 0
-
-    def __call__(self, *args) -> bool:
-        done = self.place(*args)
-        self.placed += done
-        return done
 
 
 def _responders(config: QpConfig, size: int):
@@ -142,7 +131,7 @@ def test_c_placement_does_what_the_python_path_does_datagram_by_datagram(datagra
     counters, drops, completions and QP state after every datagram."""
     mtu = 256
     runs = _responders(QpConfig(mtu=mtu), 64 * mtu)
-    counting = _Counting(runs[0][0]._place)
+    counting = CountingPlacer(runs[0][0]._place)
     runs[0][0]._place = counting
     results = []
     for responder, mr, own, buffer, other in runs:
@@ -169,7 +158,7 @@ def _transfer(c_path: bool, size: int, faults: dict, seed: int, config: QpConfig
     responder = Responder(DST, config, random_bits=bits(1), c_path=c_path)
     counting = None
     if responder._place is not None:
-        counting = responder._place = _Counting(responder._place)
+        counting = responder._place = CountingPlacer(responder._place)
     buffer = bytearray(size)
     mr = responder.register(buffer)
     responder.accept(0x22, 0x11, 12345, PATHS.back, config=config)

@@ -14,6 +14,7 @@ import random
 import socket
 
 import pytest
+from conftest import CountingPlacer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -38,18 +39,6 @@ MTU = 256
 QPN, PEER_QPN, START = 0x33, 0x44, 0xFFFFF8  # the PSNs wrap within the first messages
 FIRST, MIDDLE, LAST, LAST_IMM = (Opcode.RDMA_WRITE_FIRST, Opcode.RDMA_WRITE_MIDDLE, Opcode.RDMA_WRITE_LAST,
                                  Opcode.RDMA_WRITE_LAST_WITH_IMMEDIATE)
-
-
-class _Counting:
-    """Wraps a responder's C placement and counts the packets it placed itself."""
-
-    def __init__(self, place) -> None:
-        self.place, self.placed = place, 0
-
-    def __call__(self, *args) -> bool:
-        done = self.place(*args)
-        self.placed += done
-        return done
 
 
 def _stream(sizes: list[int], va: int, rkey: int) -> list[DataPacket]:
@@ -143,7 +132,7 @@ def _run(c_path: bool, go_back_n: bool, sizes: list[int], datagrams) -> tuple:
     responder, mr, buffer = _responder(c_path, go_back_n, region_len)
     counting = None
     if responder._place is not None:
-        counting = responder._place = _Counting(responder._place)
+        counting = responder._place = CountingPlacer(responder._place)
     stream = _stream(sizes, mr.va, mr.rkey)
     frames, trace = [], []
     for i, (delta, kind, tclass, pump) in enumerate(datagrams):

@@ -410,6 +410,17 @@ done:
     return ok;
 }
 
+/* `table`[k] (a dict keyed by Python ints: QPNs, R_Keys) as a new reference in *out, NULL if absent;
+   -1 with an exception set if the lookup failed */
+static int table_get(PyObject *table, unsigned long k, PyObject **out) {
+    PyObject *key = PyLong_FromUnsignedLong(k);
+    if (key == NULL)
+        return -1;
+    *out = Py_XNewRef(PyDict_GetItemWithError(table, key));
+    Py_DECREF(key);
+    return *out == NULL && PyErr_Occurred() ? -1 : 0;
+}
+
 static PyObject *placer_place(Placer *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 4 && nargs != 5) {
         PyErr_SetString(PyExc_TypeError, "place(payload, src, sport, now[, tclass])");
@@ -457,16 +468,10 @@ static PyObject *placer_place(Placer *self, PyObject *const *args, Py_ssize_t na
     int pkey = (p[2] << 8) | p[3];
     uint32_t qpn = be32(p + 4) & 0xFFFFFF, psn_word = be32(p + 8);
     long long psn = psn_word & 0xFFFFFF;
-    PyObject *key = PyLong_FromUnsignedLong(qpn);
-    if (key == NULL)
+    if (table_get(self->qps, qpn, &found) < 0)
         goto fail;
-    found = Py_XNewRef(PyDict_GetItemWithError(self->qps, key));
-    Py_DECREF(key);
-    if (found == NULL) {
-        if (PyErr_Occurred())
-            goto fail;
+    if (found == NULL)
         goto done;
-    }
     if (!PyObject_TypeCheck(found, &QpStateType))
         goto done;
     QpState *qp = (QpState *)found;
@@ -488,16 +493,10 @@ static PyObject *placer_place(Placer *self, PyObject *const *args, Py_ssize_t na
     uint64_t start, need = length;
     if (reth) {  /* the region its R_Key names, the whole message (a FIRST's) within it, as an RC responder checks */
         uint64_t va = ((uint64_t)be32(p + 12) << 32) | be32(p + 16);
-        key = PyLong_FromUnsignedLong(be32(p + 20));
-        if (key == NULL)
+        if (table_get(self->regions, be32(p + 20), &mr) < 0)
             goto fail;
-        mr = Py_XNewRef(PyDict_GetItemWithError(self->regions, key));
-        Py_DECREF(key);
-        if (mr == NULL) {
-            if (PyErr_Occurred())
-                goto fail;
+        if (mr == NULL)
             goto done;
-        }
         if (!region_of(mr, &mr_pd, &mr_va, &view_obj) || mr_pd != qp->pd || mr_va < 0 || va < (uint64_t)mr_va)
             goto done;
         start = va - (uint64_t)mr_va;

@@ -148,17 +148,19 @@ def for_specs(topo: Topology, specs: Sequence[Spec], plans: Sequence[QpPaths], o
     the largest data packet over the longest of them, or the topology's default if no probe came
     back. The base RTT is None if no spec needed one."""
     evs_of: dict[str, set[tuple[str, int]]] = {}
-    for spec, plan in zip(specs, plans):
+    serials: dict[int, list[int]] = {}  # a measuring spec's packet serialization over each EV it probes
+    for i, (spec, plan) in enumerate(zip(specs, plans)):
         if measures(spec):
-            evs_of.setdefault(spec.src, set()).update((spec.dst, ev) for ev in _probed(topo, spec, plan))
+            evs = list(_probed(topo, spec, plan))
+            evs_of.setdefault(spec.src, set()).update((spec.dst, ev) for ev in evs)
+            serials[i] = [serialization_ns(topo, spec, plan, ev) for ev in evs]
     if not evs_of:
         return list(specs), None
     found = measure(topo, ops, workers, address_of, evs_of)
     if found is None:
         found = BaseRtt(topo.ports.base_rtt_ns, "topology default")
     else:
-        serial = max(serialization_ns(topo, spec, plan, ev) for spec, plan in zip(specs, plans) if measures(spec)
-                     for ev in _probed(topo, spec, plan))
+        serial = max(ns for per_ev in serials.values() for ns in per_ev)
         # on a shaped fabric the CC's base RTT is the network's (NSCC's target delay and steps scale
         # with it: with the endpoints' answering in it, 88 us of the emulator's own time at K = 4,
         # a 16-to-1 incast queued to 43.8 KB at the median against Kmax 40 KB, in virtual time as
@@ -168,11 +170,11 @@ def for_specs(topo: Topology, specs: Sequence[Spec], plans: Sequence[QpPaths], o
         network = found.network_ns if serial and found.network_ns is not None else found.loop_ns
         found = replace(found, ns=network + serial, window_ns=found.loop_ns + serial, serialization_ns=serial)
     out = []
-    for spec, plan in zip(specs, plans):
+    for i, spec in enumerate(specs):
         if measures(spec):
             window = found.window_ns or found.ns
             # no sample takes NSCC's base RTT under a packet's serialisation (an idle TBF's bucket skips it)
-            floor = min((serialization_ns(topo, spec, plan, ev) for ev in _probed(topo, spec, plan)), default=0)
+            floor = min(serials[i], default=0)
             options = {**(cc_options("nscc", spec.config.cc_rate_bps, window, spec.config.link_rate_bps, floor) or {}),
                        **(spec.config.cc_options or {})}
             spec = replace(spec, config=replace(spec.config, base_rtt_ns=found.ns, cc_options=options or None))

@@ -208,8 +208,10 @@ def _fault_share(transport: Transport, topo, fr: FaultRun, entry: dict, src: str
         return None
     at = {i for i, e in enumerate(entry["per_ev"]) if e["ev"] in evs}  # the timeline's columns: per_ev's order
     held = metrics.share_of(entry["ev_timeline"], at, times[0], times[1] if len(times) > 1 else None)
-    return held is not None and {"fault": fr.fault.describe(), "evs": sorted(evs), "share": held,
-                                 "before": metrics.share_of(entry["ev_timeline"], at, 0.0, times[0])} or None
+    if held is None:
+        return None
+    return {"fault": fr.fault.describe(), "evs": sorted(evs), "share": held,
+            "before": metrics.share_of(entry["ev_timeline"], at, 0.0, times[0])}
 
 
 def _summarise(transport: Transport, results: Run, runs: list[FaultRun], pcap: str | None, topo=None,

@@ -165,8 +165,8 @@ class Nscc(CongestionControl):
             # processAck), so a marked ACK without a sample can still cut and an unmarked one grow
             delay = self.avg_delay
         else:
-            if rtt_ns < self.base_rtt and self.base_rtt > self.base_rtt_floor:
-                self._update_base_rtt(max(rtt_ns, self.base_rtt_floor))
+            if (lower := max(rtt_ns, self.base_rtt_floor)) < self.base_rtt:
+                self._update_base_rtt(lower)
             delay = max(0, rtt_ns - self.base_rtt)
             self._update_delay(delay, n)
         p = self.p
