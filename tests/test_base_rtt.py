@@ -77,8 +77,10 @@ def test_nscc_without_a_topology_base_rtt_gets_the_measured_one_and_maxwnd_from_
     # 1.5 BDP of the NIC (two planes' links at 400 Mbit/s: MRC sprays over both): 117,144 B; UEC's
     # scaling factor a from one plane's link, as uet-htsim's initNsccParams takes the link speed
     # and no RTT sample takes NSCC's base RTT under a packet's serialization (an idle TBF's bucket skips it)
+    # and each sample gets back what its idle hops' token buckets skip: all of that serialization
+    # but the busy last hop's data frame (4,302 B: 86,040 ns)
     assert specs[0].config.cc_options == {"max_cwnd": max_wnd_for(800e6, found.window_ns), "scale_rate_bps": 400e6,
-                                          "base_rtt_floor_ns": serial}
+                                          "base_rtt_floor_ns": serial, "unseen_ns": serial - 86_040}
     assert specs[0].config.cc_rate_bps == 800e6 and "MaxWnd covers the whole loop, 781 us" in found.describe()
     assert specs[1] is baseline
     assert base_rtt.source_of(INCAST, specs[0], found) == {"ns": found.ns, "source": "measured"}

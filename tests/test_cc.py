@@ -369,3 +369,24 @@ def test_no_rtt_sample_takes_the_base_rtt_under_its_floor():
     floored.on_sent(20_000, 0, 4096)
     floored.on_acked(400_000, 0, 4096, 350_000, 350_000.0, False)  # under the floor too: no change
     assert floored.base_rtt == 361_000
+
+
+def test_nscc_adds_back_the_serialisation_a_token_bucket_fabric_leaves_out_of_its_samples():
+    # on `incast` a sample over a path whose one busy port is the last hop lacks every other hop's
+    # serialisation (275 us: TBF passes a frame through an idle port at once). Samples of 500 us
+    # over a 366 us base RTT are a queue 409 us deep, over the 274.5 us target: a marked ACK cuts.
+    # Read raw they say 134 us, under the target, and a marked ACK changes nothing
+    unseen = 274_920
+    told = make_cc("nscc", 4096, 800e6, 366_000, unseen_ns=unseen)
+    raw = make_cc("nscc", 4096, 800e6, 366_000)
+    for cc in (told, raw):
+        for i in range(200):  # unmarked: the delay average follows the samples
+            cc.on_sent(i * 100_000, 0, 4096)
+            cc.on_acked(i * 100_000 + 50_000, 0, 4096, 500_000, 500_000.0, False)
+        cc.cwnd = 40_000.0
+        cc.on_sent(20_000_000, 0, 4096)
+        cc.on_acked(20_500_000, 0, 4096, 500_000, 500_000.0, True)
+        assert cc.base_rtt == 366_000  # no sample went under it
+    assert told.avg_delay == pytest.approx(408_920 * (1 - (1 - 0.0125) ** 201))
+    assert told.avg_delay > told.p.target_delay and told.cwnd < 0.9 * 40_000  # cut (x0.78)
+    assert raw.avg_delay < raw.p.target_delay and raw.cwnd >= 40_000  # untouched (the batched increase aside)

@@ -125,6 +125,32 @@ def test_without_a_bucket_a_port_serialises_and_a_degrade_reshapes_the_bucket():
     assert port.rate_bps == 100_000_000 and port.bucket == 9_014
 
 
+def test_a_bucket_hides_the_serialisation_of_idle_hops_only_and_the_model_says_how_much():
+    # TBF's bucket (a 9,014-byte frame at 400 Mbit/s, 50 bytes a us): an idle port lets a frame
+    # through at once, where a switch port takes its serialisation; a port holding more than its
+    # bucket delays a frame by the queue its rule sees (backlog less the bucket) and its own
+    # serialisation, as a switch holding that queue does
+    engine, fabric = _fabric(_bucket_topology(1), link_delay_ns=0)
+    port = fabric.towards("p0l0", "p0s1")
+    got, seen = [], []
+    port._arrive = lambda arrival: got.append(engine.now)
+
+    def offer(_):
+        seen.append((engine.now, max(0, port.backlog(engine.now) - port.bucket)))
+        port.offer(bytearray(4186))
+    for at in (0, 0, 0, 0, 1_000_000):
+        engine.at(at, offer)
+    engine.run()
+    delays = [done - at for done, (at, _) in zip(got, seen)]
+    assert delays[0] == 0 and delays[-1] == 0  # idle: no serialisation at all (a switch: 84 us)
+    assert seen[3][1] == 12_600 - 9_014 and delays[3] == (seen[3][1] + 4_200) * 20  # busy: queue and own frame
+    # so a round trip over 4 links with one busy port lacks every serialisation but its data frame's
+    out, back = 4_302, 224
+    assert fabric.path_unseen_ns(4, out, back) == 4 * (out + back) * 20 - out * 20
+    _, serialising = _fabric(_bucket_topology(None))
+    assert serialising.path_unseen_ns(4, out, back) == 0  # without a bucket every port serialises
+
+
 def test_control_frames_leave_ahead_of_queued_data():
     from mrc_emu.transport.multipath.paths import qp_paths
     from mrc_emu.wire.format import AckPacket, DataPacket

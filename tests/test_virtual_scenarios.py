@@ -193,8 +193,8 @@ def test_a_cross_validation_can_choose_the_ecmp_salt_and_keep_the_emulated_worke
 
     spec = Transport.MRC.spec("h0", "h2", 1 << 20, 4096, topology=DEFAULT)
     fabric = VirtualFabric(DEFAULT, Engine(), random.Random(0))
-    model = _configured(spec, fabric, 9_440).config
-    kept = _configured(spec, fabric, 9_440, emulator_guards=True).config
+    model = _configured(spec, fabric, 9_440, 0).config
+    kept = _configured(spec, fabric, 9_440, 0, emulator_guards=True).config
     assert (model.witnesses, model.reorder_floor_ns) == (1, 1_000)  # the model's own: it reorders nothing
     assert (kept.witnesses, kept.reorder_floor_ns) == (QpConfig.witnesses, QpConfig.reorder_floor_ns)
 

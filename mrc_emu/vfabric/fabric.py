@@ -69,6 +69,7 @@ class VirtualFabric:
         # do the same (ports.py). Without it a port serialises every frame (docs/virtual.md)
         bucket = None if self.rate_default or topo.ports.bucket is None else \
             (lambda rate: tbf_shape(rate, topo.mtu, topo.ports.bucket)[1])
+        self.bucketed = bucket is not None  # an idle port passes a frame at once (path_unseen_ns)
         by_id = {node.node_id: node for node in topo.nodes.values()}
         self.ribs = {name: Rib(topo, name, by_id) for name in topo.nodes}
         self.ports: dict[str, dict[int, EgressPort]] = {name: {} for name in topo.nodes}
@@ -260,6 +261,16 @@ class VirtualFabric:
         """The unloaded round trip over a path of `links` links: a frame of `out_bytes` on the wire
         out, one of `back_bytes` back, each serialised and propagated at every link."""
         return links * (2 * self.link_delay_ns + (out_bytes + back_bytes) * NS_BITS // self.rate_bps)
+
+    def path_unseen_ns(self, links: int, out_bytes: int, back_bytes: int) -> int:
+        """What of path_rtt_ns a frame pair does not take over a path of `links` links with one
+        busy port: with TBF's bucket an idle port passes a frame at once, a busy one delays it by
+        its queue and its own serialisation (ports.py), so every serialisation but the busy port's
+        data frame's; 0 where every port serialises every frame."""
+        if not self.bucketed:
+            return 0
+        return self.path_rtt_ns(links, out_bytes, back_bytes) - self.path_rtt_ns(links, 0, 0) - \
+            out_bytes * NS_BITS // self.rate_bps
 
     def port_counters(self) -> dict[str, dict[str, dict[str, Any]]]:
         """Per node and interface, the counters of every port that carried a frame."""

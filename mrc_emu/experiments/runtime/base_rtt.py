@@ -126,13 +126,30 @@ def serialization_ns(topo: Topology, spec: Spec, plan: QpPaths, ev: int) -> int:
     """What an idle port does not do to a probe: serialize one of the spec's full data packets
     over the EV's links and its ACK back over as many, at the topology's link rate (0 without
     one: an unshaped veth's copy is in the measured loop already)."""
+    links, data, ack = _frames(topo, spec, plan, ev)
+    return round(links * (data + ack) * 8e9 / topo.link_rate_bps) if links else 0
+
+
+def unseen_ns(topo: Topology, spec: Spec, plan: QpPaths, ev: int) -> int:
+    """The serialisation an RTT sample over the EV lacks on this fabric: every port is a token
+    bucket (fabric/build.py shape_node) that passes a frame through an idle hop at once, while a
+    busy one delays it by its queue and its own serialisation, as a switch port does; so a sample
+    over a path with one busy port, an incast's last hop, lacks every hop's serialisation but
+    that one data frame's (0 on an unshaped fabric)."""
+    links, data, _ = _frames(topo, spec, plan, ev)
+    return serialization_ns(topo, spec, plan, ev) - round(data * 8e9 / topo.link_rate_bps) if links else 0
+
+
+def _frames(topo: Topology, spec: Spec, plan: QpPaths, ev: int) -> tuple[int, int, int]:
+    """(links, data frame bytes, ACK frame bytes) of the spec's EV, as its ports count them (links
+    0: an unshaped fabric)."""
     if not topo.link_rate_bps:
-        return 0
+        return 0, 0, 0
     links = len(evs_between(topo, spec.src, spec.dst)[ev].links)
     forward, back = plan.forward.get(ev), plan.back.get(ev)
     data = ETHERNET_LEN + spec.config.mtu + DATA_OVERHEAD + (len(forward.template.encap.outer) if forward else 0)
     ack = ETHERNET_LEN + ACK_OVERHEAD + (len(back.template.encap.outer) if back else 0)
-    return round(links * (data + ack) * 8e9 / topo.link_rate_bps)
+    return links, data, ack
 
 
 def measures(spec: Spec) -> bool:
@@ -149,11 +166,13 @@ def for_specs(topo: Topology, specs: Sequence[Spec], plans: Sequence[QpPaths], o
     back. The base RTT is None if no spec needed one."""
     evs_of: dict[str, set[tuple[str, int]]] = {}
     serials: dict[int, list[int]] = {}  # a measuring spec's packet serialization over each EV it probes
+    unseen: dict[int, list[int]] = {}  # ... and what of it a sample over each lacks
     for i, (spec, plan) in enumerate(zip(specs, plans)):
         if measures(spec):
             evs = list(_probed(topo, spec, plan))
             evs_of.setdefault(spec.src, set()).update((spec.dst, ev) for ev in evs)
             serials[i] = [serialization_ns(topo, spec, plan, ev) for ev in evs]
+            unseen[i] = [unseen_ns(topo, spec, plan, ev) for ev in evs]
     if not evs_of:
         return list(specs), None
     found = measure(topo, ops, workers, address_of, evs_of)
@@ -173,9 +192,11 @@ def for_specs(topo: Topology, specs: Sequence[Spec], plans: Sequence[QpPaths], o
     for i, spec in enumerate(specs):
         if measures(spec):
             window = found.window_ns or found.ns
-            # no sample takes NSCC's base RTT under a packet's serialisation (an idle TBF's bucket skips it)
-            floor = min(serials[i], default=0)
-            options = {**(cc_options("nscc", spec.config.cc_rate_bps, window, spec.config.link_rate_bps, floor) or {}),
+            # no sample takes NSCC's base RTT under a packet's serialisation (an idle TBF's bucket
+            # skips it), and each sample gets back what the idle hops of a path with one busy port skip
+            floor, skipped = min(serials[i], default=0), min(unseen[i], default=0)
+            options = {**(cc_options("nscc", spec.config.cc_rate_bps, window, spec.config.link_rate_bps, floor,
+                                     skipped) or {}),
                        **(spec.config.cc_options or {})}
             spec = replace(spec, config=replace(spec.config, base_rtt_ns=found.ns, cc_options=options or None))
         out.append(spec)

@@ -172,7 +172,7 @@ def result_of(spec: TransferSpec, paths: QpPaths, req: dict, resp: dict, kernel_
 
 
 def cc_options(cc: str, link_rate_bps: float | None, base_rtt_ns: int | None,
-               plane_rate_bps: float | None = None, base_rtt_floor_ns: int = 0) -> dict | None:
+               plane_rate_bps: float | None = None, base_rtt_floor_ns: int = 0, unseen_ns: int = 0) -> dict | None:
     """What a QP's CC profile is configured with, beyond its link rate and base RTT (None: nothing).
 
     NSCC gets its MaxWnd configured (1.5 BDP of its link rate and base RTT), so that it stays put
@@ -187,7 +187,9 @@ def cc_options(cc: str, link_rate_bps: float | None, base_rtt_ns: int | None,
     MaxWnd covers; `plane_rate_bps`, one plane's link, is what UEC's scaling factor a is taken
     from, as uet-htsim does (initNsccParams gets the link speed; NSCC.md §11): from the NIC's rate
     every increase was twice htsim's, and a 16-to-1 incast held its median queue above Kmax.
-    `base_rtt_floor_ns`: what no RTT sample takes NSCC's base_rtt under (Nscc), where known."""
+    `base_rtt_floor_ns`: what no RTT sample takes NSCC's base_rtt under (Nscc), where known;
+    `unseen_ns`: the serialisation the fabric's token-bucket ports leave out of every RTT sample,
+    which NSCC adds back (Nscc), where known."""
     if cc != "nscc" or not link_rate_bps or base_rtt_ns is None:
         return None
     options = {"max_cwnd": max_wnd_for(link_rate_bps, base_rtt_ns)}
@@ -195,4 +197,6 @@ def cc_options(cc: str, link_rate_bps: float | None, base_rtt_ns: int | None,
         options["scale_rate_bps"] = plane_rate_bps
     if base_rtt_floor_ns:
         options["base_rtt_floor_ns"] = base_rtt_floor_ns
+    if unseen_ns:
+        options["unseen_ns"] = unseen_ns
     return options

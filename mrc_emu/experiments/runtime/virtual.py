@@ -113,19 +113,22 @@ def source_bytes(seed: int, key: int, size: int) -> bytes:
     return hashlib.shake_128(f"{seed}:data:{key}".encode()).digest(size)
 
 
-def _unloaded_rtt(fabric: VirtualFabric, topo: Topology, spec: TransferSpec, plan: Any) -> int:
+def _unloaded_rtt(fabric: VirtualFabric, topo: Topology, spec: TransferSpec, plan: Any) -> tuple[int, int]:
     """The model's round trip between the spec's hosts over their longest path: a full data
-    packet out, its ACK back, serialised and propagated on every link."""
+    packet out, its ACK back, serialised and propagated on every link; and what of it an RTT
+    sample with one busy port on the path lacks (VirtualFabric.path_unseen_ns)."""
     links = 2 if topo.leaf_of(spec.src, 0) == topo.leaf_of(spec.dst, 0) else 4  # turning at the leaf, or a spine
     out = max(len(p.template.encap.outer) for p in plan.forward.values()) + DATA_OVERHEAD + spec.config.mtu
     back = max(len(p.template.encap.outer) for p in plan.back.values()) + ACK_OVERHEAD
-    return fabric.path_rtt_ns(links, out + ETH_LEN, back + ETH_LEN)
+    return (fabric.path_rtt_ns(links, out + ETH_LEN, back + ETH_LEN),
+            fabric.path_unseen_ns(links, out + ETH_LEN, back + ETH_LEN))
 
 
 VIRTUAL_REORDER_FLOOR_NS = 1_000
 
 
-def _configured(spec: TransferSpec, fabric: VirtualFabric, rtt_ns: int, emulator_guards: bool = False) -> TransferSpec:
+def _configured(spec: TransferSpec, fabric: VirtualFabric, rtt_ns: int, unseen_ns: int,
+                emulator_guards: bool = False) -> TransferSpec:
     """The spec with the model's link rate and unloaded RTT where its config leaves them open,
     and NSCC's MaxWnd from them (spec.cc_options) where it has none; `emulator_guards`: the
     reordering guards left as the emulated workers have them (a cross-validation's QPs)."""
@@ -133,7 +136,8 @@ def _configured(spec: TransferSpec, fabric: VirtualFabric, rtt_ns: int, emulator
     nic = spec.config.nic_rate_bps or (rate * fabric.topo.planes if spec.config.path_avoidance else None)
     config = replace(spec.config, link_rate_bps=rate, nic_rate_bps=nic, base_rtt_ns=spec.config.base_rtt_ns or rtt_ns)
     options = config.cc_options if config.cc_options is not None else cc_options(spec.cc, config.cc_rate_bps,
-                                                                                  config.base_rtt_ns, rate, rtt_ns)
+                                                                                  config.base_rtt_ns, rate, rtt_ns,
+                                                                                  unseen_ns)
     # the guards against the namespace emulator's own reordering (a host's two CPUs), where the QP's
     # config leaves them at their defaults: the model reorders nothing of one path, so one witness
     # decides a path failure and the reorder window's floor is the model's 1 us link delay
@@ -171,8 +175,9 @@ def run_virtual(topo: Topology, specs: list[TransferSpec], seed: int = 0, faults
     driver = HostDriver(engine, fabric)
     transport_rng = random.Random(f"{seed}:transport")
     plans = [plan_paths(topo, spec) for spec in specs]
-    rtts = [_unloaded_rtt(fabric, topo, spec, plan) for spec, plan in zip(specs, plans)]
-    specs = [_configured(spec, fabric, rtt, emulator_guards) for spec, rtt in zip(specs, rtts)]
+    unloaded = [_unloaded_rtt(fabric, topo, spec, plan) for spec, plan in zip(specs, plans)]
+    rtts = [rtt for rtt, _ in unloaded]
+    specs = [_configured(spec, fabric, rtt, unseen, emulator_guards) for spec, (rtt, unseen) in zip(specs, unloaded)]
     muxes, controls = {}, {}
     for host in sorted({s.src for s in specs} | {s.dst for s in specs}, key=lambda h: topo.node(h).index):
         mux = muxes[host] = HostMux(ipaddress.IPv6Address(ad.host_address(topo, host)).packed)

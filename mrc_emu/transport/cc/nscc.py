@@ -96,7 +96,8 @@ class Nscc(CongestionControl):
 
     def __init__(self, params: NsccParams | None = None, mtu: int = 4096, link_rate_bps: float | None = None,
                  base_rtt_ns: int | None = None, *, trimming: bool = True, rccc: bool = False,
-                 scale_rate_bps: float | None = None, base_rtt_floor_ns: int = 0, **ocp) -> None:
+                 scale_rate_bps: float | None = None, base_rtt_floor_ns: int = 0, unseen_ns: int = 0,
+                 **ocp) -> None:
         """`link_rate_bps`/`base_rtt_ns`: the slower end's link and config_base_rtt (None: unknown);
         `trimming`: whether the fabric trims (target and qa_threshold follow); `rccc`: receiver
         credit CC on, so a last-hop trim leaves the window alone; `scale_rate_bps`: the rate UEC's
@@ -106,7 +107,12 @@ class Nscc(CongestionControl):
         base_rtt below this (a full packet's and its ACK's serialisation over the path, which no
         switch port skips; an emulated port's token bucket lets an idle path's first frame through
         unserialised, and a QP whose base_rtt fell to such an 8 us sample read every later delay
-        360 us too long and cut deeper than its peers); `ocp`: NsccParams fields."""
+        360 us too long and cut deeper than its peers); `unseen_ns`: the serialisation every RTT
+        sample lacks, added to each (a token-bucket port passes a frame through an idle hop at once,
+        where a switch port takes its serialisation: a sample over a path with one busy port lacks
+        every other hop's, so delay = sample - base_rtt read 275 us short of the queue on the
+        `incast` fabric, and NSCC held the queue that much above its target); `ocp`: NsccParams
+        fields."""
         params = replace(params or NsccParams(), **ocp)
         if base_rtt_ns is not None and params.base_rtt is None:
             params = replace(params, base_rtt=base_rtt_ns)
@@ -124,6 +130,7 @@ class Nscc(CongestionControl):
         self.max_wnd = float(self.p.max_cwnd)
         self.base_rtt = self.p.base_rtt
         self.base_rtt_floor = base_rtt_floor_ns
+        self.unseen = unseen_ns
         self.inflight = 0
         self.saved_cwnd = 0.0
         self.achieved_bytes = self.received_bytes = self.fi_count = 0
@@ -165,6 +172,7 @@ class Nscc(CongestionControl):
             # processAck), so a marked ACK without a sample can still cut and an unmarked one grow
             delay = self.avg_delay
         else:
+            rtt_ns += self.unseen  # the RTT a path of serialising ports would have given
             if (lower := max(rtt_ns, self.base_rtt_floor)) < self.base_rtt:
                 self._update_base_rtt(lower)
             delay = max(0, rtt_ns - self.base_rtt)
