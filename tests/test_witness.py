@@ -45,11 +45,14 @@ class Net:
     """A QP's packets over EVs: each EV a one-way delay of half its RTT each way, `queue(ev, t)`
     more for data (never for probes, as the control class passes queues), `dead` EVs losing
     everything (both ways) from `dead_from`. The responder acknowledges every packet at once,
-    echoing it, by its EV's way back."""
+    echoing it, by its EV's way back, where `back(plane, t)` more holds ACKs and answers alike (the
+    responder's NIC port on that plane, one queue for what it sends)."""
 
     def __init__(self, planes: dict[int, int | None], rtts: dict[int, int], dead=(), dead_from: int = 0,
-                 queue=lambda ev, t: 0, witness: bool = True, evs_min: int = 1, witnesses: int = 2) -> None:
+                 queue=lambda ev, t: 0, witness: bool = True, evs_min: int = 1, witnesses: int = 2,
+                 back=lambda plane, t: 0) -> None:
         self.planes, self.rtts, self.dead, self.dead_from, self.queue = planes, rtts, set(dead), dead_from, queue
+        self.back = back
         self.cc = RecordingCc()
         self.rec = Recovery(QpConfig(mtu=1000, witnesses=witnesses), EvProfile(list(planes), ev_min_active=evs_min),
                             self.cc)
@@ -71,7 +74,8 @@ class Net:
 
     def probe(self, ev: int, probe_id: int, t: int) -> None:
         if not self.lost(ev, t):
-            self.at(t + self.rtts[ev], "answer", ev, probe_id)
+            half = self.rtts[ev] // 2
+            self.at(t + half, "question", ev, probe_id)
 
     def run(self, until: int, step: int = 2 * US, new_until: int | None = None) -> None:
         rec, t = self.rec, self.t
@@ -88,17 +92,20 @@ class Net:
             else:
                 pkt = None
             if pkt is not None and not self.lost(pkt.ev, t):
-                half = self.rtts[pkt.ev] // 2
-                self.at(t + half + self.queue(pkt.ev, t) + half, "ack", pkt.psn, pkt.ev)
+                self.at(t + self.rtts[pkt.ev] // 2 + self.queue(pkt.ev, t), "arrival", pkt.psn, pkt.ev)
             t += step
-            due = sorted(e for e in self.events if e[0] <= t)
-            for event in due:
-                self.events.remove(event)
-                when, _, kind, what = event
-                if kind == "answer":
-                    self.prober.on_response(what[0], what[1], when)
-                elif rec.in_range(self.ack_for(what[0], what[1])):
-                    rec.on_ack(self.ack_for(what[0], what[1]), when)
+            while due := sorted(e for e in self.events if e[0] <= t):  # what they schedule may be due too
+                for event in due:
+                    self.events.remove(event)
+                    when, _, kind, what = event
+                    if kind in ("question", "arrival"):  # the responder answers and acknowledges at once,
+                        ev = what[0] if kind == "question" else what[1]  # by the EV's way back
+                        back = when + self.rtts[ev] // 2 + self.back(self.planes[ev], when)
+                        self.at(back, *(("answer", *what) if kind == "question" else ("ack", self.ack_for(*what))))
+                    elif kind == "answer":
+                        self.prober.on_response(what[0], what[1], when)
+                    elif rec.in_range(what[0]):
+                        rec.on_ack(what[0], when)
             assert rec.on_timer(t) is None
         self.t = t
 
@@ -165,6 +172,31 @@ def queue_on(ev: int, start: int, delay: int):
     """A queue on `ev` alone that holds its data `delay` ns longer from `start` on (a burst of
     another flow filled its port at once)."""
     return lambda e, t: delay if e == ev and t >= start else 0
+
+
+def test_an_ack_back_on_another_plane_proves_no_witness_lost_and_one_back_on_its_plane_does():
+    """EV 5's data meets a queue (it goes quiet, and gets a witness), and the responder's NIC port
+    on plane 1 holds its own data (a ring's QP sends as it receives): everything plane 1 sends
+    back, ACKs and witness answers alike, waits 400 us more. ACKs back on plane 0 still say that
+    plane 1's packets arrived, sent long after the witness whose answer is in that queue; taken as
+    proof, they made plane-1 EVs fail (a fault-free 32-host ring in virtual time: 44 EV events
+    per QP between leaves). Only an ACK back on the witness's own plane is, so nothing fails; a
+    blackhole on plane 1 is still found by the plane's own ACKs within a few RTTs of the queue."""
+    rtts = {ev: 100 * US for ev in range(8)}
+
+    def held(plane: int, t: int) -> int:
+        return 400 * US if plane == 1 and t >= 1000 * US else 0
+
+    net = Net(TWO_PLANES, rtts, back=held, witnesses=1, queue=queue_on(5, 1000 * US, 1500 * US))
+    net.run(until=5000 * US)
+    assert net.rec.profile.events == [] and net.rec.timeouts == 0
+    assert net.witness.sent >= 1 and net.witness.dead == 0
+    dead = Net(TWO_PLANES, rtts, back=held, witnesses=1, dead={6}, dead_from=2000 * US,
+               queue=queue_on(5, 1000 * US, 1500 * US))
+    dead.run(until=5000 * US)
+    (event,) = dead.rec.profile.events
+    assert event.ev == 6 and event.reason == witness_module.DEAD
+    assert event.time_ns - 2000 * US <= 3 * 100 * US + 400 * US and dead.rec.timeouts == 0
 
 
 def test_an_ev_behind_a_sudden_queue_is_alive_to_its_witness_and_never_fails():

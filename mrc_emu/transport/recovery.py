@@ -135,8 +135,8 @@ class Recovery:
             self.ledger.progressed(now)
             self.ledger.delivered(sent.pkts, now)
         self._credit(seen, now, sampled, rtt, ce, echo_sent, heard)
-        if self.witness is not None and seen:
-            self.witness.on_delivered(seen, now)
+        if self.witness is not None and (seen or self.witness.out):
+            self.witness.on_delivered(seen, now, ack.echo_ev, psn_abs(ack.echo_psn, una))
         self.policy.detect_losses(self, now, seen)
 
     def on_trimmed(self, nack: TrimNackPacket, now: int) -> bool:

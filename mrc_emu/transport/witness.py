@@ -86,6 +86,7 @@ class Witness:
         self.verdicts: list[tuple[int, int, int, str, int]] = []  # (EV, witness sent, found dead, rule, lead): the first 64
         self.lead_ns = 0  # the largest lead of a later sibling's ACK over an answer that still came
         self._lead: dict[int, int] = {}  # EV -> that lead for its witness in flight
+        self._marks: dict[int, tuple[int, int]] = {}  # EV -> (PSN, when): its witness's mark (_mark)
         prober.witness = self
         recovery.witness = self
 
@@ -172,6 +173,7 @@ class Witness:
     def pump(self, now: int, send: Send, clock: Callable[[], int] | None = None) -> None:
         """Send the witnesses that are due; judge those the timer rule convicts."""
         self.timer(now)
+        self._mark(now)
         for ev in self.due(now):
             self.suspects.discard(ev)
             stamp = clock() if clock is not None else now
@@ -213,6 +215,7 @@ class Witness:
     def _alive(self, ev: int, sent_ns: int, now: int) -> None:
         self._clear(ev)
         del self.out[ev]
+        self._marks.pop(ev, None)
         self.rec.profile.on_alive(ev, sent_ns)
         stats = self.rec.profile.evs[ev]
         # the next witness of an EV still quiet after this answer waits two of its smallest RTTs: its
@@ -221,17 +224,46 @@ class Witness:
         self.after[ev] = now + AFTER_RTTS * max(stats.rtt.min_rtt_ns, self.window(ev))
         self.suspects.discard(ev)
 
-    def on_delivered(self, seen: dict[int, list[int]], now: int) -> None:
+    def _mark(self, now: int) -> None:
+        """Note, for each witness out, the first PSN the QP sends once it is an allowance old
+        (against every sibling): every packet from that PSN on left late enough to prove it."""
+        for ev, (_, sent_ns) in self.out.items():
+            if ev not in self._marks and now >= sent_ns + max(
+                    (self.allowance(ev, k) for k in self.siblings.get(ev, ())), default=0):
+                self._marks[ev] = (self.rec.next_psn, now)
+
+    def on_delivered(self, seen: dict[int, list[int]], now: int, back_ev: int | None = None,
+                     echo_psn: int | None = None) -> None:
         """An ACK delivered packets (`seen`: EV -> [count, latest send, its tx, bytes, its send
         began], as SentPackets.deliver fills it): a witness whose EV delivered something sent
-        after it is moot; one whose sibling delivered a packet that left more than the allowance
-        after it, still unanswered, is dead."""
+        after it is moot; one still unanswered is dead once an ACK back on its plane covers a
+        sibling's packet that left more than the allowance after it.
+
+        `back_ev`, `echo_psn`: the packet the ACK echoes (its PSN unbounded), by whose EV's back
+        path it came (None: not known; judged as if on every plane). An ACK covers the packets of
+        every EV but comes back on one plane: one back on another plane says the sibling's packet
+        arrived, not that the answer, which left before it by the witness's plane, had time to
+        come back: the responder's NIC port on that plane may hold its own data ahead of it (a
+        ring's QPs send as they receive, and in a fault-free 32-host ring in virtual time each QP
+        between leaves took 44 EVs for dead). One back on its plane proves it by a sibling's
+        packet it delivers, or by its echo, a sibling's packet sent since the witness's mark
+        (`_mark`): when that ACK trails those of another plane, the packets it covers were all
+        delivered by them already."""
         if not self.out:
             return
         evs = self.rec.profile.evs
+        planes = self.rec.profile.planes
+        back_plane = planes.get(back_ev) if back_ev is not None else None
+        self._mark(now)
         for ev, (_, sent_ns) in list(self.out.items()):
             if evs[ev].last_delivered_sent_ns > sent_ns:
                 self._alive(ev, sent_ns, now)  # it delivered something sent after its witness
+                continue
+            if back_plane is not None and back_plane != planes.get(ev):
+                continue  # its answer's way back is not witnessed by this ACK
+            mark = self._marks.get(ev)
+            if mark is not None and echo_psn is not None and echo_psn >= mark[0] and back_ev in self.siblings.get(ev, ()):
+                self.fail(ev, now, DEAD, mark[1] - sent_ns)  # its echo left at least this long after it
                 continue
             # the sibling whose packet in this ACK left latest
             other = max((k for k in self.siblings.get(ev, ()) if k in seen), key=lambda k: seen[k][4], default=None)
@@ -316,6 +348,7 @@ class Witness:
         while the next witness, sent at once, decides (`config.witnesses` in a row unanswered make
         it ASSUMED_BAD)."""
         probe_id, sent_ns = self.out.pop(ev)
+        self._marks.pop(ev, None)
         self._convicted[probe_id] = sent_ns
         if len(self.verdicts) < 64:
             self.verdicts.append((ev, sent_ns, now, why, lead))
