@@ -87,6 +87,7 @@ class Witness:
         self.lead_ns = 0  # the largest lead of a later sibling's ACK over an answer that still came
         self._lead: dict[int, int] = {}  # EV -> that lead for its witness in flight
         self._marks: dict[int, tuple[int, int]] = {}  # EV -> (PSN, when): its witness's mark (_mark)
+        self._proofs: dict[int, tuple[int, int]] = {}  # EV -> (when, lead): first proof by an ACK of another plane
         prober.witness = self
         recovery.witness = self
 
@@ -117,6 +118,15 @@ class Witness:
         then = theirs.min_by(mine.heard_ns) or theirs.min_rtt_ns  # (forgotten: the smallest of all)
         longer = max(0, mine.min_rtt_ns - then) if mine.min_rtt_ns and then else 0
         return self.window(ev) + longer + self.holdup_ns
+
+    def grace(self, ev: int) -> int:
+        """How long after an ACK back on another plane proved the witness of `ev` lost its answer may
+        still come: its EV's smoothed RTT and four of its variations (the queues of its plane's way
+        back as its own ACKs found them, as a retransmission timer allows), at least its reorder
+        window. An ACK back on the witness's plane proves it at once, and at the emulator's rate
+        comes within a few ACKs (every 32 packets; the echo's EV is the last arrival's)."""
+        rtt = self.rec.profile.evs[ev].rtt
+        return max(self.window(ev), int(self._or_known(rtt.srtt_ns) + 4 * rtt.rttvar_ns))
 
     @property
     def holdup_ns(self) -> int:
@@ -216,6 +226,7 @@ class Witness:
         self._clear(ev)
         del self.out[ev]
         self._marks.pop(ev, None)
+        self._proofs.pop(ev, None)
         self.rec.profile.on_alive(ev, sent_ns)
         stats = self.rec.profile.evs[ev]
         # the next witness of an EV still quiet after this answer waits two of its smallest RTTs: its
@@ -259,9 +270,13 @@ class Witness:
             if evs[ev].last_delivered_sent_ns > sent_ns:
                 self._alive(ev, sent_ns, now)  # it delivered something sent after its witness
                 continue
-            if back_plane is not None and back_plane != planes.get(ev):
-                continue  # its answer's way back is not witnessed by this ACK
             mark = self._marks.get(ev)
+            if back_plane is not None and back_plane != planes.get(ev):
+                # the answer's way back is not witnessed by this ACK: a proof that waits (_due)
+                other = max((k for k in self.siblings.get(ev, ()) if k in seen), key=lambda k: seen[k][4], default=None)
+                if ev not in self._proofs and other is not None and seen[other][4] - sent_ns > self.allowance(ev, other):
+                    self._proofs[ev] = (now, seen[other][4] - sent_ns)
+                continue
             if mark is not None and echo_psn is not None and echo_psn >= mark[0] and back_ev in self.siblings.get(ev, ()):
                 self.fail(ev, now, DEAD, mark[1] - sent_ns)  # its echo left at least this long after it
                 continue
@@ -293,6 +308,9 @@ class Witness:
         out = self.out.get(ev)
         if out is None:
             return None
+        proof = self._proofs.get(ev)
+        if proof is not None:  # an ACK back on another plane proved it: its answer may trail that one
+            return proof[0] + self.grace(ev), DEAD
         rec, sent = self.rec, self.rec.sent
         evs = rec.profile.evs
         siblings = self.siblings.get(ev, ())
@@ -322,7 +340,7 @@ class Witness:
             if due is None:
                 continue
             if known >= due[0]:
-                self.fail(ev, now, due[1])
+                self.fail(ev, now, due[1], self._proofs.get(ev, (0, 0))[1])
             else:
                 rec.put_off(due[0], now)
 
@@ -349,6 +367,7 @@ class Witness:
         it ASSUMED_BAD)."""
         probe_id, sent_ns = self.out.pop(ev)
         self._marks.pop(ev, None)
+        self._proofs.pop(ev, None)
         self._convicted[probe_id] = sent_ns
         if len(self.verdicts) < 64:
             self.verdicts.append((ev, sent_ns, now, why, lead))
