@@ -98,16 +98,20 @@ class Net:
                 for event in due:
                     self.events.remove(event)
                     when, _, kind, what = event
-                    if kind in ("question", "arrival"):  # the responder answers and acknowledges at once,
-                        ev = what[0] if kind == "question" else what[1]  # by the EV's way back
-                        back = when + self.rtts[ev] // 2 + self.back(self.planes[ev], when)
-                        self.at(back, *(("answer", *what) if kind == "question" else ("ack", self.ack_for(*what))))
+                    if kind == "question":  # the responder answers at once, by the EV's way back
+                        self.at(self._way_back(what[0], when), "answer", *what)
+                    elif kind == "arrival":  # and acknowledges what has arrived so far
+                        self.at(self._way_back(what[1], when), "ack", self.ack_for(*what))
                     elif kind == "answer":
                         self.prober.on_response(what[0], what[1], when)
                     elif rec.in_range(what[0]):
                         rec.on_ack(what[0], when)
             assert rec.on_timer(t) is None
         self.t = t
+
+    def _way_back(self, ev: int, t: int) -> int:
+        """When what the responder sends at `t` by `ev`'s way back arrives."""
+        return t + self.rtts[ev] // 2 + self.back(self.planes[ev], t)
 
     def ack_for(self, psn: int, ev: int) -> AckPacket:
         self.arrived.add(psn)

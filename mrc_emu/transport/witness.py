@@ -270,22 +270,20 @@ class Witness:
             if evs[ev].last_delivered_sent_ns > sent_ns:
                 self._alive(ev, sent_ns, now)  # it delivered something sent after its witness
                 continue
-            mark = self._marks.get(ev)
+            siblings = self.siblings.get(ev, ())
+            # the sibling whose packet in this ACK left latest, and whether it left late enough
+            other = max((k for k in siblings if k in seen), key=lambda k: seen[k][4], default=None)
+            lead = seen[other][4] - sent_ns if other is not None else 0
+            proven = other is not None and lead > self.allowance(ev, other)
             if back_plane is not None and back_plane != planes.get(ev):
                 # the answer's way back is not witnessed by this ACK: a proof that waits (_due)
-                other = max((k for k in self.siblings.get(ev, ()) if k in seen), key=lambda k: seen[k][4], default=None)
-                if ev not in self._proofs and other is not None and seen[other][4] - sent_ns > self.allowance(ev, other):
-                    self._proofs[ev] = (now, seen[other][4] - sent_ns)
+                if proven and ev not in self._proofs:
+                    self._proofs[ev] = (now, lead)
                 continue
-            if mark is not None and echo_psn is not None and echo_psn >= mark[0] and back_ev in self.siblings.get(ev, ()):
+            mark = self._marks.get(ev)
+            if mark is not None and echo_psn is not None and echo_psn >= mark[0] and back_ev in siblings:
                 self.fail(ev, now, DEAD, mark[1] - sent_ns)  # its echo left at least this long after it
-                continue
-            # the sibling whose packet in this ACK left latest
-            other = max((k for k in self.siblings.get(ev, ()) if k in seen), key=lambda k: seen[k][4], default=None)
-            if other is None:
-                continue
-            lead = seen[other][4] - sent_ns
-            if lead > self.allowance(ev, other):
+            elif proven:
                 self.fail(ev, now, DEAD, lead)
             elif lead > self._lead.get(ev, 0):
                 self._lead[ev] = lead

@@ -136,8 +136,10 @@ def unseen_ns(topo: Topology, spec: Spec, plan: QpPaths, ev: int) -> int:
     busy one delays it by its queue and its own serialisation, as a switch port does; so a sample
     over a path with one busy port, an incast's last hop, lacks every hop's serialisation but
     that one data frame's (0 on an unshaped fabric)."""
-    links, data, _ = _frames(topo, spec, plan, ev)
-    return serialization_ns(topo, spec, plan, ev) - round(data * 8e9 / topo.link_rate_bps) if links else 0
+    links, data, ack = _frames(topo, spec, plan, ev)
+    if not links:
+        return 0
+    return round(links * (data + ack) * 8e9 / topo.link_rate_bps) - round(data * 8e9 / topo.link_rate_bps)
 
 
 def _frames(topo: Topology, spec: Spec, plan: QpPaths, ev: int) -> tuple[int, int, int]:
